@@ -1,0 +1,35 @@
+"""The in-memory form every data source produces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ImageDataset:
+    """Decoded images as uint8 NCHW arrays with int64 labels, train and test."""
+
+    name: str
+    x_train: np.ndarray  # uint8 (N, C, H, W)
+    y_train: np.ndarray  # int64 (N,)
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    @property
+    def num_classes(self) -> int:
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+    @property
+    def channels(self) -> int:
+        return int(self.x_train.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.x_train.shape[2])
+
+    def channel_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-channel mean and std of the training images in [0, 1], for normalisation."""
+        x = self.x_train.astype(np.float64) / 255.0
+        return x.mean(axis=(0, 2, 3)), x.std(axis=(0, 2, 3))
