@@ -1,0 +1,168 @@
+"""Command-line interface: `incofl prepare | partition | train | table | figures | bench | methods`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from incofl.config import ConfigError, load_experiment, load_run_config, parse_overrides
+
+# glibc's allocator costs 20-30% system time in CPU training; these must be set before
+# Python starts, so the console script re-executes itself once with them (DESIGN.md).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+
+
+def _add_config(p: argparse.ArgumentParser, sets: bool = True) -> None:
+    p.add_argument("--config", "-c", help="experiment config (YAML); default: built-in defaults")
+    if sets:
+        p.add_argument("--set", "-s", nargs="+", default=[], metavar="KEY=VALUE",
+                       help="override config keys, e.g. dataset=cifar10 alpha=1.0 method=InCoAvg seed=2")
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from incofl.data.sources import load_dataset
+
+    cfg = load_run_config(args.config, parse_overrides(args.set))
+    data = load_dataset(cfg.dataset, cfg.data_dir, cfg.cache_dir)
+    print(f"{cfg.dataset}: {len(data.y_train)} train / {len(data.y_test)} test images, "
+          f"{data.channels}x{data.image_size}x{data.image_size}, {data.num_classes} classes, cached in {cfg.cache_dir}")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from incofl.data.sources import load_dataset
+    from incofl.fl.simulation import partition_for
+
+    cfg = load_run_config(args.config, {**parse_overrides(args.set), "partition_file": None})
+    labels = load_dataset(cfg.dataset, cfg.data_dir, cfg.cache_dir).y_train
+    part = partition_for(cfg, labels)
+    part.save(args.out)
+    sizes = part.histogram.sum(1)
+    print(f"{args.out}: {cfg.partition} alpha={cfg.alpha} seed={cfg.partition_seed}, {cfg.clients} clients, "
+          f"samples per client {sizes.min()}..{sizes.max()}, classes per client (>0) "
+          f"{(part.histogram > 0).sum(1).min()}..{(part.histogram > 0).sum(1).max()}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from incofl.fl.simulation import train
+
+    cfg = load_run_config(args.config, parse_overrides(args.set))
+    summary = train(cfg, args.out)
+    print(f"{cfg.method} {cfg.dataset} alpha={cfg.alpha} seed={cfg.seed}: final {summary['final_acc']:.2f}% "
+          f"best {summary['best_acc']:.2f}% last10 {summary['last10_acc']:.2f}% ({summary['wall_s']:.0f} s) -> {args.out}")
+    return 0
+
+
+def _report_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
+    from incofl.report.runs import collect_summaries
+
+    return load_experiment(args.config), collect_summaries(args.runs)
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from incofl.fl.methods import base_of
+    from incofl.report.tables import metrics_json_write, table2, write_tables
+
+    exp, summaries = _report_inputs(args)
+    metric = args.metric or exp.table_metric
+    table = table2(summaries, metric=metric, methods=exp.methods, base_of={m: base_of(m) for m in exp.methods},
+                   datasets=exp.datasets, alphas=exp.alphas)
+    write_tables(table, args.out, metric=metric)
+    metrics_json_write(table, args.metrics or Path(args.out) / "metrics.json")
+    print((Path(args.out) / "table2.md").read_text())
+    return 0
+
+
+def cmd_figures(args: argparse.Namespace) -> int:
+    from incofl.report.figures import plot_ablation, plot_curves
+    from incofl.report.runs import collect_curves
+
+    exp, summaries = _report_inputs(args)
+    paths = plot_curves(collect_curves(args.runs), args.out, methods=exp.methods)
+    paths += plot_ablation(summaries, args.out, metric=exp.table_metric, methods=exp.methods)
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from incofl.bench import benchmark, format_report
+
+    result = benchmark(model=args.model, clients=args.clients, samples=args.samples, epochs=args.epochs,
+                       batch_size=args.batch_size, threads=args.threads)
+    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from incofl.fl.methods import METHODS
+
+    for m in METHODS.values():
+        params = {**m.objective.params, **m.inco}
+        print(f"{m.name:20s} objective={m.objective.__name__:10s} server={m.server:9s} base={m.base or '-':9s} {params}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="incofl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="decode a data set once into the uint8 cache")
+    _add_config(p)
+    p.set_defaults(func=cmd_prepare)
+    p = sub.add_parser("partition", help="write a client partition artifact (.npz with class histogram)")
+    _add_config(p)
+    p.add_argument("--out", required=True, help="output .npz")
+    p.set_defaults(func=cmd_partition)
+    p = sub.add_parser("train", help="run (or resume) one federated training run")
+    _add_config(p)
+    p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, train.log, ckpt.pt)")
+    p.set_defaults(func=cmd_train)
+    for name, func, helptext in (("table", cmd_table, "paper-style accuracy table (md, tex, csv) + metrics.json"),
+                                 ("figures", cmd_figures, "accuracy curves and ablation bars (png, pdf)")):
+        p = sub.add_parser(name, help=helptext)
+        _add_config(p, sets=False)
+        p.add_argument("--runs", required=True, help="root of the run directories")
+        p.add_argument("--out", required=True, help="output directory")
+        if name == "table":
+            p.add_argument("--metric", choices=["final_acc", "best_acc", "last10_acc"])
+            p.add_argument("--metrics", help="metrics.json path (default: OUT/metrics.json)")
+        p.set_defaults(func=func)
+    p = sub.add_parser("bench", help="engine vs plain PyTorch throughput, and aggregation share")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--samples", type=int, default=256, help="samples per client")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("methods", help="list the registered methods")
+    p.set_defaults(func=cmd_methods)
+    return parser
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Parse and dispatch; config and data errors become one line on stderr and exit code 2."""
+    from incofl.data.partition import PartitionError
+    from incofl.fl.checkpoint import CheckpointMismatch
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError, PartitionError, CheckpointMismatch) as err:
+        print(f"incofl {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def main() -> None:
+    if any(k not in os.environ for k in MALLOC_ENV):
+        os.execve(sys.executable, [sys.executable, "-m", "incofl.cli", *sys.argv[1:]], {**os.environ, **MALLOC_ENV})
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""Typed, validated experiment configuration: one place for defaults and ranges.
+
+A config file is an *experiment*: the grid (datasets x alphas x methods x seeds) plus the
+settings every run shares. `incofl train` picks one grid point (`--set dataset=... alpha=...`,
+default: the first of each list); the workflow expands the whole grid. Errors name the key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DATASETS = ("digits", "synthetic", "cifar10", "cinic10", "fmnist", "svhn")
+RESNETS = ("resnet10", "resnet14", "resnet18", "resnet22", "resnet26")
+VITS = ("vit_d8", "vit_d9", "vit_d10", "vit_d11", "vit_d12")
+GRID_KEYS = {"dataset": "datasets", "alpha": "alphas", "method": "methods", "seed": "seeds"}
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased as one line that names the key."""
+
+
+class Settings(BaseModel):
+    """What every run of an experiment shares (overridable per method and with --set)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # data
+    data_dir: str | None = None  # else $INCOFL_DATA_DIR, else ./data
+    cache_dir: str = "resources/data"
+    partition: Literal["dirichlet", "iid"] = "dirichlet"
+    partition_seed: int = Field(0, ge=0)
+    partition_file: str | None = None  # a saved partition artifact; computed on the fly if unset
+    min_size: int = Field(10, ge=1)
+    max_retries: int = Field(1000, ge=1)
+    augment: Literal["auto", "none", "crop", "crop_flip"] = "auto"
+    # federation
+    clients: int = Field(100, ge=1)
+    ratio: float = Field(0.1, gt=0.0, le=1.0)
+    models: list[str] = Field(default_factory=lambda: list(RESNETS), min_length=1)
+    stem: Literal["imagenet", "cifar"] = "imagenet"
+    pretrained: str | None = None  # ViT: a local state-dict file
+    rounds: int = Field(50, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(64, ge=2)
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    method_args: dict[str, Any] = Field(default_factory=dict)  # the method's hyper-parameters
+    # evaluation, checkpoints, runtime
+    eval_every: int = Field(1, ge=1)
+    eval_batch_size: int = Field(1000, ge=1)
+    checkpoint_every: int = Field(5, ge=1)
+    keep_checkpoint: bool = False  # keep ckpt.pt (final weights) after a finished run
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(None, ge=1)
+    channels_last: bool = False
+    bf16: bool = False  # bf16 autocast (GPU)
+    progress: bool = True
+
+    @field_validator("models")
+    @classmethod
+    def _known_models(cls, models: list[str]) -> list[str]:
+        for name in models:
+            if name not in RESNETS + VITS:
+                raise ValueError(f"unknown model {name!r}; known: {', '.join(RESNETS + VITS)}")
+        if len({m[:3] for m in models}) > 1:
+            raise ValueError("all models must come from one family (resnet* or vit_d*)")
+        return models
+
+    @property
+    def groups(self) -> int:
+        return len(self.models)
+
+    @model_validator(mode="after")
+    def _enough_clients(self) -> "Settings":
+        if self.clients < self.groups:
+            raise ValueError(f"clients: {self.clients} clients cannot fill {self.groups} model groups")
+        return self
+
+
+def _check_method(name: str) -> str:
+    from incofl.fl.methods import METHODS  # late import: the registry imports the engine
+
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    return name
+
+
+def _check_dataset(name: str) -> str:
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    return name
+
+
+class RunConfig(Settings):
+    """One training run: a grid point plus its settings."""
+
+    dataset: str = "digits"
+    alpha: float = Field(0.5, gt=0.0)
+    method: str = "InCoAvg"
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _method_args(self) -> "RunConfig":
+        from incofl.fl.methods import METHODS
+
+        try:
+            METHODS[self.method].split_args(self.method_args)
+        except ValueError as err:
+            raise ValueError(f"method_args: {err}") from None
+        return self
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        return _check_dataset(v)
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v: str) -> str:
+        return _check_method(v)
+
+
+class ExperimentConfig(Settings):
+    """A config file: the grid, shared settings, per-method overrides and job resources."""
+
+    datasets: list[str] = Field(default_factory=lambda: ["digits"], min_length=1)
+    alphas: list[float] = Field(default_factory=lambda: [0.5], min_length=1)
+    methods: list[str] = Field(default_factory=lambda: ["InCoAvg"], min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    per_method: dict[str, dict[str, Any]] = Field(default_factory=dict)  # e.g. MOON: {rounds: 100}
+    table_metric: Literal["final_acc", "best_acc", "last10_acc"] = "final_acc"
+    resources: dict[str, Any] = Field(default_factory=dict)  # workflow job resources (gpu, mem_mb, ...)
+
+    @field_validator("datasets")
+    @classmethod
+    def _datasets(cls, v: list[str]) -> list[str]:
+        return [_check_dataset(d) for d in v]
+
+    @field_validator("methods")
+    @classmethod
+    def _methods(cls, v: list[str]) -> list[str]:
+        return [_check_method(m) for m in v]
+
+    @field_validator("alphas")
+    @classmethod
+    def _alphas(cls, v: list[float]) -> list[float]:
+        if any(a <= 0 for a in v):
+            raise ValueError("every alpha must be > 0")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if any(s < 0 for s in v):
+            raise ValueError("seeds must be >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _per_method(self) -> "ExperimentConfig":
+        for method, overrides in self.per_method.items():
+            _check_method(method)
+            self.settings_for(method, overrides)  # validates the override keys and values
+        return self
+
+    def settings_for(self, method: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        shared = self.model_dump(include=set(Settings.model_fields))
+        merged = {**shared, **self.per_method.get(method, {}), **(extra or {})}
+        return Settings.model_validate(merged).model_dump()
+
+    def run_config(self, dataset: str, alpha: float, method: str, seed: int, **overrides: Any) -> RunConfig:
+        return RunConfig(dataset=dataset, alpha=alpha, method=method, seed=seed, **self.settings_for(method, overrides))
+
+
+def _one_line(err: ValidationError, source: str) -> ConfigError:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return ConfigError(f"{source}: {key}: {msg}")
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`key=value` strings, values parsed as YAML (so 0.5 is a float and [a, b] a list)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {pair!r}: expected key=value")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def load_experiment(path: str | os.PathLike | None) -> ExperimentConfig:
+    """Read and validate a config file (None: all defaults)."""
+    raw: Any = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of keys to values")
+    return validate_experiment(raw, str(path or "config"))
+
+
+def validate_experiment(raw: dict[str, Any], source: str = "config") -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise _one_line(err, source) from None
+
+
+def load_run_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """One run: the file's settings, with dataset/alpha/method/seed from overrides or the first grid value."""
+    overrides = dict(overrides or {})
+    experiment = load_experiment(path)
+    point = {key: overrides.pop(key, getattr(experiment, plural)[0]) for key, plural in GRID_KEYS.items()}
+    unknown = sorted(set(overrides) - set(Settings.model_fields))
+    if unknown:
+        raise ConfigError(f"--set: {unknown[0]}: unknown key")
+    try:
+        return experiment.run_config(**point, **overrides)
+    except ValidationError as err:
+        raise _one_line(err, "--set") from None

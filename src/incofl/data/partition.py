@@ -1,0 +1,98 @@
+"""Client partitions (METHODS.md section 2), saved as artifacts that training only reads."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from incofl.atomic import atomic_path
+
+
+class PartitionError(RuntimeError):
+    """No valid partition could be drawn within the retry budget."""
+
+
+def iid_partition(num_samples: int, num_clients: int, seed: int) -> list[np.ndarray]:
+    """A random permutation cut into `num_clients` near-equal parts."""
+    perm = np.random.default_rng(seed).permutation(num_samples)
+    return [part.astype(np.int64) for part in np.array_split(perm, num_clients)]
+
+
+def dirichlet_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    min_size: int = 10,
+    *,
+    balance: bool = True,
+    max_retries: int = 1000,
+) -> list[np.ndarray]:
+    """NIID-Bench label skew: per class, proportions ~ Dir(alpha * 1_K), redrawn until every
+    client holds >= min_size samples. With `balance`, clients already holding >= N/K samples
+    get no more. The class count comes from the labels."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    n, cap = len(labels), len(labels) / num_clients
+    by_class = [np.flatnonzero(labels == k) for k in range(int(labels.max()) + 1)]
+    for _ in range(max_retries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        for idx in by_class:
+            idx = rng.permutation(idx)
+            p = rng.dirichlet(np.full(num_clients, alpha))
+            if balance:
+                p = p * (sizes < cap)
+            cuts = (np.cumsum(p / p.sum()) * len(idx)).astype(np.int64)[:-1]
+            for client, chunk in enumerate(np.split(idx, cuts)):
+                parts[client].append(chunk)
+                sizes[client] += len(chunk)
+        if sizes.min() >= min_size:
+            return [rng.permutation(np.concatenate(p)).astype(np.int64) for p in parts]
+    raise PartitionError(
+        f"dirichlet partition: no draw gave every one of {num_clients} clients >= {min_size} samples "
+        f"in {max_retries} tries (alpha={alpha}, {n} samples); lower min_size or clients, or raise alpha"
+    )
+
+
+def class_histogram(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
+    """(clients, classes) sample counts."""
+    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Client index arrays into the training set, with how they were made."""
+
+    parts: list[np.ndarray]
+    histogram: np.ndarray
+    meta: dict[str, str | float | int]
+
+    def save(self, path: str | os.PathLike) -> None:
+        offsets = np.cumsum([0] + [len(p) for p in self.parts])
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, indices=np.concatenate(self.parts), offsets=offsets,
+                         histogram=self.histogram, **{f"meta_{k}": np.asarray(v) for k, v in self.meta.items()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Partition":
+        with np.load(Path(path)) as z:
+            idx, off = z["indices"], z["offsets"]
+            meta = {k[5:]: z[k].item() for k in z.files if k.startswith("meta_")}
+            return cls([idx[a:b] for a, b in zip(off[:-1], off[1:])], z["histogram"], meta)
+
+
+def make_partition(labels: np.ndarray, *, kind: str, num_clients: int, alpha: float, seed: int,
+                   min_size: int = 10, max_retries: int = 1000, dataset: str = "") -> Partition:
+    """The partition a config asks for, with its class histogram."""
+    if kind == "iid":
+        parts = iid_partition(len(labels), num_clients, seed)
+    else:
+        parts = dirichlet_partition(labels, num_clients, alpha, seed, min_size, max_retries=max_retries)
+    meta = {"kind": kind, "alpha": alpha, "seed": seed, "clients": num_clients, "dataset": dataset,
+            "min_size": min_size}
+    return Partition(parts, class_histogram(labels, parts, int(labels.max()) + 1), meta)

@@ -1,0 +1,42 @@
+"""Checkpoints: everything a run needs to continue bit-identically after a kill."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from incofl.atomic import atomic_path
+
+# Settings that do not change what a run computes, so a checkpoint stays valid across them.
+NON_SEMANTIC = {"rounds", "eval_batch_size", "checkpoint_every", "keep_checkpoint", "device", "threads", "progress", "cache_dir", "data_dir"}
+
+
+class CheckpointMismatch(RuntimeError):
+    """The checkpoint on disk was made by a run with different settings."""
+
+
+def semantic_config(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in NON_SEMANTIC}
+
+
+def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load(path: str | os.PathLike, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint at `path`, or None if there is none; refuses one made with other settings."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    payload = torch.load(path, map_location="cpu", weights_only=False)
+    theirs, ours = payload["config"], semantic_config(config)
+    if theirs != ours:
+        key = next(k for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k))
+        raise CheckpointMismatch(
+            f"{path}: made with {key}={theirs.get(key)!r}, this run has {key}={ours.get(key)!r}; "
+            "delete the checkpoint or use another --out")
+    return payload

@@ -1,0 +1,127 @@
+"""Internal cross-layer gradients (InCo, METHODS.md section 4): the public contract.
+
+Every variant computes T' = (t + c * r) * s for each target update T and its shallow
+reference R, where (t, r, s) are either normalised (T/|T|, R/|R|, (|T|+|R|)/2) or raw
+(T, R, 1) and c is the coefficient of the shallow gradient:
+
+- ``official`` (the authors' code, default): norms, alpha = <R,R> and beta = <R,T> per
+  kernel slice (o, i) on the raw tensors; c = clamp(|beta| / (alpha + eps), 0, clamp_max);
+  T' clipped elementwise to [-clip, clip]. Vectors (ViT norms) count as one slice.
+- ``paper`` (Theorem 3.1 / Algorithm 1): per whole tensor, alpha = <r,r> and beta = <r,t>
+  after normalisation; mode ``always``: c = -beta/alpha; ``projection``: c = max(0, -beta/alpha).
+
+Ablations: ``normalize=False`` uses raw t, r and s = 1; ``optimize=False`` sets c = 1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+_RESNET_CONV = re.compile(r"^layer(\d+)\.(\d+)\.conv([12])\.weight$")
+_VIT_NORM2 = re.compile(r"^blocks\.(\d+)\.norm2\.weight$")
+
+
+def find_pairs(names: Iterable[str]) -> dict[str, str]:
+    """Map each InCo target to its reference.
+
+    ResNet: in each stage, conv1/conv2 of blocks 1..n read the stage's block-0 conv2.
+    ViT: ``blocks.i.norm2.weight`` reads ``blocks.i.norm1.weight``. Pairs whose reference
+    is missing from `names` are left out; the reference itself is never a target.
+    """
+    names = set(names)
+    pairs = {}
+    for name in sorted(names):
+        if m := _RESNET_CONV.match(name):
+            stage, block, _ = m.groups()
+            ref = f"layer{stage}.0.conv2.weight"
+            if int(block) >= 1 and ref in names:
+                pairs[name] = ref
+        elif m := _VIT_NORM2.match(name):
+            ref = f"blocks.{m.group(1)}.norm1.weight"
+            if ref in names:
+                pairs[name] = ref
+    return pairs
+
+
+@dataclass(frozen=True)
+class InCoOptions:
+    variant: str = "official"  # "official" | "paper"
+    mode: str = "always"  # paper variant: "always" | "projection"
+    normalize: bool = True
+    optimize: bool = True
+    eps: float = 1e-7
+    clamp_max: float = 5.0  # official: upper bound of c
+    clip: float = 0.1  # official: elementwise bound of T'
+
+    def __post_init__(self) -> None:
+        if self.variant not in ("official", "paper"):
+            raise ValueError(f"inco variant must be 'official' or 'paper', not {self.variant!r}")
+        if self.mode not in ("always", "projection"):
+            raise ValueError(f"inco mode must be 'always' or 'projection', not {self.mode!r}")
+
+
+def _rows(x: torch.Tensor, variant: str) -> torch.Tensor:
+    """The slices the statistics run over: kernel slices (o, i) for official convs, else one row."""
+    if variant == "official" and x.dim() > 2:
+        return x.reshape(x.shape[0] * x.shape[1], -1)
+    return x.reshape(1, -1)
+
+
+def cross_layer(target: torch.Tensor, ref: torch.Tensor, opts: InCoOptions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(T', c per slice, beta per slice) for one target/reference pair."""
+    dtype = torch.promote_types(target.dtype, torch.float32)  # half updates are computed in float32
+    T, R = _rows(target.to(dtype), opts.variant), _rows(ref.to(dtype), opts.variant)
+    if opts.normalize:
+        tn, rn = T.norm(dim=1, keepdim=True), R.norm(dim=1, keepdim=True)
+        t, r, s = T / (tn + opts.eps), R / (rn + opts.eps), (tn + rn) / 2
+    else:
+        t, r, s = T, R, torch.ones(1, 1, dtype=T.dtype, device=T.device)
+    # official: statistics on the raw slices; paper: on the (possibly normalised) vectors
+    a, b = (R, T) if opts.variant == "official" else (r, t)
+    alpha, beta = (a * a).sum(1, keepdim=True), (a * b).sum(1, keepdim=True)
+    if not opts.optimize:
+        c = torch.ones_like(beta)
+    elif opts.variant == "official":
+        c = (beta.abs() / (alpha + opts.eps)).clamp(0.0, opts.clamp_max)
+    else:
+        c = -beta / (alpha + opts.eps)
+        if opts.mode == "projection":
+            c = c.clamp(min=0.0)
+    out = (t + c * r) * s
+    if opts.variant == "official":
+        out = out.clamp(-opts.clip, opts.clip)
+    return out.reshape(target.shape).to(target.dtype), c.flatten(), beta.flatten()
+
+
+def cross_layer_update(
+    update: Mapping[str, torch.Tensor],
+    pairs: Mapping[str, str],
+    *,
+    variant: str = "official",
+    mode: str = "always",
+    normalize: bool = True,
+    optimize: bool = True,
+    stats: dict[str, dict[str, float]] | None = None,
+    **options: float,
+) -> dict[str, torch.Tensor]:
+    """Apply InCo to an (averaged) update. Returns a new dict; non-targets are unchanged.
+
+    All targets read the unmodified update (no chaining). Pairs whose target or reference is
+    absent from `update` are skipped. If `stats` is given, it receives per target the mean
+    coefficient ``theta``, mean ``beta`` and the share of slices with beta > 0, ``beta_pos``.
+    `options` are the remaining InCoOptions fields (eps, clamp_max, clip).
+    """
+    opts = InCoOptions(variant=variant, mode=mode, normalize=normalize, optimize=optimize, **options)
+    out = dict(update)
+    for target, ref in pairs.items():
+        if target not in update or ref not in update:
+            continue
+        out[target], c, beta = cross_layer(update[target], update[ref], opts)
+        if stats is not None:
+            stats[target] = {"theta": c.mean().item(), "beta": beta.mean().item(),
+                             "beta_pos": (beta > 0).float().mean().item()}
+    return out

@@ -1,0 +1,31 @@
+"""Client sampling and per-client seeds: a pure function of the run seed, identical for every method."""
+
+from __future__ import annotations
+
+import numpy as np
+
+SAMPLING_STREAM = 1  # keeps the sampling RNG apart from every other use of the seed
+TRAINING_STREAM = 2
+
+
+def clients_per_round(num_clients: int, ratio: float) -> int:
+    return max(1, int(round(ratio * num_clients)))
+
+
+def sample_schedule(seed: int, num_clients: int, ratio: float, rounds: int) -> np.ndarray:
+    """(rounds, m) client ids, uniformly without replacement each round. Drawn round by round
+    from one stream, so a longer run starts with the same rounds as a shorter one."""
+    rng = np.random.default_rng([seed, SAMPLING_STREAM])
+    m = clients_per_round(num_clients, ratio)
+    return np.stack([np.sort(rng.choice(num_clients, size=m, replace=False)) for _ in range(rounds)])
+
+
+def group_of(client: int, num_clients: int, groups: int) -> int:
+    """Client i belongs to model group i * G // K (0 = smallest model)."""
+    return client * groups // num_clients
+
+
+def client_seed(seed: int, round_: int, client: int) -> int:
+    """Seed of one client's local training in one round: batches and augmentation depend on
+    nothing else, which makes a resumed run bit-identical to an uninterrupted one."""
+    return int(np.random.SeedSequence([seed, TRAINING_STREAM, round_, client]).generate_state(1)[0])

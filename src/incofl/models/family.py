@@ -1,0 +1,32 @@
+"""Model groups: group g -> architecture; the server model is the largest one."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from incofl.models.resnet import BLOCKS, resnet
+from incofl.models.vit import DEPTHS, vit
+
+
+def build_model(name: str, num_classes: int, in_channels: int, *, stem: str = "imagenet",
+                pretrained: str | None = None, image_size: int = 32) -> nn.Module:
+    if name in BLOCKS:
+        return resnet(name, num_classes, in_channels, stem)
+    if name in DEPTHS:
+        return vit(name, num_classes, in_channels, pretrained, img_size=image_size)
+    raise ValueError(f"unknown model {name!r}")
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_nested(models: list[nn.Module]) -> int:
+    """Index of the server model: the one whose state names and shapes contain every other's."""
+    server = max(range(len(models)), key=lambda i: len(models[i].state_dict()))
+    big = models[server].state_dict()
+    for model in models:
+        for name, tensor in model.state_dict().items():
+            if name not in big or big[name].shape != tensor.shape:
+                raise ValueError(f"model groups are not nested: {name} {tuple(tensor.shape)} is not in the server model")
+    return server

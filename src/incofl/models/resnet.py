@@ -1,0 +1,43 @@
+"""The ResNet stage-splitting family (METHODS.md section 1), built on torchvision's ResNet.
+
+Smaller members are name-subsets of larger ones: ResNet10/14/18/22/26 differ only in the
+number of BasicBlocks per stage, so `layer3.2.conv1.weight` exists only from ResNet22 up.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchvision.models.resnet import BasicBlock, ResNet
+
+BLOCKS = {
+    "resnet10": [1, 1, 1, 1],
+    "resnet14": [1, 1, 2, 2],
+    "resnet18": [2, 2, 2, 2],
+    "resnet22": [2, 2, 3, 3],
+    "resnet26": [3, 3, 3, 3],
+}
+
+
+class FamilyResNet(ResNet):
+    """torchvision's ResNet with a choice of stem and a `features` method (penultimate layer)."""
+
+    def __init__(self, blocks: list[int], num_classes: int, in_channels: int = 3, stem: str = "imagenet"):
+        super().__init__(BasicBlock, blocks, num_classes=num_classes)
+        if stem == "cifar":  # 3x3 stride-1 stem without max-pool, for 32x32 inputs
+            self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
+            self.maxpool = nn.Identity()
+        elif in_channels != 3:
+            self.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return torch.flatten(self.avgpool(x), 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+def resnet(name: str, num_classes: int, in_channels: int = 3, stem: str = "imagenet") -> FamilyResNet:
+    return FamilyResNet(BLOCKS[name], num_classes, in_channels, stem)

@@ -1,0 +1,30 @@
+"""The ViT-S layer-splitting family (depth 8..12) built with timm; 224x224 inputs."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+DEPTHS = {f"vit_d{d}": d for d in range(8, 13)}
+
+
+class FamilyViT(VisionTransformer):
+    """ViT-S/16 with a `features` method (the pre-logits token)."""
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x), pre_logits=True)
+
+
+def vit(name: str, num_classes: int, in_channels: int = 3, pretrained: str | os.PathLike | None = None,
+        img_size: int = 224) -> FamilyViT:
+    """A ViT-S of the named depth; `pretrained` is a local state-dict file (no hub at run time):
+    its blocks beyond this depth and its classifier head are dropped (fresh head)."""
+    model = FamilyViT(img_size=img_size, patch_size=16, embed_dim=384, depth=DEPTHS[name], num_heads=6,
+                      in_chans=in_channels, num_classes=num_classes)
+    if pretrained:
+        state = torch.load(pretrained, map_location="cpu", weights_only=True)
+        state = {k: v for k, v in state.items() if k in model.state_dict() and not k.startswith("head.")}
+        model.load_state_dict(state, strict=False)
+    return model

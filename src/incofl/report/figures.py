@@ -1,0 +1,114 @@
+"""Paper-style figures: accuracy-vs-round curves with a seed band, and ablation bars (Fig. 8).
+
+Figures are built on `matplotlib.figure.Figure` (Agg canvas, no pyplot state), so this
+works headless and never leaks open figures.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from incofl.atomic import atomic_path
+from incofl.report.runs import alpha_tag, dataset_label
+from incofl.report.tables import METRIC_LABELS, table2
+
+STYLE = {"axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+         "grid.alpha": 0.3, "grid.linestyle": "--", "font.size": 9, "legend.frameon": False}
+ACC_LABEL = "Test accuracy (%)"
+
+
+def _colors(methods: Sequence[str]) -> dict[str, tuple]:
+    cmap = matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"]
+    return {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+
+
+def _title(dataset: str, alpha: float) -> str:
+    return f"{dataset_label(dataset)}, α={float(alpha)}"
+
+
+def _save(fig: Figure, out_dir: str | os.PathLike, name: str) -> list[Path]:
+    """Save `name`.png (dpi 150) and `name`.pdf atomically; the PDF carries no date, so
+    unchanged data gives identical files."""
+    paths = []
+    for fmt in ("png", "pdf"):
+        path = Path(out_dir) / f"{name}.{fmt}"
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight",
+                        metadata={"CreationDate": None} if fmt == "pdf" else None)
+        paths.append(path)
+    return paths
+
+
+def _seed_band(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean and std of mean_acc over seeds per round, on the rounds every seed evaluated
+    (a seed that stopped early or evaluated other rounds never makes the curve jump)."""
+    stats = runs.groupby("round")["mean_acc"].agg(["mean", "std", "count"])
+    return stats[stats["count"] == runs["seed"].nunique()].fillna({"std": 0.0})
+
+
+def _curve_figure(cell: pd.DataFrame, colors: dict[str, tuple], title: str) -> Figure:
+    fig = Figure(figsize=(6.4, 3.8))
+    ax = fig.add_subplot()
+    for method, color in colors.items():
+        runs = cell[cell["method"] == method]
+        if runs.empty:
+            continue
+        s = _seed_band(runs)
+        ax.plot(s.index, s["mean"], color=color, lw=1.4, label=method)
+        ax.fill_between(s.index, s["mean"] - s["std"], s["mean"] + s["std"], color=color,
+                        alpha=0.18, lw=0)
+    ax.set(xlabel="Communication rounds", ylabel=ACC_LABEL, title=title)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+def plot_curves(curves: pd.DataFrame, out_dir: str | os.PathLike, *,
+                methods: Sequence[str] | None = None) -> list[Path]:
+    """One figure per (dataset, alpha): seed-mean test accuracy vs round per method, with a
+    mean ± std band. Writes curves_<dataset>_a<alpha>.{png,pdf}; returns the paths."""
+    methods = list(pd.unique(curves["method"]) if methods is None else methods)
+    shown = curves[curves["method"].isin(methods)]
+    paths = []
+    with matplotlib.rc_context(STYLE):
+        for (dataset, alpha), cell in shown.groupby(["dataset", "alpha"], sort=False):
+            fig = _curve_figure(cell, _colors(methods), _title(dataset, alpha))
+            paths += _save(fig, out_dir, f"curves_{dataset}_{alpha_tag(alpha)}")
+    return paths
+
+
+def _ablation_figure(t: pd.DataFrame, methods: Sequence[str], metric: str) -> Figure:
+    groups = list(dict.fromkeys(zip(t["dataset"], t["alpha"])))
+    fig = Figure(figsize=(max(4.5, 1.3 * len(groups) + 2.5), 3.6))
+    ax = fig.add_subplot()
+    width = 0.8 / len(methods)
+    x = np.arange(len(groups))
+    for i, (method, color) in enumerate(_colors(methods).items()):
+        bars = t[t["method"] == method]
+        ax.bar(x + (i - (len(methods) - 1) / 2) * width, bars["mean"], width, color=color,
+               yerr=bars["std"].fillna(0), capsize=2, error_kw={"lw": 0.8}, label=method)
+    low = (t["mean"] - t["std"].fillna(0)).min()
+    ax.set_ylim(bottom=max(0.0, 10 * math.floor((low - 5) / 10)))  # zoom in like the paper
+    ax.set_xticks(x, [f"{dataset_label(d)}\nα={a}" for d, a in groups])
+    ax.grid(axis="x", visible=False)
+    ax.set(ylabel=ACC_LABEL, title=f"Ablation ({METRIC_LABELS[metric]})")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+def plot_ablation(summaries: pd.DataFrame, out_dir: str | os.PathLike, *,
+                  metric: str = "final_acc", methods: Sequence[str]) -> list[Path]:
+    """Grouped bars (groups = dataset/alpha, bars = `methods` in order) of the seed-mean
+    `metric` with std error bars. Writes ablation.{png,pdf}; returns the paths."""
+    t = table2(summaries, metric=metric, methods=methods, base_of={})
+    if not t["n_seeds"].any():
+        raise ValueError(f"no runs of any of {list(methods)}")
+    with matplotlib.rc_context(STYLE):
+        return _save(_ablation_figure(t, methods, metric), out_dir, "ablation")

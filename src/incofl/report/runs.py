@@ -1,0 +1,59 @@
+"""Collect finished runs (`<root>/<dataset>/a<alpha>/<method>/s<seed>/summary.json`) into frames.
+
+Directories are only used to find runs; every value comes from the run's summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+KEYS = ["method", "dataset", "alpha", "seed"]
+# Paper spelling of the dataset names used in table headers and figure titles.
+DATASET_LABELS = {"fmnist": "FMNIST", "svhn": "SVHN", "cifar10": "CIFAR10", "cinic10": "CINIC10",
+                  "cifar100": "CIFAR100"}
+
+
+def dataset_label(name: str) -> str:
+    return DATASET_LABELS.get(name.lower(), name)
+
+
+def alpha_tag(alpha: float) -> str:
+    """`0.5` -> `a0.5`, `1` -> `a1.0` (the run-directory spelling)."""
+    return f"a{float(alpha)}"
+
+
+def _summary_files(runs_root: str | os.PathLike) -> list[Path]:
+    files = sorted(Path(runs_root).rglob("summary.json"))
+    if not files:
+        raise FileNotFoundError(f"no runs (summary.json) found under {Path(runs_root).resolve()}")
+    return files
+
+
+def _read_summary(path: Path) -> dict:
+    s = json.loads(path.read_text())
+    return s | {"alpha": float(s["alpha"]), "seed": int(s["seed"])}
+
+
+def collect_summaries(runs_root: str | os.PathLike) -> pd.DataFrame:
+    """One row per run: method, dataset, alpha, seed, then every other summary field."""
+    df = pd.DataFrame([_read_summary(p) for p in _summary_files(runs_root)])
+    dup = df[df.duplicated(KEYS, keep=False)]
+    if not dup.empty:
+        raise ValueError(f"runs under {runs_root} repeat (method, dataset, alpha, seed): "
+                         f"{dup[KEYS].drop_duplicates().to_dict('records')}")
+    return df[KEYS + [c for c in df.columns if c not in KEYS]]
+
+
+def collect_curves(runs_root: str | os.PathLike) -> pd.DataFrame:
+    """Long form, one row per (run, evaluated round): method, dataset, alpha, seed, round,
+    mean_acc, mean_loss."""
+    frames = []
+    for path in _summary_files(runs_root):
+        s = _read_summary(path)
+        m = pd.read_csv(path.with_name("metrics.csv"), usecols=["round", "mean_acc", "mean_loss"])
+        frames.append(m.assign(**{k: s[k] for k in KEYS}))
+    return pd.concat(frames, ignore_index=True)[KEYS + ["round", "mean_acc", "mean_loss"]]

@@ -1,0 +1,147 @@
+"""The paper's Table 2: accuracy mean ± std over seeds per method x dataset x alpha, with the
+improvement of each method over its base method (InCoAvg over FedAvg, ...)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from incofl.atomic import write_json, write_text
+from incofl.report.runs import alpha_tag, dataset_label
+
+METRIC_LABELS = {"final_acc": "final-round accuracy", "best_acc": "best-round accuracy",
+                 "last10_acc": "mean accuracy of the last 10 rounds"}
+CELL = ["method", "dataset", "alpha"]
+TIDY = CELL + ["mean", "std", "n_seeds", "base", "improvement"]
+
+
+def row_order(methods: Sequence[str], base_of: Mapping[str, str | None]) -> list[str]:
+    """Baselines (no base) in the given order, then the other methods grouped by their base's
+    position among the baselines (given order within a group; unknown bases last)."""
+    baselines = [m for m in methods if base_of.get(m) is None]
+    rank = {b: i for i, b in enumerate(baselines)}
+    derived = [m for m in methods if base_of.get(m) is not None]
+    return baselines + sorted(derived, key=lambda m: rank.get(base_of[m], len(baselines)))
+
+
+def table2(summaries: pd.DataFrame, *, metric: str = "final_acc", methods: Sequence[str],
+           base_of: Mapping[str, str | None], datasets: Sequence[str] | None = None,
+           alphas: Sequence[float] | None = None) -> pd.DataFrame:
+    """Tidy Table 2, one row per (method, dataset, alpha) in display order.
+
+    `std` is the sample std (ddof=1): NaN with a single seed, whose cell then shows the mean
+    alone. A cell without runs has n_seeds 0 and NaN mean. `improvement` = mean - base mean;
+    the base may be absent from `methods` but must have runs, else it is NaN.
+    """
+    if metric not in METRIC_LABELS:
+        raise ValueError(f"metric must be one of {sorted(METRIC_LABELS)}, got {metric!r}")
+    shown = summaries[summaries["method"].isin(methods)]
+    datasets = list(pd.unique(shown["dataset"]) if datasets is None else datasets)
+    alphas = sorted(float(a) for a in (shown["alpha"].unique() if alphas is None else alphas))
+    stats = (summaries.groupby(CELL)[metric].agg(["mean", "std", "count"])
+             .rename(columns={"count": "n_seeds"}))
+    grid = pd.MultiIndex.from_product([row_order(methods, base_of), datasets, alphas], names=CELL)
+    t = stats.reindex(grid).reset_index()
+    t["n_seeds"] = t["n_seeds"].fillna(0).astype(int)
+    t["base"] = [base_of.get(m) for m in t["method"]]
+    base_keys = pd.MultiIndex.from_arrays([t["base"], t["dataset"], t["alpha"]])
+    t["improvement"] = t["mean"] - stats["mean"].reindex(base_keys).to_numpy()
+    return t[TIDY]
+
+
+def _cell(row, tex: bool) -> str:
+    if row.n_seeds == 0:
+        return "--" if tex else "–"
+    pm, up, down = (r"$\pm$", r"$\uparrow$", r"$\downarrow$") if tex else ("±", "+", "-")
+    text = f"{row.mean:.1f}" + ("" if math.isnan(row.std) else f" {pm} {row.std:.1f}")
+    if math.isnan(row.improvement):
+        return text
+    imp = round(row.improvement, 1) + 0.0  # + 0.0 turns -0.0 into 0.0
+    return f"{text} ({up if imp >= 0 else down}{abs(imp):.1f})"
+
+
+def _wide(table: pd.DataFrame, tex: bool) -> pd.DataFrame:
+    """Cell strings, rows = methods, columns = (dataset, alpha), both in the table's order."""
+    cells = table.assign(cell=[_cell(r, tex) for r in table.itertuples()])
+    wide = cells.pivot(index="method", columns=["dataset", "alpha"], values="cell")
+    cols = pd.MultiIndex.from_frame(table[["dataset", "alpha"]].drop_duplicates())
+    return wide.reindex(index=pd.unique(table["method"]), columns=cols)
+
+
+def _caption(table: pd.DataFrame, metric: str, extra: str, tex: bool) -> str:
+    n = sorted(set(table.loc[table["n_seeds"] > 0, "n_seeds"]))
+    seeds = "0" if not n else str(n[0]) if len(n) == 1 else f"{n[0]}–{n[-1]}"
+    pct, pm, up = (r"\%", r"$\pm$", r"$\uparrow$") if tex else ("%", "±", "+")
+    text = (f"Test accuracy ({pct}), {METRIC_LABELS[metric]}: mean {pm} std over {seeds} seeds; "
+            f"({up}x) is the improvement over the base method.")
+    return f"{text} {extra}".strip()
+
+
+def to_markdown(table: pd.DataFrame, *, metric: str, caption_extra: str = "") -> str:
+    wide = _wide(table, tex=False)
+    header = ["Method"] + [f"{dataset_label(d)} α={a}" for d, a in wide.columns]
+    rows = [header, [":---"] + [":---:"] * len(wide.columns)]
+    rows += [[m, *cells] for m, cells in zip(wide.index, wide.to_numpy())]
+    body = "\n".join("| " + " | ".join(r) + " |" for r in rows)
+    return f"**Table 2.** {_caption(table, metric, caption_extra, tex=False)}\n\n{body}\n"
+
+
+def _esc(text: str) -> str:
+    for ch in "&%_#":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
+def to_latex(table: pd.DataFrame, *, metric: str, caption_extra: str = "") -> str:
+    """booktabs table; `\\resizebox` needs graphicx. A midrule separates baselines from the rest."""
+    wide = _wide(table, tex=True)
+    datasets = list(pd.unique(wide.columns.get_level_values("dataset")))
+    k = len(wide.columns) // max(len(datasets), 1)  # alphas per dataset (a full grid)
+    based = set(table.loc[table["base"].notna(), "method"])
+    lines = [r"\begin{table}[t]", r"\centering",
+             rf"\caption{{{_caption(table, metric, _esc(caption_extra), tex=True)}}}",
+             r"\label{tab:table2}", r"\resizebox{\linewidth}{!}{%",
+             rf"\begin{{tabular}}{{l{'c' * len(wide.columns)}}}", r"\toprule",
+             " & ".join([""] + [rf"\multicolumn{{{k}}}{{c}}{{{_esc(dataset_label(d))}}}"
+                                for d in datasets]) + r" \\",
+             " ".join(rf"\cmidrule(lr){{{2 + i * k}-{1 + (i + 1) * k}}}" for i in range(len(datasets))),
+             " & ".join(["Method"] + [rf"$\alpha={a}$" for _, a in wide.columns]) + r" \\",
+             r"\midrule"]
+    for i, (m, cells) in enumerate(zip(wide.index, wide.to_numpy())):
+        if i and m in based and wide.index[i - 1] not in based:
+            lines.append(r"\midrule")
+        lines.append(" & ".join([_esc(m), *cells]) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(table: pd.DataFrame, out_dir: str | os.PathLike, *, metric: str,
+                 caption_extra: str = "") -> None:
+    """Write table2.md, table2.tex and the tidy table2.csv into `out_dir`, atomically."""
+    out = Path(out_dir)
+    write_text(out / "table2.md", to_markdown(table, metric=metric, caption_extra=caption_extra))
+    write_text(out / "table2.tex", to_latex(table, metric=metric, caption_extra=caption_extra))
+    write_text(out / "table2.csv", table[TIDY].to_csv(index=False))
+
+
+def _num(x: float) -> float | None:
+    return None if math.isnan(x) else float(x)
+
+
+def metrics_json(table: pd.DataFrame) -> dict:
+    """{dataset: {"a0.5": {method: {mean, std, n_seeds, improvement}}}} for `dvc metrics`;
+    cells without runs are left out, NaN becomes null."""
+    out: dict = {}
+    for r in table[table["n_seeds"] > 0].itertuples():
+        out.setdefault(r.dataset, {}).setdefault(alpha_tag(r.alpha), {})[r.method] = {
+            "mean": _num(r.mean), "std": _num(r.std), "n_seeds": int(r.n_seeds),
+            "improvement": _num(r.improvement)}
+    return out
+
+
+def write_metrics_json(table: pd.DataFrame, path: str | os.PathLike) -> None:
+    write_json(path, metrics_json(table))

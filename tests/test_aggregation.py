@@ -1,0 +1,57 @@
+"""Server rules: heteroavg = mean over holders, groupwise = per-group mean, w <- w + g."""
+
+import torch
+
+from incofl.fl.client import ClientUpdate
+from incofl.fl.server import GroupWise, ServerRule, apply_update, heteroavg
+
+
+def _updates():
+    g = torch.Generator().manual_seed(0)
+    small = ["a", "b"]
+    big = ["a", "b", "c"]  # "c" only in the larger model
+    spec = [(0, 0, small, 10), (1, 0, small, 30), (2, 1, big, 20), (3, 1, big, 40)]
+    return [ClientUpdate(cid, grp, {n: torch.randn(3, generator=g) for n in names}, n_i, 5)
+            for cid, grp, names, n_i in spec]
+
+
+def test_heteroavg_is_mean_over_holders():
+    ups = _updates()
+    avg = heteroavg(ups)
+    for name in ("a", "b"):
+        assert torch.allclose(avg[name], torch.stack([u.delta[name] for u in ups]).mean(0))
+    assert torch.allclose(avg["c"], (ups[2].delta["c"] + ups[3].delta["c"]) / 2)
+
+
+def test_heteroavg_weighted_by_samples():
+    ups = _updates()
+    avg = heteroavg(ups, weighted=True)
+    expected = sum(u.num_samples * u.delta["a"] for u in ups) / sum(u.num_samples for u in ups)
+    assert torch.allclose(avg["a"], expected)
+    assert torch.allclose(avg["c"], (20 * ups[2].delta["c"] + 40 * ups[3].delta["c"]) / 60)
+
+
+def test_heteroavg_leaves_client_updates_untouched():
+    ups = _updates()
+    before = [{k: v.clone() for k, v in u.delta.items()} for u in ups]
+    heteroavg(ups)
+    heteroavg(ups, weighted=True)
+    for u, b in zip(ups, before):
+        assert all(torch.equal(u.delta[k], b[k]) for k in b)
+
+
+def test_groupwise_is_per_group_mean():
+    ups = _updates()
+    out = GroupWise().aggregate(ups)
+    assert set(out) == {0, 1}
+    assert torch.allclose(out[0]["a"], (ups[0].delta["a"] + ups[1].delta["a"]) / 2)
+    assert torch.allclose(out[1]["c"], (ups[2].delta["c"] + ups[3].delta["c"]) / 2)
+    assert "c" not in out[0]
+    assert ServerRule().state_index(1) == 0 and GroupWise().state_index(1) == 1
+
+
+def test_apply_update_adds_and_clamps_running_var():
+    state = {"w": torch.ones(3), "bn.running_var": torch.full((3,), 0.1)}
+    apply_update(state, {"w": torch.tensor([1.0, -1.0, 0.5]), "bn.running_var": torch.tensor([-1.0, 0.1, 0.0])})
+    assert torch.equal(state["w"], torch.tensor([2.0, 0.0, 1.5]))
+    assert torch.equal(state["bn.running_var"], torch.tensor([0.0, 0.2, 0.1]))

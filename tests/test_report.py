@@ -1,0 +1,184 @@
+"""Report layer on a hand-written runs tree: Table 2 numbers, layout, files and figures."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from incofl.report.figures import _seed_band, plot_ablation, plot_curves
+from incofl.report.runs import collect_curves, collect_summaries
+from incofl.report.tables import metrics_json, table2, write_metrics_json, write_tables
+
+METHODS = ["FedAvg", "FedProx", "FedNova", "InCoNova", "InCoProx", "InCoAvg"]
+BASE_OF = {"FedAvg": None, "FedProx": None, "FedNova": None,
+           "InCoAvg": "FedAvg", "InCoProx": "FedProx", "InCoNova": "FedNova"}
+# (method, dataset, alpha) -> final accuracy per seed; FedNova has no runs at all.
+FINAL = {("FedAvg", "cifar10", 0.5): [50, 52, 54], ("InCoAvg", "cifar10", 0.5): [60, 64, 68],
+         ("FedProx", "cifar10", 0.5): [40, 42], ("InCoProx", "cifar10", 0.5): [38, 39, 40],
+         ("InCoNova", "cifar10", 0.5): [30, 32, 34],
+         ("FedAvg", "cifar10", 1.0): [61], ("InCoAvg", "cifar10", 1.0): [70, 71, 72],
+         ("HeteroAvg", "cifar10", 0.5): [55, 57, 59], ("HeteroAvg", "cifar10", 1.0): [63, 65]}
+
+
+def write_run(root: Path, method: str, dataset: str, alpha: float, seed: int,
+              accs: list[float], groups: int = 5) -> Path:
+    """One run directory as the engine writes it; `accs` is mean_acc per round 1..len(accs)."""
+    run = root / dataset / f"a{alpha}" / method / f"s{seed}"
+    run.mkdir(parents=True)
+    final = float(accs[-1])
+    summary = {"method": method, "dataset": dataset, "alpha": alpha, "seed": seed,
+               "rounds": len(accs), "final_acc": final, "best_acc": final + 1,
+               "last10_acc": final - 1, "group_final_acc": [final] * groups,
+               "wall_s": 10.0, "samples_per_s": 100.0}
+    (run / "summary.json").write_text(json.dumps(summary))
+    rows = [{"round": r, "mean_acc": a, "mean_loss": 2.0 / r,
+             **{f"acc_g{g}": a for g in range(groups)}, "seconds": 1.0}
+            for r, a in enumerate(accs, start=1)]
+    pd.DataFrame(rows).to_csv(run / "metrics.csv", index=False)
+    return run
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    for (method, dataset, alpha), finals in FINAL.items():
+        for seed, final in enumerate(finals):
+            write_run(root, method, dataset, alpha, seed, [final / 2, final * 0.8, final])
+    return root
+
+
+@pytest.fixture
+def table(runs_root: Path) -> pd.DataFrame:
+    return table2(collect_summaries(runs_root), methods=METHODS, base_of=BASE_OF)
+
+
+def cell(table: pd.DataFrame, method: str, alpha: float) -> pd.Series:
+    return table[(table["method"] == method) & (table["alpha"] == alpha)].iloc[0]
+
+
+def test_collect(runs_root: Path) -> None:
+    s = collect_summaries(runs_root)
+    assert len(s) == sum(map(len, FINAL.values()))
+    assert list(s.columns[:4]) == ["method", "dataset", "alpha", "seed"]
+    assert set(s["alpha"]) == {0.5, 1.0}
+    c = collect_curves(runs_root)
+    assert list(c.columns) == ["method", "dataset", "alpha", "seed", "round", "mean_acc", "mean_loss"]
+    assert len(c) == 3 * len(s)
+
+
+def test_no_runs_and_duplicates(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        collect_summaries(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no runs"):
+        collect_curves(tmp_path)
+    write_run(tmp_path / "x", "FedAvg", "cifar10", 0.5, 0, [50])
+    write_run(tmp_path / "y", "FedAvg", "cifar10", 0.5, 0, [51])
+    with pytest.raises(ValueError, match="repeat"):
+        collect_summaries(tmp_path)
+
+
+def test_numbers(table: pd.DataFrame) -> None:
+    fedavg, inco = cell(table, "FedAvg", 0.5), cell(table, "InCoAvg", 0.5)
+    assert (fedavg["mean"], fedavg["std"], fedavg["n_seeds"]) == (52.0, 2.0, 3)
+    assert (inco["mean"], inco["std"], inco["improvement"]) == (64.0, 4.0, 12.0)
+    assert cell(table, "InCoProx", 0.5)["improvement"] == pytest.approx(-2.0)
+    assert math.isnan(cell(table, "FedAvg", 1.0)["std"])  # one seed: std undefined
+    assert math.isnan(cell(table, "InCoNova", 0.5)["improvement"])  # base has no runs
+    assert math.isnan(cell(table, "FedAvg", 0.5)["improvement"])  # no base
+    assert cell(table, "InCoProx", 1.0)["n_seeds"] == 0
+
+
+def test_metric_and_filters(runs_root: Path) -> None:
+    t = table2(collect_summaries(runs_root), metric="best_acc", methods=["InCoAvg"],
+               base_of=BASE_OF, alphas=[0.5])
+    assert len(t) == 1  # base FedAvg is not shown but still gives the improvement
+    assert (t["mean"].iloc[0], t["improvement"].iloc[0]) == (65.0, 12.0)
+    with pytest.raises(ValueError, match="metric"):
+        table2(collect_summaries(runs_root), metric="acc", methods=METHODS, base_of=BASE_OF)
+
+
+def test_row_order(table: pd.DataFrame) -> None:
+    assert list(pd.unique(table["method"])) == [
+        "FedAvg", "FedProx", "FedNova", "InCoAvg", "InCoProx", "InCoNova"]
+
+
+def test_markdown(table: pd.DataFrame, tmp_path: Path) -> None:
+    write_tables(table, tmp_path, metric="final_acc", caption_extra="ResNets, 100 clients.")
+    md = (tmp_path / "table2.md").read_text()
+    assert "final-round accuracy" in md and "mean ± std over 1–3 seeds" in md
+    assert "ResNets, 100 clients." in md
+    assert "| Method | CIFAR10 α=0.5 | CIFAR10 α=1.0 |" in md
+    for row in ["| FedAvg | 52.0 ± 2.0 | 61.0 |",
+                "| FedProx | 41.0 ± 1.4 | – |",
+                "| FedNova | – | – |",
+                "| InCoAvg | 64.0 ± 4.0 (+12.0) | 71.0 ± 1.0 (+10.0) |",
+                "| InCoProx | 39.0 ± 1.0 (-2.0) | – |",
+                "| InCoNova | 32.0 ± 2.0 | – |"]:
+        assert row + "\n" in md
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_latex(runs_root: Path, tmp_path: Path) -> None:
+    table = table2(collect_summaries(runs_root), metric="last10_acc", methods=METHODS,
+                   base_of=BASE_OF)
+    write_tables(table, tmp_path, metric="last10_acc")
+    tex = (tmp_path / "table2.tex").read_text()
+    for part in [r"\toprule", r"\cmidrule(lr){2-3}", r"\bottomrule", r"\multicolumn{2}{c}{CIFAR10}",
+                 r"$\alpha=0.5$ & $\alpha=1.0$", "mean accuracy of the last 10 rounds",
+                 r"InCoAvg & 63.0 $\pm$ 4.0 ($\uparrow$12.0) & 70.0 $\pm$ 1.0 ($\uparrow$10.0) \\",
+                 r"InCoProx & 38.0 $\pm$ 1.0 ($\downarrow$2.0) & -- \\"]:
+        assert part in tex
+    assert tex.count(r"\midrule") == 2  # under the header, and between baselines and InCo
+
+
+def test_csv_round_trip(table: pd.DataFrame, tmp_path: Path) -> None:
+    write_tables(table, tmp_path, metric="final_acc")
+    back = pd.read_csv(tmp_path / "table2.csv")
+    assert list(back.columns) == ["method", "dataset", "alpha", "mean", "std", "n_seeds",
+                                  "base", "improvement"]
+    pd.testing.assert_frame_equal(back, table, check_dtype=False)
+
+
+def test_metrics_json(table: pd.DataFrame, tmp_path: Path) -> None:
+    m = metrics_json(table)
+    json.dumps(m, allow_nan=False)
+    assert m["cifar10"]["a0.5"]["InCoAvg"] == {"mean": 64.0, "std": 4.0, "n_seeds": 3,
+                                               "improvement": 12.0}
+    assert m["cifar10"]["a1.0"]["FedAvg"]["std"] is None
+    assert "FedNova" not in m["cifar10"]["a0.5"]  # no runs, no entry
+    write_metrics_json(table, tmp_path / "metrics.json")
+    assert json.loads((tmp_path / "metrics.json").read_text()) == m
+
+
+def test_seed_band_aligns_rounds() -> None:
+    runs = pd.DataFrame({"seed": [0, 0, 0, 1, 1], "round": [1, 2, 3, 1, 3],
+                         "mean_acc": [10.0, 20.0, 30.0, 14.0, 34.0]})
+    band = _seed_band(runs)
+    assert list(band.index) == [1, 3]
+    assert list(band["mean"]) == [12.0, 32.0]
+
+
+def assert_figures(paths: list[Path]) -> None:
+    for path in paths:
+        head = path.read_bytes()[:4]
+        assert head == (b"\x89PNG" if path.suffix == ".png" else b"%PDF"), path
+        assert path.stat().st_size > 1000
+    assert not list(paths[0].parent.glob("*.tmp"))
+
+
+def test_figures(runs_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fig"
+    curves = plot_curves(collect_curves(runs_root), out, methods=["FedAvg", "InCoAvg"])
+    assert sorted(p.name for p in curves) == [
+        "curves_cifar10_a0.5.pdf", "curves_cifar10_a0.5.png",
+        "curves_cifar10_a1.0.pdf", "curves_cifar10_a1.0.png"]
+    assert_figures(curves)
+    bars = plot_ablation(collect_summaries(runs_root), out, methods=["HeteroAvg", "InCoAvg"])
+    assert [p.name for p in bars] == ["ablation.png", "ablation.pdf"]
+    assert_figures(bars)
+    with pytest.raises(ValueError, match="no runs"):
+        plot_ablation(collect_summaries(runs_root), out, methods=["Nope"])
