@@ -164,15 +164,25 @@ class ExperimentConfig(Settings):
 
     @model_validator(mode="after")
     def _per_method(self) -> "ExperimentConfig":
-        for method, overrides in self.per_method.items():
-            _check_method(method)
-            self.settings_for(method, overrides)  # validates the override keys and values
+        """Every method's merged settings and method_args are valid before any job starts."""
+        from incofl.fl.methods import METHODS
+
+        for method in dict.fromkeys([*self.methods, *self.per_method]):
+            where = f"per_method.{method}" if method in self.per_method else "method_args"
+            try:
+                settings = Settings.model_validate(self.settings_for(method, validate=False))
+                METHODS[_check_method(method)].split_args(settings.method_args)
+            except ValidationError as err:
+                raise ValueError(str(_one_line(err, where))) from None
+            except ValueError as err:
+                raise ValueError(f"{where}: {err}") from None
         return self
 
-    def settings_for(self, method: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def settings_for(self, method: str, extra: dict[str, Any] | None = None, validate: bool = True) -> dict[str, Any]:
+        """The shared settings with the method's overrides (and `extra`) applied."""
         shared = self.model_dump(include=set(Settings.model_fields))
         merged = {**shared, **self.per_method.get(method, {}), **(extra or {})}
-        return Settings.model_validate(merged).model_dump()
+        return Settings.model_validate(merged).model_dump() if validate else merged
 
     def run_config(self, dataset: str, alpha: float, method: str, seed: int, **overrides: Any) -> RunConfig:
         return RunConfig(dataset=dataset, alpha=alpha, method=method, seed=seed, **self.settings_for(method, overrides))
@@ -180,11 +190,11 @@ class ExperimentConfig(Settings):
 
 def _one_line(err: ValidationError, source: str) -> ConfigError:
     first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
-    return ConfigError(f"{source}: {key}: {msg}")
+    key = ".".join(str(p) for p in first["loc"])
+    return ConfigError(f"{source}: {key}: {msg}" if key else f"{source}: {msg}")
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
