@@ -187,7 +187,7 @@ class Run:
         summary = {
             "method": cfg.method, "dataset": cfg.dataset, "alpha": cfg.alpha, "seed": cfg.seed,
             "rounds": cfg.rounds, "final_acc": final["mean_acc"], "best_acc": max(accs),
-            "best_round": int(self.rows[int(np.argmax(accs))]["round"]), "last10_acc": float(np.mean(accs[-10:])),
+            "best_round": int(self.rows[int(np.argmax(accs))]["round"]), "last10_acc": float(np.mean([r["mean_acc"] for r in self.rows if r["round"] > cfg.rounds - 10])),
             "group_final_acc": [final[f"acc_g{g}"] for g in range(cfg.groups)], "final_loss": final["mean_loss"],
             "wall_s": round(self.elapsed, 3), "samples_per_s": round(self.samples / max(self.elapsed, 1e-9), 1),
             "device": str(self.engine.device), "torch": torch.__version__, "config": cfg.model_dump(),
