@@ -3,7 +3,11 @@
 An `Objective` is a small class with a few hooks (the FedAvg objective is the base class);
 a method changes local training by overriding one or two of them. Objectives keep any
 per-client state they need (SCAFFOLD's c_i, MOON's previous model) in `state_dict()`,
-which the engine checkpoints.
+which the engine checkpoints. The methods live in `incofl.fl.objectives`, one module each.
+
+Order in a round: for each sampled client `begin`, then per step `loss`, `after_backward`
+and `after_step`, then `end`; then `before_aggregate` on all updates, the server rule, and
+`server_round_end`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ class ClientContext:
     model: nn.Module
     global_state: dict[str, torch.Tensor]  # the model's sub-state of the global weights (read-only)
     lr: float
+    momentum: float = 0.0  # the local optimizer's heavy-ball momentum (SGD's; Adam has none)
+    state: int = 0  # the server state (federation) the client trains from: 0 if shared, else its group
+    federation_size: int = 1  # clients in that federation: K if shared, the group's size for `groupwise`
     steps: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -42,13 +49,17 @@ class ClientUpdate:
     delta: dict[str, torch.Tensor]
     num_samples: int
     steps: int
+    state: int = 0  # the federation, as in ClientContext
+    extra: dict[str, Any] = field(default_factory=dict)  # what an objective's `end` leaves for `before_aggregate`
 
 
 class Objective:
     """FedAvg: plain cross-entropy. Subclasses override hooks; `params` are the method's
-    hyper-parameters (unknown names are rejected)."""
+    hyper-parameters (unknown names are rejected), `model_args` those of them that configure
+    the model rather than the loss (passed to `build_model`)."""
 
     params: dict[str, Any] = {}
+    model_args: tuple[str, ...] = ()
 
     def __init__(self, **params: Any):
         self.hp = {**self.params, **params}
@@ -62,9 +73,17 @@ class Objective:
     def after_backward(self, ctx: ClientContext) -> None:
         """Between backward and the optimizer step (gradient corrections)."""
 
+    def after_step(self, ctx: ClientContext) -> None:
+        """After the optimizer step (weight corrections)."""
+
     def end(self, ctx: ClientContext, update: ClientUpdate) -> ClientUpdate:
         """After local training; may transform the update before it is sent."""
         return update
+
+    def before_aggregate(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        """All of the round's updates, before the server rule averages them (e.g. FedNova's
+        normalisation, which needs every sampled client's step count)."""
+        return updates
 
     def server_round_end(self, updates: list[ClientUpdate], num_clients: int) -> None:
         """After aggregation (server-side method state)."""
@@ -104,6 +123,7 @@ def local_train(ctx: ClientContext, objective: Objective, data: TensorSplit, ind
             loss.backward()
             objective.after_backward(ctx)
             optimizer.step()
+            objective.after_step(ctx)
             ctx.steps += 1
     return ctx.steps
 

@@ -64,25 +64,31 @@ class InCoOptions:
             raise ValueError(f"inco mode must be 'always' or 'projection', not {self.mode!r}")
 
 
-def _rows(x: torch.Tensor, variant: str) -> torch.Tensor:
-    """The slices the statistics run over: kernel slices (o, i) for official convs, else one row."""
-    if variant == "official" and x.dim() > 2:
-        return x.reshape(x.shape[0] * x.shape[1], -1)
-    return x.reshape(1, -1)
+def _columns(x: torch.Tensor, variant: str) -> torch.Tensor:
+    """(entries, slices): kernel slices (o, i) for official convs, else the whole tensor as one
+    slice. Slices are columns so per-slice sums reduce over dim 0, which is fast on CPU."""
+    rows = x.reshape(x.shape[0] * x.shape[1], -1) if variant == "official" and x.dim() > 2 else x.reshape(1, -1)
+    return rows.t().contiguous()
 
 
 def cross_layer(target: torch.Tensor, ref: torch.Tensor, opts: InCoOptions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(T', c per slice, beta per slice) for one target/reference pair."""
+    """(T', c per slice, beta per slice) for one target/reference pair.
+
+    Written as T' = T * (s / |T|) + R * (c * s / |R|) (normalised) or T + c * R (raw), which is
+    (t + c r) s with per-slice scalars, so only three reductions touch the full tensors."""
     dtype = torch.promote_types(target.dtype, torch.float32)  # half updates are computed in float32
-    T, R = _rows(target.to(dtype), opts.variant), _rows(ref.to(dtype), opts.variant)
+    T, R = _columns(target.to(dtype), opts.variant), _columns(ref.to(dtype), opts.variant)
+    tt, rr, rt = (T * T).sum(0), (R * R).sum(0), (R * T).sum(0)
     if opts.normalize:
-        tn, rn = T.norm(dim=1, keepdim=True), R.norm(dim=1, keepdim=True)
-        t, r, s = T / (tn + opts.eps), R / (rn + opts.eps), (tn + rn) / 2
+        tn, rn = tt.sqrt(), rr.sqrt()
+        t_scale, r_scale, s = 1 / (tn + opts.eps), 1 / (rn + opts.eps), (tn + rn) / 2
     else:
-        t, r, s = T, R, torch.ones(1, 1, dtype=T.dtype, device=T.device)
+        t_scale = r_scale = s = torch.ones_like(tt)
     # official: statistics on the raw slices; paper: on the (possibly normalised) vectors
-    a, b = (R, T) if opts.variant == "official" else (r, t)
-    alpha, beta = (a * a).sum(1, keepdim=True), (a * b).sum(1, keepdim=True)
+    if opts.variant == "official":
+        alpha, beta = rr, rt
+    else:
+        alpha, beta = rr * r_scale**2, rt * r_scale * t_scale
     if not opts.optimize:
         c = torch.ones_like(beta)
     elif opts.variant == "official":
@@ -91,10 +97,10 @@ def cross_layer(target: torch.Tensor, ref: torch.Tensor, opts: InCoOptions) -> t
         c = -beta / (alpha + opts.eps)
         if opts.mode == "projection":
             c = c.clamp(min=0.0)
-    out = (t + c * r) * s
+    out = T * (t_scale * s) + R * (c * r_scale * s)
     if opts.variant == "official":
-        out = out.clamp(-opts.clip, opts.clip)
-    return out.reshape(target.shape).to(target.dtype), c.flatten(), beta.flatten()
+        out = out.clamp_(-opts.clip, opts.clip)
+    return out.t().reshape(target.shape).to(target.dtype), c, beta
 
 
 def cross_layer_update(

@@ -11,6 +11,7 @@ from typing import Any
 
 from incofl.fl.client import Objective
 from incofl.fl.inco import InCoOptions, find_pairs
+from incofl.fl.objectives import FedNova, FedProx, Moon, Scaffold
 from incofl.fl.server import GroupWise, InCo, ServerRule
 
 
@@ -22,6 +23,7 @@ class Method:
     base: str | None = None
     inco: dict[str, Any] = field(default_factory=dict)  # InCoOptions overrides (ablations, variants)
     source: str = ""
+    weighted: bool = False  # default of method_args `weighted`: sample-weighted server averaging
 
     def split_args(self, args: dict[str, Any]) -> tuple[dict[str, Any], InCoOptions | None, bool]:
         """Split config `method_args` into objective parameters, InCo options and `weighted`;
@@ -33,7 +35,12 @@ class Method:
                 raise ValueError(f"{key}: not a parameter of {self.name} (takes: {', '.join(sorted(allowed))})")
         objective_args = {k: v for k, v in args.items() if k in self.objective.params}
         inco = InCoOptions(**{**self.inco, **{k: v for k, v in args.items() if k in inco_keys}}) if inco_keys else None
-        return objective_args, inco, bool(args.get("weighted", False))
+        return objective_args, inco, bool(args.get("weighted", self.weighted))
+
+    def model_kwargs(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The objective's model-building parameters (MOON's projection_dim) for `build_model`."""
+        merged = {**self.objective.params, **self.split_args(args)[0]}
+        return {name: merged[name] for name in self.objective.model_args}
 
     def build(self, state_names: list[str], args: dict[str, Any]) -> tuple[Objective, ServerRule]:
         """The method's local objective and server rule, configured by `args`."""
@@ -46,10 +53,23 @@ class Method:
 
 
 _PAPER = "Chan et al., ICLR 2024"
+_GROUPWISE = "; groupwise as in " + _PAPER
+_PROX = "Li et al., MLSys 2020 (FedProx)"
+_SCAFFOLD = "Karimireddy et al., ICML 2020 (SCAFFOLD, option II)"  # plain mean over S, its Algorithm 1
+_NOVA = "Wang et al., NeurIPS 2020 (FedNova)"  # sample-weighted: p_i = n_i / sum n (METHODS.md 3)
+_MOON = "Li, He & Song, CVPR 2021 (MOON)"
 _REGISTRY = [
-    Method("FedAvg", Objective, "groupwise", source="McMahan et al. 2017; groupwise as in " + _PAPER),
+    Method("FedAvg", Objective, "groupwise", source="McMahan et al. 2017" + _GROUPWISE),
+    Method("FedProx", FedProx, "groupwise", source=_PROX + _GROUPWISE),
+    Method("SCAFFOLD", Scaffold, "groupwise", source=_SCAFFOLD + _GROUPWISE),
+    Method("FedNova", FedNova, "groupwise", weighted=True, source=_NOVA + _GROUPWISE),
+    Method("MOON", Moon, "groupwise", source=_MOON + _GROUPWISE),
     Method("HeteroAvg", Objective, "heteroavg", source=_PAPER),
     Method("InCoAvg", Objective, "inco", base="FedAvg", source=_PAPER),
+    Method("InCoProx", FedProx, "inco", base="FedProx", source=_PAPER + "; " + _PROX),
+    Method("InCoScaffold", Scaffold, "inco", base="SCAFFOLD", source=_PAPER + "; " + _SCAFFOLD),
+    Method("InCoNova", FedNova, "inco", base="FedNova", weighted=True, source=_PAPER + "; " + _NOVA),
+    Method("InCoMOON", Moon, "inco", base="MOON", source=_PAPER + "; " + _MOON),
     Method("InCoAvg-noNorm", Objective, "inco", base="FedAvg", inco={"normalize": False}, source=_PAPER + ", Fig. 8"),
     Method("InCoAvg-noOpt", Objective, "inco", base="FedAvg", inco={"optimize": False}, source=_PAPER + ", Fig. 8"),
     Method("InCoAvg-noNormOpt", Objective, "inco", base="FedAvg", inco={"normalize": False, "optimize": False},

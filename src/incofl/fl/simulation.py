@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +62,20 @@ class Engine:
         input_size = VIT_INPUT if vit else data.image_size
         self.train_data, self.test_data = to_device(data, device, input_size, resolve_augment(cfg.augment, cfg.dataset))
         torch.manual_seed(cfg.seed)
+        method = METHODS[cfg.method]
+        model_kwargs = method.model_kwargs(cfg.method_args)  # e.g. MOON's projection head
         self.models = [
             build_model(name, data.num_classes, data.channels, stem=cfg.stem, pretrained=cfg.pretrained,
-                        image_size=input_size).to(device)
+                        image_size=input_size, **model_kwargs).to(device)
             for name in cfg.models
         ]
         if cfg.channels_last:
             self.models = [m.to(memory_format=torch.channels_last) for m in self.models]
         server = self.models[check_nested(self.models)].state_dict()
         self.names = [list(m.state_dict()) for m in self.models]
-        self.objective, self.rule = METHODS[cfg.method].build(list(server), cfg.method_args)
+        self.objective, self.rule = method.build(list(server), cfg.method_args)
+        self.federation_size = Counter(self.rule.state_index(group_of(c, cfg.clients, cfg.groups))
+                                       for c in range(cfg.clients))
         if self.rule.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
@@ -83,21 +88,24 @@ class Engine:
 
     def train_client(self, round_: int, client: int) -> ClientUpdate:
         cfg, group = self.cfg, group_of(client, self.cfg.clients, self.cfg.groups)
-        model, start = self.models[group], self.sub_state(group)
+        model, start, state = self.models[group], self.sub_state(group), self.rule.state_index(group)
         model.load_state_dict(start)  # copies: `start` stays the untouched global weights
-        ctx = ClientContext(client, group, round_, model, start, cfg.lr)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
+        ctx = ClientContext(client, group, round_, model, start, cfg.lr,
+                            momentum=optimizer.param_groups[0].get("momentum", 0.0), state=state,
+                            federation_size=self.federation_size[state])
         gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, client))
         local_train(ctx, self.objective, self.train_data, self.parts[client], epochs=cfg.local_epochs,
                     batch_size=cfg.batch_size, optimizer=optimizer, gen=gen,
                     autocast=cfg.bf16 and self.device.type == "cuda")
         delta = {k: v.detach() - start[k] for k, v in model.state_dict().items() if v.is_floating_point()}
-        return self.objective.end(ctx, ClientUpdate(client, group, delta, len(self.parts[client]), ctx.steps))
+        update = ClientUpdate(client, group, delta, len(self.parts[client]), ctx.steps, state=state)
+        return self.objective.end(ctx, update)
 
     def run_round(self, round_: int) -> int:
         """One communication round; returns the number of training samples processed."""
-        updates = [self.train_client(round_, int(c)) for c in self.schedule[round_]]
+        updates = self.objective.before_aggregate([self.train_client(round_, int(c)) for c in self.schedule[round_]])
         for index, update in self.rule.aggregate(updates).items():
             apply_update(self.states[index], update)
         self.objective.server_round_end(updates, self.cfg.clients)

@@ -9,11 +9,12 @@ from incofl.models.vit import DEPTHS, vit
 
 
 def build_model(name: str, num_classes: int, in_channels: int, *, stem: str = "imagenet",
-                pretrained: str | None = None, image_size: int = 32) -> nn.Module:
+                pretrained: str | None = None, image_size: int = 32, projection_dim: int | None = None) -> nn.Module:
+    """`projection_dim` adds MOON's projection head (models/projection.py)."""
     if name in BLOCKS:
-        return resnet(name, num_classes, in_channels, stem)
+        return resnet(name, num_classes, in_channels, stem, projection_dim)
     if name in DEPTHS:
-        return vit(name, num_classes, in_channels, pretrained, img_size=image_size)
+        return vit(name, num_classes, in_channels, pretrained, img_size=image_size, projection_dim=projection_dim)
     raise ValueError(f"unknown model {name!r}")
 
 

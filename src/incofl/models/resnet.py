@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
+from incofl.models.projection import Projectable
+
 BLOCKS = {
     "resnet10": [1, 1, 1, 1],
     "resnet14": [1, 1, 2, 2],
@@ -19,25 +21,28 @@ BLOCKS = {
 }
 
 
-class FamilyResNet(ResNet):
-    """torchvision's ResNet with a choice of stem and a `features` method (penultimate layer)."""
+class FamilyResNet(Projectable, ResNet):
+    """torchvision's ResNet with a choice of stem, a `features` method (penultimate layer) and
+    an optional MOON projection head (`projection_dim`)."""
 
-    def __init__(self, blocks: list[int], num_classes: int, in_channels: int = 3, stem: str = "imagenet"):
+    classifier_name = "fc"
+
+    def __init__(self, blocks: list[int], num_classes: int, in_channels: int = 3, stem: str = "imagenet",
+                 projection_dim: int | None = None):
         super().__init__(BasicBlock, blocks, num_classes=num_classes)
         if stem == "cifar":  # 3x3 stride-1 stem without max-pool, for 32x32 inputs
             self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
             self.maxpool = nn.Identity()
         elif in_channels != 3:
             self.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
+        self.add_projection(projection_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return torch.flatten(self.avgpool(x), 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.features(x))
 
-
-def resnet(name: str, num_classes: int, in_channels: int = 3, stem: str = "imagenet") -> FamilyResNet:
-    return FamilyResNet(BLOCKS[name], num_classes, in_channels, stem)
+def resnet(name: str, num_classes: int, in_channels: int = 3, stem: str = "imagenet",
+           projection_dim: int | None = None) -> FamilyResNet:
+    return FamilyResNet(BLOCKS[name], num_classes, in_channels, stem, projection_dim)

@@ -1,0 +1,90 @@
+"""MOON (Li, He & Song, CVPR 2021): model-contrastive local training.
+
+loss = CE(logits, y) + mu * CE([cos(z, z_glob), cos(z, z_prev_1), ...] / T, target 0), with
+z the projection of this model, z_glob that of the global (sub-)model the client started
+from and z_prev those of its previous local models (a FIFO pool of `pool_size`). The models
+carry MOON's projection head (`projection_dim`, models/projection.py; 0 builds none and z is
+the features, MOON code's `use_project_head=0`); the frozen models run in eval mode, as in
+MOON's code. Defaults: mu = 5 (NIID-Bench's CIFAR-10 choice), T = 0.5, pool 1, 256 dims.
+
+A client with no previous model yet (every client in round one, and later a client sampled
+for the first time) uses the global model as its negative. Then both logits are equal and
+the contrastive term is the constant log 2 with zero gradient, which is what MOON's code
+computes in round one (its pool is empty, so the logits hold only the positive and the term
+is 0). MOON's code differs later: with partial participation it compares a client sampled
+for the first time with that client's own randomly initialised, never-trained network, an
+artifact of keeping one model object per client, which the algorithm does not call for.
+
+Previous models are kept compactly: per client, on the CPU, the floating-point state
+entries only (weights and BN statistics, what the eval-mode forward needs), in the
+checkpoint with the rest of the objective's state. On the device the objective holds two
+frozen copies per model group (global and previous; 1 + pool_size in general), reloaded
+for each client.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from incofl.fl.client import ClientContext, ClientUpdate, Objective
+
+State = dict[str, torch.Tensor]
+
+
+def moon_loss(logits: torch.Tensor, y: torch.Tensor, z: torch.Tensor, z_glob: torch.Tensor,
+              z_prevs: list[torch.Tensor], mu: float, temperature: float) -> torch.Tensor:
+    """Cross-entropy plus MOON's model-contrastive term (the positive pair is column 0)."""
+    sims = torch.stack([F.cosine_similarity(z, other, dim=-1) for other in (z_glob, *z_prevs)], dim=1)
+    target = torch.zeros(len(z), dtype=torch.long, device=z.device)
+    return F.cross_entropy(logits, y) + mu * F.cross_entropy(sims / temperature, target)
+
+
+class Moon(Objective):
+    params: dict[str, Any] = {"mu": 5.0, "temperature": 0.5, "pool_size": 1, "projection_dim": 256}
+    model_args = ("projection_dim",)
+
+    def __init__(self, **params: Any):
+        super().__init__(**params)
+        if int(self.hp["pool_size"]) < 1:
+            raise ValueError(f"MOON pool_size must be >= 1, not {self.hp['pool_size']}")
+        self.pool: dict[int, list[State]] = {}  # client -> previous local models, oldest first (CPU)
+        self._frozen: dict[int, list[nn.Module]] = {}  # group -> [global, previous...] on the device
+        self._models: list[nn.Module] = []  # this client's [global, previous...]
+
+    def begin(self, ctx: ClientContext) -> None:
+        if ctx.group not in self._frozen:
+            self._frozen[ctx.group] = [copy.deepcopy(ctx.model).eval().requires_grad_(False)
+                                       for _ in range(1 + int(self.hp["pool_size"]))]
+        frozen, previous = self._frozen[ctx.group], self.pool.get(ctx.client, [])
+        frozen[0].load_state_dict(ctx.global_state)
+        for model, state in zip(frozen[1:], previous):
+            model.load_state_dict(state, strict=False)  # float entries only: BN batch counters stay
+        self._models = frozen[:1 + len(previous)]
+
+    def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z = ctx.model.embed(x)
+        glob, *previous = self._models
+        with torch.no_grad():
+            z_glob = glob.embed(x)
+            z_prevs = [m.embed(x) for m in previous] or [z_glob]  # no previous model yet: the global one
+        return moon_loss(ctx.model.classify(z), y, z, z_glob, z_prevs, float(self.hp["mu"]),
+                         float(self.hp["temperature"]))
+
+    def end(self, ctx: ClientContext, update: ClientUpdate) -> ClientUpdate:
+        pool = self.pool.setdefault(ctx.client, [])
+        # a real copy: on the CPU, state_dict() shares storage with the model trained next
+        pool.append({k: v.detach().to("cpu", copy=True) for k, v in ctx.model.state_dict().items()
+                     if v.is_floating_point()})
+        del pool[:-int(self.hp["pool_size"])]
+        return update
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool": {client: list(models) for client, models in self.pool.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pool = {client: list(models) for client, models in state["pool"].items()}
