@@ -55,3 +55,19 @@ def test_apply_update_adds_and_clamps_running_var():
     apply_update(state, {"w": torch.tensor([1.0, -1.0, 0.5]), "bn.running_var": torch.tensor([-1.0, 0.1, 0.0])})
     assert torch.equal(state["w"], torch.tensor([2.0, 0.0, 1.5]))
     assert torch.equal(state["bn.running_var"], torch.tensor([0.0, 0.2, 0.1]))
+
+
+def test_official_inco_divides_vit_updates_by_local_epochs():
+    """The authors' ViT path: client deltas / E before averaging, then InCo; ResNets untouched."""
+    from incofl.fl.inco import InCoOptions, cross_layer_update
+    from incofl.fl.server import InCo
+
+    g = torch.Generator().manual_seed(1)
+    vit = {"blocks.0.norm1.weight": torch.randn(8, generator=g), "blocks.0.norm2.weight": torch.randn(8, generator=g)}
+    ups = [ClientUpdate(i, 0, {k: v * (i + 1) for k, v in vit.items()}, 10, 3) for i in range(2)]
+    pairs = {"blocks.0.norm2.weight": "blocks.0.norm1.weight"}
+    got = InCo(pairs, InCoOptions(), local_epochs=4).aggregate(ups)[0]
+    expected = cross_layer_update({k: v * 1.5 / 4 for k, v in vit.items()}, pairs)
+    assert all(torch.allclose(got[k], expected[k]) for k in vit)
+    assert InCo(pairs, InCoOptions(variant="paper"), local_epochs=4).scale == 1.0
+    assert InCo({"layer1.1.conv1.weight": "layer1.0.conv2.weight"}, InCoOptions(), local_epochs=4).scale == 1.0

@@ -126,3 +126,19 @@ def test_client_update_is_a_real_difference(synthetic, tmp_path):
     assert update.group == 1 and update.steps == int(np.ceil(len(part.parts[5]) / 32))
     assert max(d.abs().max().item() for d in update.delta.values()) > 0
     assert all(torch.equal(before[k], engine.states[0][k]) for k in before)  # global untouched by training
+
+
+@pytest.mark.slow
+def test_vit_family_runs_inco_on_the_norm_pairs(tmp_path, synthetic):
+    """ViT-S depth 8 and 9 at 224x224 (upsampled on the fly) on a few images: one InCo round."""
+    from incofl.data.dataset import ImageDataset
+
+    tiny = ImageDataset("synthetic", synthetic.x_train[:24], synthetic.y_train[:24],
+                        synthetic.x_test[:8], synthetic.y_test[:8])
+    cfg = load_run_config(_cfg(tmp_path, models=["vit_d8", "vit_d9"], clients=2, ratio=1.0, rounds=1,
+                               partition="iid", batch_size=4, local_epochs=2, optimizer="sgd", lr=0.01,
+                               momentum=0.9), {"method": "InCoAvg"})
+    summary = train(cfg, tmp_path / "vit", data=tiny)
+    assert len(summary["group_final_acc"]) == 2
+    inco = pd.read_csv(tmp_path / "vit" / "inco.csv")
+    assert set(inco["layer"]) == {f"blocks.{i}.norm2.weight" for i in range(9)}

@@ -47,6 +47,11 @@ def find_pairs(names: Iterable[str]) -> dict[str, str]:
     return pairs
 
 
+def vit_pairs(pairs: Mapping[str, str]) -> bool:
+    """Whether the pairs are the ViT family's (norm2 reads norm1)."""
+    return any(_VIT_NORM2.match(target) for target in pairs)
+
+
 @dataclass(frozen=True)
 class InCoOptions:
     variant: str = "official"  # "official" | "paper"

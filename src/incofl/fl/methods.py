@@ -42,11 +42,11 @@ class Method:
         merged = {**self.objective.params, **self.split_args(args)[0]}
         return {name: merged[name] for name in self.objective.model_args}
 
-    def build(self, state_names: list[str], args: dict[str, Any]) -> tuple[Objective, ServerRule]:
+    def build(self, state_names: list[str], args: dict[str, Any], local_epochs: int = 1) -> tuple[Objective, ServerRule]:
         """The method's local objective and server rule, configured by `args`."""
         objective_args, inco, weighted = self.split_args(args)
         if inco is not None:
-            rule: ServerRule = InCo(find_pairs(state_names), inco, weighted)
+            rule: ServerRule = InCo(find_pairs(state_names), inco, weighted, local_epochs)
         else:
             rule = GroupWise(weighted) if self.server == "groupwise" else ServerRule(weighted)
         return self.objective(**objective_args), rule

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from incofl.fl.client import ClientUpdate
-from incofl.fl.inco import InCoOptions, cross_layer_update
+from incofl.fl.inco import InCoOptions, cross_layer_update, vit_pairs
 
 
 def heteroavg(updates: Sequence[ClientUpdate], weighted: bool = False) -> dict[str, torch.Tensor]:
@@ -57,16 +57,22 @@ class GroupWise(ServerRule):
 
 
 class InCo(ServerRule):
-    """`heteroavg`, then internal cross-layer gradients on the averaged update."""
+    """`heteroavg`, then internal cross-layer gradients on the averaged update.
 
-    def __init__(self, pairs: dict[str, str], options: InCoOptions, weighted: bool = False):
+    The authors' code divides every ViT client update by the number of local epochs before
+    averaging; `official` on ViT pairs does the same (on the average: the mean is linear)."""
+
+    def __init__(self, pairs: dict[str, str], options: InCoOptions, weighted: bool = False, local_epochs: int = 1):
         super().__init__(weighted)
         self.pairs, self.options = pairs, options
+        self.scale = 1.0 / local_epochs if options.variant == "official" and vit_pairs(pairs) else 1.0
 
     def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, dict[str, torch.Tensor]]:
         self.stats = {}
-        opts = vars(self.options)
-        return {0: cross_layer_update(heteroavg(updates, self.weighted), self.pairs, stats=self.stats, **opts)}
+        average = heteroavg(updates, self.weighted)
+        if self.scale != 1.0:
+            average = {k: v.mul_(self.scale) for k, v in average.items()}
+        return {0: cross_layer_update(average, self.pairs, stats=self.stats, **vars(self.options))}
 
 
 def apply_update(state: dict[str, torch.Tensor], update: dict[str, torch.Tensor]) -> None:

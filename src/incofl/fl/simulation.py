@@ -73,7 +73,7 @@ class Engine:
             self.models = [m.to(memory_format=torch.channels_last) for m in self.models]
         server = self.models[check_nested(self.models)].state_dict()
         self.names = [list(m.state_dict()) for m in self.models]
-        self.objective, self.rule = method.build(list(server), cfg.method_args)
+        self.objective, self.rule = method.build(list(server), cfg.method_args, cfg.local_epochs)
         self.federation_size = Counter(self.rule.state_index(group_of(c, cfg.clients, cfg.groups))
                                        for c in range(cfg.clients))
         if self.rule.shared:
