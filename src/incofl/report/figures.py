@@ -15,6 +15,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from incofl.atomic import atomic_path
 from incofl.report.runs import alpha_tag, dataset_label
@@ -66,6 +67,7 @@ def _curve_figure(cell: pd.DataFrame, colors: dict[str, tuple], title: str) -> F
         ax.fill_between(s.index, s["mean"] - s["std"], s["mean"] + s["std"], color=color,
                         alpha=0.18, lw=0)
     ax.set(xlabel="Communication rounds", ylabel=ACC_LABEL, title=title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
