@@ -1,0 +1,217 @@
+"""The Snakemake workflow: the schema stays in sync with the config model, every shipped
+config is valid, a dry run plans exactly the grid's jobs, a bad config stops the workflow
+before any job with the key in the message, a local run of tests/data/tiny.yaml produces the
+tables, figures, metrics and report, a config change reruns exactly the affected jobs, and a
+killed workflow resumes without redoing finished runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import typing
+from pathlib import Path
+
+import jsonschema
+import pandas as pd
+import pytest
+import yaml
+from annotated_types import Ge, Gt, Le, Lt, MinLen
+
+from incofl.config import RESNETS, VITS, ExperimentConfig, validate_experiment
+from incofl.data.sources import DATASETS
+from incofl.fl.methods import METHODS
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TINY = REPO / "tests" / "data" / "tiny.yaml"
+SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+CONFIGS = sorted((REPO / "config").glob("*.yaml")) + [TINY]
+ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+
+
+def snakemake_cmd(workdir: Path, *args: str, config: Path = TINY) -> list[str]:
+    return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+            "--configfile", str(config), *args]
+
+
+def run_snakemake(workdir: Path, *args: str, config: Path = TINY, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(snakemake_cmd(workdir, *args, config=config), cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def planned_jobs(workdir: Path, *args: str, config: Path = TINY) -> dict[str, int]:
+    """Jobs per rule of a dry run (empty when nothing is to be done)."""
+    proc = run_snakemake(workdir, "--dry-run", "--quiet", "rules", *args, config=config)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    text = proc.stdout + proc.stderr
+    if "Job stats:" not in text:
+        assert "Nothing to be done" in text, text
+        return {}
+    table = text.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
+
+
+def grid_jobs(cfg: dict) -> dict[str, int]:
+    """The jobs a config's grid needs from scratch."""
+    exp = validate_experiment(cfg)
+    runs = len(exp.datasets) * len(exp.alphas) * len(exp.methods) * len(exp.seeds)
+    parts = {(s.clients, s.partition_seed) for s in (exp.run_config(exp.datasets[0], exp.alphas[0], m, 0)
+                                                      for m in exp.methods)}
+    return {"experiment_config": 1, "prepare": len(exp.datasets), "run_config": runs,
+            "partition": len(exp.datasets) * len(exp.alphas) * len(parts), "train": runs,
+            "table": 1, "figures": 1, "plot_data": 1, "all": 1}
+
+
+# --- schema and configs (fast) -----------------------------------------------------------
+def test_schema_in_sync_with_the_config_model():
+    props = SCHEMA["properties"]
+    assert set(props) == set(ExperimentConfig.model_fields), "schema properties != ExperimentConfig fields"
+    assert SCHEMA["$defs"]["method"]["enum"] == list(METHODS), "method enum != incofl.fl.methods.METHODS"
+    assert props["datasets"]["items"]["enum"] == list(DATASETS)
+    assert props["models"]["items"]["enum"] == list(RESNETS + VITS)
+    bounds = {Ge: ("minimum", "ge"), Gt: ("exclusiveMinimum", "gt"), Le: ("maximum", "le"),
+              Lt: ("exclusiveMaximum", "lt"), MinLen: ("minItems", "min_length")}
+    for name, field in ExperimentConfig.model_fields.items():
+        if typing.get_origin(field.annotation) is typing.Literal:
+            assert props[name]["enum"] == list(typing.get_args(field.annotation)), name
+        for m in field.metadata:
+            key, attr = bounds[type(m)]
+            value = getattr(m, attr)
+            assert props[name].get(key) == value, f"{name}: schema {key}={props[name].get(key)}, model {value}"
+    jsonschema.validate(ExperimentConfig().model_dump(mode="json"), SCHEMA)  # the defaults are valid
+    assert '"default":' not in json.dumps(SCHEMA), "defaults belong to the pydantic model only"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_are_valid(path):
+    raw = yaml.safe_load(path.read_text())
+    jsonschema.validate(raw, SCHEMA)
+    validate_experiment(raw, str(path))
+
+
+@pytest.mark.parametrize("path", [REPO / "config" / "config.yaml", REPO / "config" / "paper-resnet.yaml"],
+                         ids=lambda p: p.name)
+def test_dry_run_plans_exactly_the_grid(tmp_path, path):
+    assert planned_jobs(tmp_path, config=path) == grid_jobs(yaml.safe_load(path.read_text()))
+
+
+@pytest.mark.parametrize("override,key", [
+    ("alphas=[0.5,-1.0]", "alphas"),
+    ("methods=[FedAvg,NoSuchMethod]", "methods"),
+    ("datasets=[imagenet]", "datasets"),
+    ("ratio=1.5", "ratio"),
+    ("clients=1", "clients"),  # 1 client cannot fill the 2 model groups
+    ("per_method={InCoAvg: {rounds: 0}}", "per_method"),
+    ("learning_rate=0.1", "learning_rate"),
+])
+def test_bad_config_stops_before_any_job(tmp_path, override, key):
+    proc = run_snakemake(tmp_path, "--cores", "1", "--config", override)
+    assert proc.returncode != 0
+    error = [line for line in proc.stderr.splitlines() if "tiny.yaml" in line]
+    assert error and key in error[0], proc.stderr
+    assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
+
+
+# --- local end-to-end run (slow) ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("tiny")
+    proc = run_snakemake(workdir, "--cores", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir
+
+
+@pytest.mark.slow
+def test_local_run_writes_tables_figures_metrics(tiny_run):
+    results = tiny_run / "results"
+    table = pd.read_csv(results / "tables" / "table2.csv")
+    assert list(table["method"]) == ["FedAvg", "InCoAvg"] and list(table["n_seeds"]) == [1, 1]
+    assert table["mean"].between(0, 100).all()
+    assert "| Method |" in (results / "tables" / "table2.md").read_text()
+    assert r"\begin{tabular}" in (results / "tables" / "table2.tex").read_text()
+    metrics = json.loads((results / "metrics.json").read_text())
+    assert set(metrics["synthetic"]["a0.5"]) == {"FedAvg", "InCoAvg"}
+    for name in ("curves_synthetic_a0.5", "ablation"):
+        for ext in ("png", "pdf"):
+            assert (results / "figures" / f"{name}.{ext}").stat().st_size > 1000
+    curves = pd.read_csv(results / "plots" / "curves.csv")
+    assert len(curves) == 2 * 2 and set(curves.columns) >= {"round", "accuracy", "method"}
+    for method in ("FedAvg", "InCoAvg"):  # the run's own config file, per_method applied
+        run = yaml.safe_load((results / "runs" / "synthetic" / "a0.5" / method / "s0" / "config.yaml").read_text())
+        assert run["methods"] == [method] and run["rounds"] == 2
+    assert (results / "benchmarks" / "train" / "synthetic" / "a0.5" / "FedAvg" / "s0.tsv").exists()
+    assert planned_jobs(tiny_run) == {}  # all done
+
+
+@pytest.mark.slow
+def test_report_html(tiny_run):
+    proc = run_snakemake(tiny_run, "--report", "results/report.html")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = (tiny_run / "results" / "report.html").read_text()
+    for name in ("table2.md", "table2.csv", "curves_synthetic_a0.5.png", "ablation.png", "Table 2 of the paper"):
+        assert name in html
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override,expected", [
+    ("rounds=3", {"experiment_config": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1, "plot_data": 1}),
+    ("per_method={InCoAvg: {lr: 0.01}}", {"experiment_config": 1, "run_config": 1, "train": 1, "table": 1,
+                                          "figures": 1, "plot_data": 1}),
+    ("seeds=[0,1]", {"experiment_config": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1, "plot_data": 1}),
+    ("min_size=5", {"experiment_config": 1, "partition": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1,
+                    "plot_data": 1}),
+    ("table_metric=best_acc", {"experiment_config": 1, "table": 1, "figures": 1}),
+    ("eval_batch_size=500", {"experiment_config": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1,
+                             "plot_data": 1}),
+    ("threads=2", {"experiment_config": 1, "table": 1, "figures": 1}),
+    ("resources={mem_mb: 2000}", {"experiment_config": 1, "table": 1, "figures": 1}),
+])
+def test_a_config_change_reruns_exactly_what_it_affects(tiny_run, override, expected):
+    assert planned_jobs(tiny_run, "--config", override) == {**expected, "all": 1}
+
+
+# --- interrupt and resume (slow) ---------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_killed_workflow_resumes_without_redoing_finished_runs(tmp_path, sig):
+    """Signal the whole process group (snakemake and its training job: Ctrl-C in a terminal,
+    or a kill -9) once one run has finished and the other has a checkpoint; the rerun keeps
+    the finished run and resumes the other from its checkpoint."""
+    config = tmp_path / "resume.yaml"
+    config.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "rounds": 8, "checkpoint_every": 1}))
+    runs = tmp_path / "results" / "runs" / "synthetic" / "a0.5"
+    proc = subprocess.Popen(snakemake_cmd(tmp_path, "--cores", "1", config=config), cwd=REPO, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    done: list[str] = []
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            done = [m for m in ("FedAvg", "InCoAvg") if (runs / m / "s0" / "summary.json").exists()]
+            if len(done) == 1 and (runs / ({"FedAvg", "InCoAvg"} - set(done)).pop() / "s0" / "ckpt.pt").exists():
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the workflow ended before it could be interrupted"
+    finally:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=120)
+    (finished,) = done
+    (unfinished,) = {"FedAvg", "InCoAvg"} - {finished}
+    summary = runs / finished / "s0" / "summary.json"
+    before = summary.stat().st_mtime_ns
+    assert not (runs / unfinished / "s0" / "summary.json").exists()
+
+    if sig == signal.SIGKILL:  # Snakemake had no chance to remove its lock
+        assert run_snakemake(tmp_path, "--unlock", config=config).returncode == 0
+    rerun = run_snakemake(tmp_path, "--cores", "1", config=config)  # rerun-incomplete: profiles/default
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert summary.stat().st_mtime_ns == before
+    assert (runs / finished / "s0" / "train.log").read_text().count("rounds 1..") == 1  # trained once
+    log = (runs / unfinished / "s0" / "train.log").read_text()
+    assert "resumed from" in log and (runs / unfinished / "s0" / "summary.json").exists()
+    assert not (runs / unfinished / "s0" / "ckpt.pt").exists()
+    assert (tmp_path / "results" / "tables" / "table2.csv").exists()

@@ -1,0 +1,191 @@
+"""The config (validated before any job is planned), the experiment grid, the paths every
+rule shares, and the config files the jobs read.
+
+Which jobs rerun after a config change is left to Snakemake's params trigger: the prepare,
+partition and run_config jobs hold in `params:` exactly the settings their output depends
+on, and a training job reads its run's config file, which run_config rewrites only when the
+run's settings change. So a changed setting redoes the runs it affects and nothing else, and
+a grown grid only adds jobs."""
+
+import functools
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import jsonschema
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from incofl.config import ConfigError, validate_experiment
+
+# Settings one partition artifact (and the data cache) stands for: no method may override them.
+SHARED_SETTINGS = {"data_dir", "cache_dir", "partition", "min_size", "max_retries", "partition_file"}
+# Settings the train rule sets itself (from the job), so they are not part of a run's config file.
+JOB_SETTINGS = {"threads", "progress", "partition_file"}
+
+
+def _yaml_values(value):
+    if isinstance(value, str):
+        return yaml.safe_load(value)
+    if isinstance(value, list):
+        return [_yaml_values(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _yaml_values(v) for k, v in value.items()}
+    return value
+
+
+def load_config(config):
+    """The JSON schema (keys, types, enums, ranges), then the pydantic model (cross-field
+    checks: clients per model group, method_args, per_method). Either way a bad config stops
+    the workflow before any job, with one line naming the key."""
+    source = str(workflow.configfiles[-1]) if workflow.configfiles else "config"
+    if workflow.config_settings.config:
+        source += " with --config"
+    # Snakemake reads the items of list and dict --config values as strings
+    # (`--config seeds=[0,1]` gives ['0', '1']): read them as YAML, as in a config file.
+    for key, value in workflow.config_settings.config.items():
+        if isinstance(value, (list, dict)):
+            config[key] = _yaml_values(config[key])
+    try:
+        validate(config, "../schemas/config.schema.yaml")
+    except WorkflowError as err:
+        cause = err.__context__  # the jsonschema error validate() caught
+        if not isinstance(cause, jsonschema.ValidationError):
+            raise
+        key = ".".join(str(p) for p in cause.absolute_path) or "config"
+        raise WorkflowError(f"{source}: {key}: {cause.message}") from None
+    try:
+        exp = validate_experiment(config, source)
+    except ConfigError as err:
+        raise WorkflowError(str(err)) from None
+    for method, overrides in exp.per_method.items():
+        shared = sorted(SHARED_SETTINGS & set(overrides))
+        if shared:
+            raise WorkflowError(f"{source}: per_method.{method}.{shared[0]}: data and partition settings "
+                                "are shared by all methods, set them at the top level")
+    return exp
+
+
+EXP = load_config(config)
+
+# Jobs run the `incofl` of the Python environment Snakemake runs in, activated or not
+# (`.venv/bin/snakemake`, `make run`, DVC); SLURM jobs inherit this PATH (sbatch --export=ALL).
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+# --- paths -------------------------------------------------------------------------------
+CONFIG = "results/config.yaml"  # the validated config with every default filled in (report jobs)
+DATA = f"{EXP.cache_dir}/{{dataset}}.npz"
+PARTITION = "results/partitions/{dataset}/a{alpha}-k{clients}-p{pseed}.npz"
+RUNS_ROOT = "results/runs"
+RUN = f"{RUNS_ROOT}/{{dataset}}/a{{alpha}}/{{method}}/s{{seed}}"
+RUNS = expand(f"{RUN}/summary.json", dataset=EXP.datasets, alpha=EXP.alphas, method=EXP.methods, seed=EXP.seeds)
+TABLES = [f"results/tables/table2.{ext}" for ext in ("md", "tex", "csv")]
+FIGURES = "results/figures"
+METRICS = "results/metrics.json"
+PLOT_DATA = "results/plots/curves.csv"  # seed-mean accuracy per round, for `dvc plots`
+CELLS = [(d, a) for d in EXP.datasets for a in EXP.alphas]  # one curve figure per data set x alpha
+
+wildcard_constraints:
+    dataset=r"[a-z0-9]+",
+    alpha=r"[0-9.e+-]+",
+    method=r"[A-Za-z0-9-]+",
+    seed=r"\d+",
+    clients=r"\d+",
+    pseed=r"\d+",
+
+
+def figures(ext):
+    return [f"{FIGURES}/curves_{d}_a{a}.{ext}" for d, a in CELLS] + [f"{FIGURES}/ablation.{ext}"]
+
+
+def all_targets():
+    return [*TABLES, METRICS, *figures("png"), *figures("pdf"), PLOT_DATA]
+
+
+def cli_sets(settings):
+    """`incofl ... --set` arguments: key=value with the value as YAML reads it back
+    (a plain string where that is unambiguous, else JSON), shell-quoted."""
+    def value(v):
+        return v if isinstance(v, str) and v and yaml.safe_load(v) == v else json.dumps(v)
+
+    return " ".join(shlex.quote(f"{k}={value(v)}") for k, v in settings.items())
+
+
+def as_yaml(data):
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+# --- data and one run --------------------------------------------------------------------
+def data_settings(wc):
+    return {"dataset": wc.dataset, "cache_dir": EXP.cache_dir, "data_dir": EXP.data_dir}
+
+
+def partition_settings(wc):
+    return {**data_settings(wc), "alpha": float(wc.alpha), "clients": int(wc.clients),
+            "partition_seed": int(wc.pseed), **{k: getattr(EXP, k) for k in ("partition", "min_size", "max_retries")}}
+
+
+@functools.cache
+def _run_config(dataset, alpha, method, seed):
+    return EXP.run_config(dataset, float(alpha), method, int(seed))
+
+
+def run_config(wc):
+    """The run's settings: the shared ones with its method's per_method overrides."""
+    return _run_config(wc.dataset, wc.alpha, wc.method, wc.seed)
+
+
+def run_file(wc):
+    """The run's config file: a one-point experiment with the run's settings (per_method
+    applied), minus what the train job sets itself."""
+    cfg = run_config(wc).model_dump(exclude=JOB_SETTINGS)
+    point = {plural: [cfg.pop(key)] for key, plural in
+             (("dataset", "datasets"), ("alpha", "alphas"), ("method", "methods"), ("seed", "seeds"))}
+    return {**point, **cfg}
+
+
+def partition_of(wc):
+    cfg = run_config(wc)
+    return PARTITION.format(dataset=wc.dataset, alpha=wc.alpha, clients=cfg.clients, pseed=cfg.partition_seed)
+
+
+def run_threads(wc):
+    return run_config(wc).threads or 1
+
+
+def train_resources():
+    """The config's `resources` for training jobs; what it leaves out comes from the
+    profile's default-resources. A retried job (e.g. past its SLURM time limit) gets
+    attempt x runtime and resumes from its checkpoint."""
+    res = dict(EXP.resources)
+    if "runtime" in res:
+        base = res["runtime"]
+        res["runtime"] = lambda wc, attempt: base * attempt
+    return res
+
+
+# --- config files (written by jobs, so that a dry run writes nothing; shell jobs, as a run:
+# job would start a Python process that parses the whole workflow again) -----------------
+rule experiment_config:
+    output:
+        CONFIG,
+    params:
+        config=as_yaml(EXP.model_dump(mode="json")),
+    localrule: True
+    shell:
+        "printf '%s' {params.config:q} > {output}"
+
+
+rule run_config:
+    """A run's config file; rewritten (and the run redone) only when the run's own settings
+    change."""
+    output:
+        f"{RUN}/config.yaml",
+    params:
+        config=lambda wc: as_yaml(run_file(wc)),
+    localrule: True
+    shell:
+        "printf '%s' {params.config:q} > {output}"

@@ -1,0 +1,45 @@
+"""Aggregate: Table 2 (md, tex, csv) with results/metrics.json, the figures, and the curve
+data for `dvc plots`. Light jobs: they run where Snakemake runs, also under SLURM."""
+
+
+rule table:
+    input:
+        runs=RUNS,
+        config=CONFIG,
+    output:
+        md=report(TABLES[0], caption="../report/table2.rst", category="Table 2"),
+        tex=TABLES[1],
+        csv=report(TABLES[2], caption="../report/table2.rst", category="Table 2"),
+        metrics=METRICS,
+    log:
+        "results/logs/report/table.log",
+    params:
+        out=Path(TABLES[0]).parent,
+    localrule: True
+    shell:
+        "incofl table --config {input.config} --runs {RUNS_ROOT} --out {params.out}"
+        " --metrics {output.metrics} > {log} 2>&1"
+
+
+rule figures:
+    input:
+        runs=RUNS,
+        config=CONFIG,
+    output:
+        png=[report(p, caption="../report/figures.rst", category="Figures") for p in figures("png")],
+        pdf=figures("pdf"),
+    log:
+        "results/logs/report/figures.log",
+    localrule: True
+    shell:
+        "incofl figures --config {input.config} --runs {RUNS_ROOT} --out {FIGURES} > {log} 2>&1"
+
+
+rule plot_data:
+    input:
+        RUNS,
+    output:
+        PLOT_DATA,
+    localrule: True
+    script:
+        "../scripts/plot_data.py"

@@ -1,0 +1,26 @@
+"""Seed-mean test accuracy per round of every run in the grid, long form (dataset, alpha,
+method, round, accuracy, std, seeds), for `dvc plots` (template workflow/dvc/curves.json)."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from incofl.atomic import atomic_path
+
+
+def curves(summaries: list[str]) -> pd.DataFrame:
+    frames = []
+    for path in map(Path, summaries):
+        s = json.loads(path.read_text())
+        m = pd.read_csv(path.with_name("metrics.csv"), usecols=["round", "mean_acc"])
+        frames.append(m.assign(dataset=s["dataset"], alpha=float(s["alpha"]), method=s["method"]))
+    runs = pd.concat(frames, ignore_index=True)
+    keys = ["dataset", "alpha", "method", "round"]
+    out = runs.groupby(keys, sort=False)["mean_acc"].agg(accuracy="mean", std="std", seeds="count")
+    return out.reset_index().round({"accuracy": 3, "std": 3}).fillna({"std": 0.0})
+
+
+if __name__ == "__main__":
+    with atomic_path(snakemake.output[0]) as tmp:  # noqa: F821 (set by Snakemake's script:)
+        curves(snakemake.input).to_csv(tmp, index=False)  # noqa: F821
