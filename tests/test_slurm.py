@@ -34,7 +34,7 @@ def test_slurm_run_equals_local_run(tmp_path):
     local = run_snakemake(tmp_path / "local", "--cores", "2")
     assert local.returncode == 0, local.stderr[-3000:]
 
-    # under `timeout -s INT`: at the limit Snakemake cancels its SLURM jobs (docs-slurm.md)
+    # under `timeout -s INT`: at the limit Snakemake cancels its SLURM jobs (README, "SLURM details")
     cmd = ["timeout", "-s", "INT", "-k", "30", "900",
            *snakemake_cmd(tmp_path / "slurm", "--profile", "profiles/slurm", "--config", RESOURCES)]
     proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True)
