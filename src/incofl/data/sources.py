@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 from incofl.atomic import atomic_path
+from incofl.config import DATASETS
 from incofl.data.dataset import ImageDataset
 
-DATASETS: tuple[str, ...] = ("digits", "synthetic", "cifar10", "cinic10", "fmnist", "svhn")
 
 ENV_DATA_DIR = "INCOFL_DATA_DIR"
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
