@@ -50,6 +50,17 @@ def test_sampling_is_a_function_of_the_seed_only():
     assert client_seed(0, 1, 2) != client_seed(0, 2, 1)
 
 
+def test_evaluation_schedule_does_not_change_training(tmp_path, synthetic):
+    """Evaluating draws no randomness and changes no state, so the final accuracy of a run
+    does not depend on eval_every (the CIFAR-10 evidence mixes eval_every 5 and 10)."""
+    every_round, at_end = (train(load_run_config(_cfg(tmp_path), {"method": "InCoAvg", "eval_every": every}),
+                                 tmp_path / f"every{every}", data=synthetic) for every in (1, SMALL["rounds"]))
+    for key in ("final_acc", "final_loss", "group_final_acc"):
+        assert every_round[key] == at_end[key]
+    log = (tmp_path / "every1" / "train.log").read_text()
+    assert f"round 1/{SMALL['rounds']} trained in" in log  # visible progress without tqdm
+
+
 @pytest.mark.slow
 def test_inco_learns_and_same_seed_is_identical(tmp_path, synthetic):
     cfg = load_run_config(_cfg(tmp_path), {"method": "InCoAvg"})

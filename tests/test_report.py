@@ -11,7 +11,8 @@ import pytest
 
 from incofl.report.figures import _seed_band, plot_ablation, plot_curves
 from incofl.report.runs import collect_curves, collect_summaries
-from incofl.report.tables import metrics_json, table2, write_metrics_json, write_tables
+from incofl.report.published import is_resnet_family, paper_table2
+from incofl.report.tables import metrics_json, table2, to_markdown, write_metrics_json, write_tables
 
 METHODS = ["FedAvg", "FedProx", "FedNova", "InCoNova", "InCoProx", "InCoAvg"]
 BASE_OF = {"FedAvg": None, "FedProx": None, "FedNova": None,
@@ -112,14 +113,42 @@ def test_markdown(table: pd.DataFrame, tmp_path: Path) -> None:
     assert "final-round accuracy" in md and "mean ± std over 1–3 seeds" in md
     assert "ResNets, 100 clients." in md
     assert "| Method | CIFAR10 α=0.5 | CIFAR10 α=1.0 |" in md
-    for row in ["| FedAvg | 52.0 ± 2.0 | 61.0 |",
-                "| FedProx | 41.0 ± 1.4 | – |",
+    for row in ["| FedAvg | 52.0 ± 2.0 | 61.0 [n=1] |",  # fewer seeds than the fullest cell
+                "| FedProx | 41.0 ± 1.4 [n=2] | – |",
                 "| FedNova | – | – |",
                 "| InCoAvg | 64.0 ± 4.0 (+12.0) | 71.0 ± 1.0 (+10.0) |",
                 "| InCoProx | 39.0 ± 1.0 (-2.0) | – |",
                 "| InCoNova | 32.0 ± 2.0 | – |"]:
         assert row + "\n" in md
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_paper_columns(table: pd.DataFrame, runs_root: Path, tmp_path: Path) -> None:
+    write_tables(table, tmp_path, metric="final_acc", paper=paper_table2())
+    md = (tmp_path / "table2.md").read_text()
+    assert ("| Method | CIFAR10 α=0.5 | CIFAR10 α=0.5 (paper) | CIFAR10 α=1.0 | CIFAR10 α=1.0 (paper) |"
+            in md)
+    assert "| FedAvg | 52.0 ± 2.0 | 52.3 ± 3.4 | 61.0 [n=1] | 61.3 ± 3.2 |\n" in md
+    assert "| InCoProx | 39.0 ± 1.0 (-2.0) | 74.5 ± 2.3 | – | 76.8 ± 1.8 |\n" in md
+    assert "(paper): the InCo paper's Table 2, ResNet family" in md
+    assert "paper" not in (tmp_path / "table2.tex").read_text()
+    # A data set the paper does not report gets no paper column; a method it lacks gets "–".
+    digits = table.assign(dataset="digits")
+    assert "(paper)" not in to_markdown(digits, metric="final_acc", paper=paper_table2()).splitlines()[2]
+    hetero = table2(collect_summaries(runs_root), methods=["HeteroAvg"], base_of={})
+    assert "| HeteroAvg | 57.0 ± 2.0 | – | 64.0 ± 1.4 [n=2] | – |" in to_markdown(
+        hetero, metric="final_acc", paper=paper_table2())
+
+
+def test_published_numbers() -> None:
+    paper = paper_table2().set_index(["method", "dataset", "alpha"])
+    assert len(paper) == 10 * 4 * 2 and not paper.isna().any().any()
+    assert tuple(paper.loc[("InCoScaffold", "cinic10", 1.0)]) == (61.7, 3.0)
+    assert tuple(paper.loc[("FedNova", "fmnist", 0.5)]) == (12.7, 0.2)
+    resnet = pd.DataFrame({"config": [{"models": ["resnet10", "resnet26"]}]})
+    vit = pd.DataFrame({"config": [{"models": ["resnet10"]}, {"models": ["vit_d8", "vit_d12"]}]})
+    assert is_resnet_family(resnet) and not is_resnet_family(vit)
+    assert not is_resnet_family(pd.DataFrame({"method": ["FedAvg"]}))  # no config recorded
 
 
 def test_latex(runs_root: Path, tmp_path: Path) -> None:

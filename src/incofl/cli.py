@@ -73,13 +73,15 @@ def _report_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def cmd_table(args: argparse.Namespace) -> int:
     from incofl.fl.methods import base_of
+    from incofl.report.published import is_resnet_family, paper_table2
     from incofl.report.tables import table2, write_metrics_json, write_tables
 
     exp, summaries = _report_inputs(args)
     metric = args.metric or exp.table_metric
     table = table2(summaries, metric=metric, methods=exp.methods, base_of={m: base_of(m) for m in exp.methods},
                    datasets=exp.datasets, alphas=exp.alphas)
-    write_tables(table, args.out, metric=metric)
+    paper = paper_table2() if is_resnet_family(summaries) and not args.no_paper else None
+    write_tables(table, args.out, metric=metric, paper=paper)
     write_metrics_json(table, args.metrics or Path(args.out) / "metrics.json")
     print((Path(args.out) / "table2.md").read_text())
     return 0
@@ -138,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "table":
             p.add_argument("--metric", choices=["final_acc", "best_acc", "last10_acc"])
             p.add_argument("--metrics", help="metrics.json path (default: OUT/metrics.json)")
+            p.add_argument("--no-paper", action="store_true",
+                           help="leave out the paper's Table 2 columns from table2.md (shown for ResNet runs)")
         p.set_defaults(func=func)
     p = sub.add_parser("bench", help="engine vs plain PyTorch throughput, and aggregation share")
     p.add_argument("--json", action="store_true")

@@ -180,8 +180,10 @@ class Run:
         for t in bar:
             start = time.perf_counter()
             self.samples += self.engine.run_round(t)
-            self.elapsed += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.elapsed += seconds
             self.round = t + 1
+            self.log.info("round %d/%d trained in %.1f s", self.round, cfg.rounds, seconds)
             self.inco_rows += [{"round": self.round, "layer": k, **v} for k, v in self.engine.rule.stats.items()]
             if self.round % cfg.eval_every == 0 or self.round == cfg.rounds:
                 bar.set_postfix(acc=f"{self.record(self.round)['mean_acc']:.2f}")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from incofl.atomic import write_json, write_text
+from incofl.report.published import PAPER_SETTING
 from incofl.report.runs import alpha_tag, dataset_label
 
 METRIC_LABELS = {"final_acc": "final-round accuracy", "best_acc": "best-round accuracy",
@@ -53,23 +54,45 @@ def table2(summaries: pd.DataFrame, *, metric: str = "final_acc", methods: Seque
     return t[TIDY]
 
 
-def _cell(row, tex: bool) -> str:
+def _cell(row, tex: bool, full_n: int) -> str:
+    """`mean ± std (+improvement)`; a cell with fewer seeds than the table's fullest says so."""
     if row.n_seeds == 0:
         return "--" if tex else "–"
     pm, up, down = (r"$\pm$", r"$\uparrow$", r"$\downarrow$") if tex else ("±", "+", "-")
     text = f"{row.mean:.1f}" + ("" if math.isnan(row.std) else f" {pm} {row.std:.1f}")
-    if math.isnan(row.improvement):
-        return text
-    imp = round(row.improvement, 1) + 0.0  # + 0.0 turns -0.0 into 0.0
-    return f"{text} ({up if imp >= 0 else down}{abs(imp):.1f})"
+    if not math.isnan(row.improvement):
+        imp = round(row.improvement, 1) + 0.0  # + 0.0 turns -0.0 into 0.0
+        text += f" ({up if imp >= 0 else down}{abs(imp):.1f})"
+    return text + (f" [n={row.n_seeds}]" if row.n_seeds < full_n else "")
 
 
 def _wide(table: pd.DataFrame, tex: bool) -> pd.DataFrame:
     """Cell strings, rows = methods, columns = (dataset, alpha), both in the table's order."""
-    cells = table.assign(cell=[_cell(r, tex) for r in table.itertuples()])
+    full_n = table["n_seeds"].max()
+    cells = table.assign(cell=[_cell(r, tex, full_n) for r in table.itertuples()])
     wide = cells.pivot(index="method", columns=["dataset", "alpha"], values="cell")
     cols = pd.MultiIndex.from_frame(table[["dataset", "alpha"]].drop_duplicates())
     return wide.reindex(index=pd.unique(table["method"]), columns=cols)
+
+
+def _paper_cell(paper: pd.DataFrame, key: tuple) -> str:
+    if key not in paper.index:
+        return "–"
+    mean, std = paper.loc[key, ["mean", "std"]]
+    return f"{mean:.1f} ± {std:.1f}"
+
+
+def _with_paper(wide: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    """Each (dataset, alpha) column with published numbers gets a paper column beside it;
+    columns become (dataset, alpha, source), source "" (measured) or "paper"."""
+    paper = paper.set_index(["method", "dataset", "alpha"])
+    published = set(paper.index.droplevel("method"))
+    out = {}
+    for d, a in wide.columns:
+        out[(d, a, "")] = wide[(d, a)]
+        if (d, a) in published:
+            out[(d, a, "paper")] = [_paper_cell(paper, (m, d, a)) for m in wide.index]
+    return pd.DataFrame(out, index=wide.index)
 
 
 def _caption(table: pd.DataFrame, metric: str, extra: str, tex: bool) -> str:
@@ -81,9 +104,20 @@ def _caption(table: pd.DataFrame, metric: str, extra: str, tex: bool) -> str:
     return f"{text} {extra}".strip()
 
 
-def to_markdown(table: pd.DataFrame, *, metric: str, caption_extra: str = "") -> str:
+def _header(column: tuple) -> str:
+    dataset, alpha, *source = column
+    return f"{dataset_label(dataset)} α={alpha}" + "".join(f" ({s})" for s in source if s)
+
+
+def to_markdown(table: pd.DataFrame, *, metric: str, caption_extra: str = "",
+                paper: pd.DataFrame | None = None) -> str:
+    """Markdown Table 2; with `paper` (tidy published numbers, see `published.paper_table2`)
+    each (dataset, alpha) column that has them is followed by the published column."""
     wide = _wide(table, tex=False)
-    header = ["Method"] + [f"{dataset_label(d)} α={a}" for d, a in wide.columns]
+    if paper is not None:
+        wide = _with_paper(wide, paper)
+        caption_extra = f"{caption_extra} (paper): the InCo paper's Table 2, {PAPER_SETTING}.".strip()
+    header = ["Method"] + [_header(col) for col in wide.columns]
     rows = [header, [":---"] + [":---:"] * len(wide.columns)]
     rows += [[m, *cells] for m, cells in zip(wide.index, wide.to_numpy())]
     body = "\n".join("| " + " | ".join(r) + " |" for r in rows)
@@ -120,10 +154,12 @@ def to_latex(table: pd.DataFrame, *, metric: str, caption_extra: str = "") -> st
 
 
 def write_tables(table: pd.DataFrame, out_dir: str | os.PathLike, *, metric: str,
-                 caption_extra: str = "") -> None:
-    """Write table2.md, table2.tex and the tidy table2.csv into `out_dir`, atomically."""
+                 caption_extra: str = "", paper: pd.DataFrame | None = None) -> None:
+    """Write table2.md (with `paper` columns if given), table2.tex and the tidy table2.csv
+    into `out_dir`, atomically."""
     out = Path(out_dir)
-    write_text(out / "table2.md", to_markdown(table, metric=metric, caption_extra=caption_extra))
+    write_text(out / "table2.md", to_markdown(table, metric=metric, caption_extra=caption_extra,
+                                              paper=paper))
     write_text(out / "table2.tex", to_latex(table, metric=metric, caption_extra=caption_extra))
     write_text(out / "table2.csv", table[TIDY].to_csv(index=False))
 
