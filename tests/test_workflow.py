@@ -185,8 +185,11 @@ def test_killed_workflow_resumes_without_redoing_finished_runs(tmp_path, sig):
     config = tmp_path / "resume.yaml"
     config.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "rounds": 8, "checkpoint_every": 1}))
     runs = tmp_path / "results" / "runs" / "synthetic" / "a0.5"
+    # SIGINT as in a terminal, even when the tests themselves run in the background (nohup, &),
+    # where it is ignored and the ignoring is inherited.
     proc = subprocess.Popen(snakemake_cmd(tmp_path, "--cores", "1", config=config), cwd=REPO, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     done: list[str] = []
     try:
         deadline = time.monotonic() + 600
