@@ -130,7 +130,7 @@ def test_paper_columns(table: pd.DataFrame, runs_root: Path, tmp_path: Path) -> 
             in md)
     assert "| FedAvg | 52.0 ± 2.0 | 52.3 ± 3.4 | 61.0 [n=1] | 61.3 ± 3.2 |\n" in md
     assert "| InCoProx | 39.0 ± 1.0 (-2.0) | 74.5 ± 2.3 | – | 76.8 ± 1.8 |\n" in md
-    assert "(paper): the InCo paper's Table 2, ResNet family" in md
+    assert "Columns (paper): the InCo paper's Table 2 (ResNet family" in md
     assert "paper" not in (tmp_path / "table2.tex").read_text()
     # A data set the paper does not report gets no paper column; a method it lacks gets "–".
     digits = table.assign(dataset="digits")
