@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from incofl.config import RESNETS
+
 PAPER_SETTING = "ResNet family, 100 clients, ratio 0.1, 500 rounds of E = 5"
 _COLUMNS = [(d, a) for d in ("fmnist", "svhn", "cifar10", "cinic10") for a in (0.5, 1.0)]
 _TABLE2_RESNET = {  # mean±std per column of _COLUMNS
@@ -23,15 +25,14 @@ _TABLE2_RESNET = {  # mean±std per column of _COLUMNS
 
 def paper_table2() -> pd.DataFrame:
     """The paper's ResNet Table 2 in tidy form: method, dataset, alpha, mean, std."""
-    rows = [{"method": method, "dataset": d, "alpha": a,
-             "mean": float(cell.split("±")[0]), "std": float(cell.split("±")[1])}
+    rows = [(method, d, a, *map(float, cell.split("±")))
             for method, cells in _TABLE2_RESNET.items()
             for (d, a), cell in zip(_COLUMNS, cells.split(), strict=True)]
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["method", "dataset", "alpha", "mean", "std"])
 
 
 def is_resnet_family(summaries: pd.DataFrame) -> bool:
     """True when every run trained the ResNet family (the setting of the paper's numbers)."""
     if "config" not in summaries or summaries.empty:
         return False
-    return all(all(m.startswith("resnet") for m in c["models"]) for c in summaries["config"])
+    return all(set(c["models"]) <= set(RESNETS) for c in summaries["config"])
