@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
+
+from incofl.cli import run
+from incofl.config import RESNETS, VITS
 
 from incofl.report.figures import _seed_band, plot_ablation, plot_curves
 from incofl.report.runs import collect_curves, collect_summaries
@@ -26,7 +30,7 @@ FINAL = {("FedAvg", "cifar10", 0.5): [50, 52, 54], ("InCoAvg", "cifar10", 0.5): 
 
 
 def write_run(root: Path, method: str, dataset: str, alpha: float, seed: int,
-              accs: list[float], groups: int = 5) -> Path:
+              accs: list[float], groups: int = 5, models: tuple[str, ...] = RESNETS) -> Path:
     """One run directory as the engine writes it; `accs` is mean_acc per round 1..len(accs)."""
     run = root / dataset / f"a{alpha}" / method / f"s{seed}"
     run.mkdir(parents=True)
@@ -34,7 +38,7 @@ def write_run(root: Path, method: str, dataset: str, alpha: float, seed: int,
     summary = {"method": method, "dataset": dataset, "alpha": alpha, "seed": seed,
                "rounds": len(accs), "final_acc": final, "best_acc": final + 1,
                "last10_acc": final - 1, "group_final_acc": [final] * groups,
-               "wall_s": 10.0, "samples_per_s": 100.0}
+               "wall_s": 10.0, "samples_per_s": 100.0, "config": {"models": list(models)}}
     (run / "summary.json").write_text(json.dumps(summary))
     rows = [{"round": r, "mean_acc": a, "mean_loss": 2.0 / r,
              **{f"acc_g{g}": a for g in range(groups)}, "seconds": 1.0}
@@ -149,6 +153,22 @@ def test_published_numbers() -> None:
     vit = pd.DataFrame({"config": [{"models": ["resnet10"]}, {"models": ["vit_d8", "vit_d12"]}]})
     assert is_resnet_family(resnet) and not is_resnet_family(vit)
     assert not is_resnet_family(pd.DataFrame({"method": ["FedAvg"]}))  # no config recorded
+
+
+def test_table_command_shows_paper_columns_for_resnet_runs(runs_root: Path, tmp_path: Path) -> None:
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump({"datasets": ["cifar10"], "alphas": [0.5, 1.0],
+                                      "methods": ["FedAvg", "InCoAvg"], "seeds": [0, 1, 2]}))
+
+    def table_md(root: Path, out: Path, *flags: str) -> str:
+        assert run(["table", "-c", str(config), "--runs", str(root), "--out", str(out), *flags]) == 0
+        return (out / "table2.md").read_text()
+
+    assert "| FedAvg | 52.0 ± 2.0 | 52.3 ± 3.4 |" in table_md(runs_root, tmp_path / "resnet")
+    assert "(paper)" not in table_md(runs_root, tmp_path / "no-paper", "--no-paper")
+    vit = tmp_path / "vit"
+    write_run(vit, "FedAvg", "cifar10", 0.5, 0, [50.0], models=VITS)
+    assert "(paper)" not in table_md(vit, tmp_path / "vit-table")  # the paper's numbers are for the ResNet family
 
 
 def test_latex(runs_root: Path, tmp_path: Path) -> None:
