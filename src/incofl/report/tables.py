@@ -116,7 +116,8 @@ def to_markdown(table: pd.DataFrame, *, metric: str, caption_extra: str = "",
     wide = _wide(table, tex=False)
     if paper is not None:
         wide = _with_paper(wide, paper)
-        caption_extra = f"{caption_extra} Columns (paper): the InCo paper's Table 2 ({PAPER_SETTING}).".strip()
+        if "paper" in wide.columns.get_level_values(-1):
+            caption_extra = f"{caption_extra} Columns (paper): the InCo paper's Table 2 ({PAPER_SETTING}).".strip()
     header = ["Method"] + [_header(col) for col in wide.columns]
     rows = [header, [":---"] + [":---:"] * len(wide.columns)]
     rows += [[m, *cells] for m, cells in zip(wide.index, wide.to_numpy())]
