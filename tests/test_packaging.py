@@ -1,5 +1,7 @@
-"""Set-up files agree: environment.yml pins what pyproject.toml pins, and the CLI is wired."""
+"""Set-up files and docs agree: environment.yml pins what pyproject.toml pins, the CLI is wired,
+and the README shows the committed evidence."""
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -29,3 +31,13 @@ def test_cli_help_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "incofl.cli", "--help"], capture_output=True, text=True, check=True)
     for command in ("prepare", "partition", "train", "table", "figures", "bench", "methods"):
         assert command in out.stdout
+
+
+def test_readme_evidence_is_the_committed_table():
+    """The README's evidence table is `incofl table`'s output, copied verbatim, and every file
+    it links exists: numbers in the README cannot drift from the results they claim."""
+    readme = (REPO / "README.md").read_text()
+    evidence = readme.split("<!-- EVIDENCE START -->")[1].split("<!-- EVIDENCE END -->")[0]
+    assert (REPO / "results/evidence-cifar10-mini/table2.md").read_text().strip() in evidence
+    for link in re.findall(r"\]\((results/[^)]+)\)", evidence):
+        assert (REPO / link).is_file(), link
