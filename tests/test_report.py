@@ -7,13 +7,14 @@ import math
 from pathlib import Path
 
 import pandas as pd
+import matplotlib
 import pytest
 import yaml
 
 from incofl.cli import run
 from incofl.config import RESNETS, VITS
 
-from incofl.report.figures import _seed_band, plot_ablation, plot_curves
+from incofl.report.figures import _colors, _seed_band, plot_ablation, plot_curves
 from incofl.report.runs import collect_curves, collect_summaries
 from incofl.report.published import is_resnet_family, paper_table2
 from incofl.report.tables import metrics_json, table2, to_markdown, write_metrics_json, write_tables
@@ -231,3 +232,17 @@ def test_figures(runs_root: Path, tmp_path: Path) -> None:
     assert_figures(bars)
     with pytest.raises(ValueError, match="no runs"):
         plot_ablation(collect_summaries(runs_root), out, methods=["Nope"])
+
+
+def test_a_method_shares_its_base_methods_hue() -> None:
+    """Light/dark shades of one tab20 hue for FedProx/InCoProx; every other colour distinct."""
+    methods = ["FedAvg", "FedProx", "HeteroAvg", "InCoAvg", "InCoProx", "InCoAvg-noNorm"]
+    base_of = {"InCoAvg": "FedAvg", "InCoProx": "FedProx", "InCoAvg-noNorm": "FedAvg"}
+    colors = _colors(methods, base_of)
+    tab20 = matplotlib.colormaps["tab20"].colors
+    index = {m: tab20.index(c[:3]) for m, c in colors.items()}
+    assert len(set(index.values())) == len(methods)
+    for base, method in (("FedAvg", "InCoAvg"), ("FedProx", "InCoProx")):
+        assert index[base] == index[method] + 1 and index[method] % 2 == 0  # (dark, light) pair
+    assert index["InCoAvg-noNorm"] % 2 == 0  # the base's pair is taken: a hue of its own
+    assert _colors(["HeteroAvg", "InCoAvg"], base_of) == _colors(["HeteroAvg", "InCoAvg"], {})

@@ -71,14 +71,20 @@ def _report_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     return exp, _in_grid(collect_summaries(args.runs), exp)
 
 
-def cmd_table(args: argparse.Namespace) -> int:
+def _bases(methods: list[str]) -> dict[str, str | None]:
+    """Method -> the base method its table row and figure colour are paired with."""
     from incofl.fl.methods import base_of
+
+    return {m: base_of(m) for m in methods}
+
+
+def cmd_table(args: argparse.Namespace) -> int:
     from incofl.report.published import is_resnet_family, paper_table2
     from incofl.report.tables import table2, write_metrics_json, write_tables
 
     exp, summaries = _report_inputs(args)
     metric = args.metric or exp.table_metric
-    table = table2(summaries, metric=metric, methods=exp.methods, base_of={m: base_of(m) for m in exp.methods},
+    table = table2(summaries, metric=metric, methods=exp.methods, base_of=_bases(exp.methods),
                    datasets=exp.datasets, alphas=exp.alphas)
     paper = paper_table2() if is_resnet_family(summaries) and not args.no_paper else None
     write_tables(table, args.out, metric=metric, paper=paper)
@@ -92,8 +98,9 @@ def cmd_figures(args: argparse.Namespace) -> int:
     from incofl.report.runs import collect_curves
 
     exp, summaries = _report_inputs(args)
-    paths = plot_curves(_in_grid(collect_curves(args.runs), exp), args.out, methods=exp.methods)
-    paths += plot_ablation(summaries, args.out, metric=exp.table_metric, methods=exp.methods)
+    bases = _bases(exp.methods)
+    paths = plot_curves(_in_grid(collect_curves(args.runs), exp), args.out, methods=exp.methods, base_of=bases)
+    paths += plot_ablation(summaries, args.out, metric=exp.table_metric, methods=exp.methods, base_of=bases)
     print("\n".join(str(p) for p in paths))
     return 0
 

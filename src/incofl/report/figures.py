@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -26,9 +26,23 @@ STYLE = {"axes.spines.top": False, "axes.spines.right": False, "axes.grid": True
 ACC_LABEL = "Test accuracy (%)"
 
 
-def _colors(methods: Sequence[str]) -> dict[str, tuple]:
-    cmap = matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"]
-    return {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+def _colors(methods: Sequence[str], base_of: Mapping[str, str | None]) -> dict[str, tuple]:
+    """tab20 hues, one per method, except that a shown base method and the first shown method
+    built on it (FedProx and InCoProx) share a hue: light for the base, dark for the other."""
+    cmap = matplotlib.colormaps["tab20"]
+    partnered = {base_of.get(m) for m in methods} & set(methods)
+    open_pairs: dict[str, int] = {}  # base -> hue whose dark shade is still free
+    colors, hue = {}, 0
+    for m in methods:
+        base = base_of.get(m)
+        if base in open_pairs:
+            colors[m] = cmap(2 * open_pairs.pop(base))
+            continue
+        colors[m] = cmap((2 * hue + (m in partnered)) % cmap.N)
+        if m in partnered:
+            open_pairs[m] = hue
+        hue += 1
+    return colors
 
 
 def _title(dataset: str, alpha: float) -> str:
@@ -73,28 +87,30 @@ def _curve_figure(cell: pd.DataFrame, colors: dict[str, tuple], title: str) -> F
 
 
 def plot_curves(curves: pd.DataFrame, out_dir: str | os.PathLike, *,
-                methods: Sequence[str] | None = None) -> list[Path]:
+                methods: Sequence[str] | None = None,
+                base_of: Mapping[str, str | None] | None = None) -> list[Path]:
     """One figure per (dataset, alpha): seed-mean test accuracy vs round per method, with a
-    mean ± std band. Writes curves_<dataset>_a<alpha>.{png,pdf}; returns the paths."""
+    mean ± std band. Writes curves_<dataset>_a<alpha>.{png,pdf}; returns the paths.
+    `base_of` (method -> base method) pairs the colours of a method and its base."""
     methods = list(pd.unique(curves["method"]) if methods is None else methods)
     shown = curves[curves["method"].isin(methods)]
     paths = []
     with matplotlib.rc_context(STYLE):
         for (dataset, alpha), cell in shown.groupby(["dataset", "alpha"], sort=False):
-            fig = _curve_figure(cell, _colors(methods), _title(dataset, alpha))
+            fig = _curve_figure(cell, _colors(methods, base_of or {}), _title(dataset, alpha))
             paths += _save(fig, out_dir, f"curves_{dataset}_{alpha_tag(alpha)}")
     return paths
 
 
-def _ablation_figure(t: pd.DataFrame, methods: Sequence[str], metric: str) -> Figure:
+def _ablation_figure(t: pd.DataFrame, colors: dict[str, tuple], metric: str) -> Figure:
     groups = list(dict.fromkeys(zip(t["dataset"], t["alpha"])))
     fig = Figure(figsize=(max(4.5, 1.3 * len(groups) + 2.5), 3.6))
     ax = fig.add_subplot()
-    width = 0.8 / len(methods)
+    width = 0.8 / len(colors)
     x = np.arange(len(groups))
-    for i, (method, color) in enumerate(_colors(methods).items()):
+    for i, (method, color) in enumerate(colors.items()):
         bars = t[t["method"] == method]
-        ax.bar(x + (i - (len(methods) - 1) / 2) * width, bars["mean"], width, color=color,
+        ax.bar(x + (i - (len(colors) - 1) / 2) * width, bars["mean"], width, color=color,
                yerr=bars["std"].fillna(0), capsize=2, error_kw={"lw": 0.8}, label=method)
     low = (t["mean"] - t["std"].fillna(0)).min()
     ax.set_ylim(bottom=max(0.0, 10 * math.floor((low - 5) / 10)))  # zoom in like the paper
@@ -106,11 +122,12 @@ def _ablation_figure(t: pd.DataFrame, methods: Sequence[str], metric: str) -> Fi
 
 
 def plot_ablation(summaries: pd.DataFrame, out_dir: str | os.PathLike, *,
-                  metric: str = "final_acc", methods: Sequence[str]) -> list[Path]:
+                  metric: str = "final_acc", methods: Sequence[str],
+                  base_of: Mapping[str, str | None] | None = None) -> list[Path]:
     """Grouped bars (groups = dataset/alpha, bars = `methods` in order) of the seed-mean
     `metric` with std error bars. Writes ablation.{png,pdf}; returns the paths."""
     t = table2(summaries, metric=metric, methods=methods, base_of={})
     if not t["n_seeds"].any():
         raise ValueError(f"no runs of any of {list(methods)}")
     with matplotlib.rc_context(STYLE):
-        return _save(_ablation_figure(t, methods, metric), out_dir, "ablation")
+        return _save(_ablation_figure(t, _colors(methods, base_of or {}), metric), out_dir, "ablation")
