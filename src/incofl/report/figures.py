@@ -116,7 +116,7 @@ def _ablation_figure(t: pd.DataFrame, colors: dict[str, tuple], metric: str) -> 
     ax.set_ylim(bottom=max(0.0, 10 * math.floor((low - 5) / 10)))  # zoom in like the paper
     ax.set_xticks(x, [f"{dataset_label(d)}\nα={a}" for d, a in groups])
     ax.grid(axis="x", visible=False)
-    ax.set(ylabel=ACC_LABEL, title=f"Ablation ({METRIC_LABELS[metric]})")
+    ax.set(ylabel=ACC_LABEL, title=f"{METRIC_LABELS[metric].capitalize()}, mean ± std over seeds")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
