@@ -94,10 +94,10 @@ def plot_curves(curves: pd.DataFrame, out_dir: str | os.PathLike, *,
     `base_of` (method -> base method) pairs the colours of a method and its base."""
     methods = list(pd.unique(curves["method"]) if methods is None else methods)
     shown = curves[curves["method"].isin(methods)]
-    paths = []
+    colors, paths = _colors(methods, base_of or {}), []
     with matplotlib.rc_context(STYLE):
         for (dataset, alpha), cell in shown.groupby(["dataset", "alpha"], sort=False):
-            fig = _curve_figure(cell, _colors(methods, base_of or {}), _title(dataset, alpha))
+            fig = _curve_figure(cell, colors, _title(dataset, alpha))
             paths += _save(fig, out_dir, f"curves_{dataset}_{alpha_tag(alpha)}")
     return paths
 
