@@ -6,14 +6,13 @@ import json
 import math
 from pathlib import Path
 
-import pandas as pd
 import matplotlib
+import pandas as pd
 import pytest
 import yaml
 
 from incofl.cli import run
 from incofl.config import RESNETS, VITS
-
 from incofl.report.figures import _colors, _seed_band, plot_ablation, plot_curves
 from incofl.report.runs import collect_curves, collect_summaries
 from incofl.report.published import is_resnet_family, paper_table2
