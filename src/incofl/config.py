@@ -54,6 +54,7 @@ class Settings(BaseModel):
     method_args: dict[str, Any] = Field(default_factory=dict)  # the method's hyper-parameters
     # evaluation, checkpoints, runtime
     eval_every: int = Field(1, ge=1)
+    eval_last: int = Field(10, ge=0)  # also evaluate every one of the last N rounds (last10_acc reads them)
     eval_batch_size: int = Field(1000, ge=1)
     checkpoint_every: int = Field(5, ge=1)
     keep_checkpoint: bool = False  # keep ckpt.pt (final weights) after a finished run

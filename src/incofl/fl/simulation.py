@@ -40,6 +40,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def evaluated(round_: int, cfg: RunConfig) -> bool:
+    """Rounds scored on the test set: every `eval_every`-th, each of the last `eval_last`, and the last."""
+    return round_ % cfg.eval_every == 0 or round_ > cfg.rounds - cfg.eval_last or round_ == cfg.rounds
+
+
 def _file_logger(path: Path) -> logging.Logger:
     log = logging.getLogger(f"incofl.run.{path.parent}")
     log.handlers.clear()
@@ -185,7 +190,7 @@ class Run:
             self.round = t + 1
             self.log.info("round %d/%d trained in %.1f s", self.round, cfg.rounds, seconds)
             self.inco_rows += [{"round": self.round, "layer": k, **v} for k, v in self.engine.rule.stats.items()]
-            if self.round % cfg.eval_every == 0 or self.round == cfg.rounds:
+            if evaluated(self.round, cfg):
                 bar.set_postfix(acc=f"{self.record(self.round)['mean_acc']:.2f}")
             if self.round % cfg.checkpoint_every == 0 and self.round < cfg.rounds:
                 self.save()
