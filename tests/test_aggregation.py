@@ -11,8 +11,9 @@ def _updates():
     small = ["a", "b"]
     big = ["a", "b", "c"]  # "c" only in the larger model
     spec = [(0, 0, small, 10), (1, 0, small, 30), (2, 1, big, 20), (3, 1, big, 40)]
-    return [ClientUpdate(cid, grp, {n: torch.randn(3, generator=g) for n in names}, n_i, 5)
-            for cid, grp, names, n_i in spec]
+    return [
+        ClientUpdate(cid, grp, {n: torch.randn(3, generator=g) for n in names}, n_i, 5) for cid, grp, names, n_i in spec
+    ]
 
 
 def test_heteroavg_is_mean_over_holders():
@@ -36,7 +37,7 @@ def test_heteroavg_leaves_client_updates_untouched():
     before = [{k: v.clone() for k, v in u.delta.items()} for u in ups]
     heteroavg(ups)
     heteroavg(ups, weighted=True)
-    for u, b in zip(ups, before):
+    for u, b in zip(ups, before, strict=True):
         assert all(torch.equal(u.delta[k], b[k]) for k in b)
 
 

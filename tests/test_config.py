@@ -13,19 +13,22 @@ def _write(tmp_path, **cfg):
     return path
 
 
-@pytest.mark.parametrize("cfg,key", [
-    ({"alphas": [0.5, -1.0]}, "alphas"),
-    ({"alpha": 0}, "alpha"),
-    ({"ratio": 1.5}, "ratio"),
-    ({"ratio": 0.0}, "ratio"),
-    ({"clients": 3}, "clients"),  # fewer clients than the 5 model groups
-    ({"methods": ["FedAvg", "NoSuchMethod"]}, "methods"),
-    ({"datasets": ["imagenet"]}, "datasets"),
-    ({"learning_rate": 0.1}, "learning_rate"),
-    ({"models": ["resnet10", "vit_d8"]}, "models"),
-    ({"per_method": {"InCoAvg": {"rounds": 0}}}, "per_method"),
-    ({"method_args": {"clip": 0.2}, "methods": ["FedAvg"]}, "method_args"),
-])
+@pytest.mark.parametrize(
+    "cfg,key",
+    [
+        ({"alphas": [0.5, -1.0]}, "alphas"),
+        ({"alpha": 0}, "alpha"),
+        ({"ratio": 1.5}, "ratio"),
+        ({"ratio": 0.0}, "ratio"),
+        ({"clients": 3}, "clients"),  # fewer clients than the 5 model groups
+        ({"methods": ["FedAvg", "NoSuchMethod"]}, "methods"),
+        ({"datasets": ["imagenet"]}, "datasets"),
+        ({"learning_rate": 0.1}, "learning_rate"),
+        ({"models": ["resnet10", "vit_d8"]}, "models"),
+        ({"per_method": {"InCoAvg": {"rounds": 0}}}, "per_method"),
+        ({"method_args": {"clip": 0.2}, "methods": ["FedAvg"]}, "method_args"),
+    ],
+)
 def test_bad_config_names_the_key(tmp_path, cfg, key):
     with pytest.raises(ConfigError) as err:
         load_run_config(_write(tmp_path, **cfg))
@@ -41,8 +44,13 @@ def test_cli_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_set_overrides_pick_the_grid_point(tmp_path):
-    path = _write(tmp_path, datasets=["digits", "synthetic"], alphas=[0.5, 1.0], methods=["FedAvg", "InCoAvg"],
-                  per_method={"InCoAvg": {"rounds": 7}})
+    path = _write(
+        tmp_path,
+        datasets=["digits", "synthetic"],
+        alphas=[0.5, 1.0],
+        methods=["FedAvg", "InCoAvg"],
+        per_method={"InCoAvg": {"rounds": 7}},
+    )
     cfg = load_run_config(path, parse_overrides(["dataset=synthetic", "alpha=1.0", "method=InCoAvg", "seed=2"]))
     assert (cfg.dataset, cfg.alpha, cfg.method, cfg.seed, cfg.rounds) == ("synthetic", 1.0, "InCoAvg", 2, 7)
     first = load_run_config(path)

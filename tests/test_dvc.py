@@ -11,13 +11,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from test_workflow import ENV, REPO, TINY
 
 pytestmark = pytest.mark.slow
 
-GIT_ENV = {**ENV, "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@example.com",
-           "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@example.com"}
+GIT_ENV = {
+    **ENV,
+    "DVC_NO_ANALYTICS": "1",
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@example.com",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@example.com",
+}
 
 
 def sh(cwd: Path, *cmd: str, timeout: int = 900) -> str:

@@ -19,8 +19,17 @@ from incofl.data.sources import load_dataset
 from incofl.fl.sampling import client_seed, group_of, sample_schedule
 from incofl.fl.simulation import train
 
-SMALL = {"datasets": ["synthetic"], "clients": 6, "ratio": 0.5, "models": ["resnet10", "resnet14"],
-         "rounds": 3, "batch_size": 32, "min_size": 20, "progress": False, "threads": 1}
+SMALL = {
+    "datasets": ["synthetic"],
+    "clients": 6,
+    "ratio": 0.5,
+    "models": ["resnet10", "resnet14"],
+    "rounds": 3,
+    "batch_size": 32,
+    "min_size": 20,
+    "progress": False,
+    "threads": 1,
+}
 TIMING_KEYS = {"wall_s", "samples_per_s"}
 
 
@@ -53,8 +62,14 @@ def test_sampling_is_a_function_of_the_seed_only():
 def test_evaluation_schedule_does_not_change_training(tmp_path, synthetic):
     """Evaluating draws no randomness and changes no state, so the final accuracy of a run
     does not depend on eval_every (the CIFAR-10 evidence mixes eval_every 5 and 10)."""
-    every_round, at_end = (train(load_run_config(_cfg(tmp_path), {"method": "InCoAvg", "eval_every": every}),
-                                 tmp_path / f"every{every}", data=synthetic) for every in (1, SMALL["rounds"]))
+    every_round, at_end = (
+        train(
+            load_run_config(_cfg(tmp_path), {"method": "InCoAvg", "eval_every": every}),
+            tmp_path / f"every{every}",
+            data=synthetic,
+        )
+        for every in (1, SMALL["rounds"])
+    )
     for key in ("final_acc", "final_loss", "group_final_acc"):
         assert every_round[key] == at_end[key]
     log = (tmp_path / "every1" / "train.log").read_text()
@@ -65,13 +80,17 @@ def test_evaluation_schedule_does_not_change_training(tmp_path, synthetic):
 def test_inco_learns_and_same_seed_is_identical(tmp_path, synthetic):
     cfg = load_run_config(_cfg(tmp_path), {"method": "InCoAvg"})
     first = train(cfg, tmp_path / "a", data=synthetic)
-    second = train(cfg, tmp_path / "b", data=synthetic)
+    train(cfg, tmp_path / "b", data=synthetic)
     assert first["final_acc"] > 50.0  # 10 classes: chance is 10%
     assert _result(tmp_path / "a")[0] == _result(tmp_path / "b")[0]
     pd.testing.assert_frame_equal(_result(tmp_path / "a")[1], _result(tmp_path / "b")[1])
     inco = pd.read_csv(tmp_path / "a" / "inco.csv")
-    assert set(inco["layer"]) == {"layer3.1.conv1.weight", "layer3.1.conv2.weight",
-                                  "layer4.1.conv1.weight", "layer4.1.conv2.weight"}
+    assert set(inco["layer"]) == {
+        "layer3.1.conv1.weight",
+        "layer3.1.conv2.weight",
+        "layer4.1.conv1.weight",
+        "layer4.1.conv2.weight",
+    }
     assert inco["theta"].between(0, 5).all()
 
 
@@ -144,11 +163,25 @@ def test_vit_family_runs_inco_on_the_norm_pairs(tmp_path, synthetic):
     """ViT-S depth 8 and 9 at 224x224 (upsampled on the fly) on a few images: one InCo round."""
     from incofl.data.dataset import ImageDataset
 
-    tiny = ImageDataset("synthetic", synthetic.x_train[:24], synthetic.y_train[:24],
-                        synthetic.x_test[:8], synthetic.y_test[:8])
-    cfg = load_run_config(_cfg(tmp_path, models=["vit_d8", "vit_d9"], clients=2, ratio=1.0, rounds=1,
-                               partition="iid", batch_size=4, local_epochs=2, optimizer="sgd", lr=0.01,
-                               momentum=0.9), {"method": "InCoAvg"})
+    tiny = ImageDataset(
+        "synthetic", synthetic.x_train[:24], synthetic.y_train[:24], synthetic.x_test[:8], synthetic.y_test[:8]
+    )
+    cfg = load_run_config(
+        _cfg(
+            tmp_path,
+            models=["vit_d8", "vit_d9"],
+            clients=2,
+            ratio=1.0,
+            rounds=1,
+            partition="iid",
+            batch_size=4,
+            local_epochs=2,
+            optimizer="sgd",
+            lr=0.01,
+            momentum=0.9,
+        ),
+        {"method": "InCoAvg"},
+    )
     summary = train(cfg, tmp_path / "vit", data=tiny)
     assert len(summary["group_final_acc"]) == 2
     inco = pd.read_csv(tmp_path / "vit" / "inco.csv")

@@ -101,9 +101,14 @@ def test_projection_solves_theorem_3_1(seed):
     t, r = T.ravel(), R.ravel()
     tn, rn = np.linalg.norm(t), np.linalg.norm(r)
     tu, ru = t / (tn + EPS), r / (rn + EPS)
-    res = minimize(lambda g: np.sum((tu - g) ** 2), x0=np.zeros_like(tu), jac=lambda g: -2 * (tu - g),
-                   constraints=[{"type": "ineq", "fun": lambda g: g @ ru, "jac": lambda g: ru}],
-                   method="SLSQP", options={"ftol": 1e-14, "maxiter": 500})
+    res = minimize(
+        lambda g: np.sum((tu - g) ** 2),
+        x0=np.zeros_like(tu),
+        jac=lambda g: -2 * (tu - g),
+        constraints=[{"type": "ineq", "fun": lambda g: g @ ru, "jac": lambda g: ru}],
+        method="SLSQP",
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
     expected = res.x * (tn + rn) / 2
     got = _run(T, R, variant="paper", mode="projection").ravel()
     np.testing.assert_allclose(got, expected, atol=1e-6)
@@ -127,8 +132,9 @@ def test_missing_target_is_skipped():
 def test_find_pairs_resnet26_has_exactly_the_16_targets():
     names = build_model("resnet26", 10, 3).state_dict().keys()
     pairs = find_pairs(names)
-    expected = {f"layer{s}.{b}.conv{c}.weight": f"layer{s}.0.conv2.weight"
-                for s in range(1, 5) for b in (1, 2) for c in (1, 2)}
+    expected = {
+        f"layer{s}.{b}.conv{c}.weight": f"layer{s}.0.conv2.weight" for s in range(1, 5) for b in (1, 2) for c in (1, 2)
+    }
     assert pairs == expected
 
 

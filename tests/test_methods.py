@@ -25,10 +25,30 @@ from incofl.fl.server import heteroavg
 from incofl.fl.simulation import Engine, train
 from incofl.models.family import build_model, check_nested
 
-TABLE2 = ["FedAvg", "FedProx", "SCAFFOLD", "FedNova", "MOON",
-          "InCoAvg", "InCoProx", "InCoScaffold", "InCoNova", "InCoMOON"]
-TINY = {"dataset": "synthetic", "clients": 4, "ratio": 0.5, "models": ["resnet10", "resnet14"], "rounds": 3,
-        "batch_size": 32, "partition": "iid", "progress": False, "threads": 1, "device": "cpu"}
+TABLE2 = [
+    "FedAvg",
+    "FedProx",
+    "SCAFFOLD",
+    "FedNova",
+    "MOON",
+    "InCoAvg",
+    "InCoProx",
+    "InCoScaffold",
+    "InCoNova",
+    "InCoMOON",
+]
+TINY = {
+    "dataset": "synthetic",
+    "clients": 4,
+    "ratio": 0.5,
+    "models": ["resnet10", "resnet14"],
+    "rounds": 3,
+    "batch_size": 32,
+    "partition": "iid",
+    "progress": False,
+    "threads": 1,
+    "device": "cpu",
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +70,9 @@ def _states_equal(a, b):
 
 
 def _result(out):
-    summary = {k: v for k, v in json.loads((out / "summary.json").read_text()).items()
-               if k not in ("wall_s", "samples_per_s")}
+    summary = {
+        k: v for k, v in json.loads((out / "summary.json").read_text()).items() if k not in ("wall_s", "samples_per_s")
+    }
     return summary, pd.read_csv(out / "metrics.csv").drop(columns="seconds")
 
 
@@ -59,8 +80,12 @@ def _result(out):
 
 
 def test_registry_pairs_each_objective_with_both_server_rules():
-    for base, inco, objective in [("FedProx", "InCoProx", FedProx), ("SCAFFOLD", "InCoScaffold", Scaffold),
-                                  ("FedNova", "InCoNova", FedNova), ("MOON", "InCoMOON", Moon)]:
+    for base, inco, objective in [
+        ("FedProx", "InCoProx", FedProx),
+        ("SCAFFOLD", "InCoScaffold", Scaffold),
+        ("FedNova", "InCoNova", FedNova),
+        ("MOON", "InCoMOON", Moon),
+    ]:
         assert (METHODS[base].objective, METHODS[base].server, METHODS[base].base) == (objective, "groupwise", None)
         assert (METHODS[inco].objective, METHODS[inco].server, METHODS[inco].base) == (objective, "inco", base)
     assert METHODS["FedNova"].split_args({})[2] and METHODS["InCoNova"].split_args({})[2]  # p_i = n_i / sum n
@@ -106,7 +131,7 @@ def test_fedprox_gradient_is_that_of_the_proximal_term():
     model.zero_grad()
     prox = sum((p - anchor[k]).pow(2).sum() for k, p in model.named_parameters())
     (F.cross_entropy(model(x), y) + mu / 2 * prox).backward()
-    assert all(torch.allclose(g, p.grad, atol=1e-7) for g, p in zip(got, model.parameters()))
+    assert all(torch.allclose(g, p.grad, atol=1e-7) for g, p in zip(got, model.parameters(), strict=True))
 
 
 def test_fedprox_with_mu_zero_is_fedavg_bit_for_bit(data):
@@ -135,8 +160,9 @@ def test_fednova_normalizer_counts_the_gradients_momentum_sgd_accumulates(rho):
 def test_fednova_aggregate_is_tau_eff_times_weighted_normalised_updates():
     g = torch.Generator().manual_seed(0)
     spec = [(10, 2, 0), (30, 4, 0), (20, 3, 1), (40, 5, 1)]  # (n_i, tau_i, federation)
-    updates = [ClientUpdate(i, s, {"w": torch.randn(5, generator=g)}, n, tau, state=s)
-               for i, (n, tau, s) in enumerate(spec)]
+    updates = [
+        ClientUpdate(i, s, {"w": torch.randn(5, generator=g)}, n, tau, state=s) for i, (n, tau, s) in enumerate(spec)
+    ]
     ctx, objective, rho = ClientContext(0, 0, 0, nn.Identity(), {}, lr=0.1, momentum=0.5), FedNova(), 0.5
     originals = [u.delta["w"].clone() for u in updates]
     for u in updates:
@@ -182,9 +208,11 @@ def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
     fedavg.run_round(0)
     scaffold.run_round(0)
     assert _states_equal(fedavg, scaffold)
-    for client, (group, c_i) in expected.items():
+    for client, (_group, c_i) in expected.items():
         assert c_i.keys() == scaffold.objective.c_local[client].keys()
-        assert all(torch.allclose(scaffold.objective.c_local[client][k], v, rtol=1e-5, atol=1e-6) for k, v in c_i.items())
+        assert all(
+            torch.allclose(scaffold.objective.c_local[client][k], v, rtol=1e-5, atol=1e-6) for k, v in c_i.items()
+        )
     # groupwise: one c per group, c = (1/K_g) * sum over the group's sampled clients, K_g = 2 clients per group
     for group, c in scaffold.objective.c.items():
         members = [e for e in expected.values() if e[0] == group]
@@ -195,7 +223,7 @@ def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
 def test_inco_scaffold_keeps_one_c_on_the_server_names_over_all_clients(data):
     engine = _engine(data, "InCoScaffold")
     engine.run_round(0)
-    (state, c), = engine.objective.c.items()
+    ((state, c),) = engine.objective.c.items()
     held = set().union(*(engine.objective.c_local[int(i)].keys() for i in engine.schedule[0]))
     assert state == 0 and set(c) == held
     k = "fc.weight"
@@ -217,9 +245,17 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     xb, yb = split.batch(torch.arange(4))
     grads = torch.autograd.grad(F.cross_entropy(model(xb), yb), list(model.parameters()))
     ctx = ClientContext(7, 0, 0, model, start, lr=lr)
-    local_train(ctx, objective, split, np.arange(4), epochs=1, batch_size=4,
-                optimizer=torch.optim.SGD(model.parameters(), lr=lr), gen=torch.Generator().manual_seed(0))
-    for k, g in zip(names, grads):
+    local_train(
+        ctx,
+        objective,
+        split,
+        np.arange(4),
+        epochs=1,
+        batch_size=4,
+        optimizer=torch.optim.SGD(model.parameters(), lr=lr),
+        gen=torch.Generator().manual_seed(0),
+    )
+    for k, g in zip(names, grads, strict=True):
         expected = start[k] - lr * (g + objective.c[0][k] - objective.c_local[7][k])
         assert torch.allclose(model.state_dict()[k], expected, atol=1e-6)
 

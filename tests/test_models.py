@@ -5,8 +5,13 @@ import torch
 
 from incofl.models.family import build_model, check_nested, num_parameters
 
-PAPER_COUNTS = {"resnet10": 4_910_922, "resnet14": 10_812_234, "resnet18": 11_181_642,
-                "resnet22": 17_082_954, "resnet26": 17_452_362}  # 4.91M / 10.81M / 11.18M / 17.08M / 17.45M
+PAPER_COUNTS = {
+    "resnet10": 4_910_922,
+    "resnet14": 10_812_234,
+    "resnet18": 11_181_642,
+    "resnet22": 17_082_954,
+    "resnet26": 17_452_362,
+}  # 4.91M / 10.81M / 11.18M / 17.08M / 17.45M
 
 
 @pytest.mark.parametrize("name,count", PAPER_COUNTS.items())
@@ -16,7 +21,7 @@ def test_resnet_parameter_counts(name, count):
 
 def test_resnet_family_is_nested_by_name_and_shape():
     models = [build_model(n, 10, 3) for n in PAPER_COUNTS]
-    for small, big in zip(models, models[1:]):
+    for small, big in zip(models, models[1:], strict=False):
         s, b = small.state_dict(), big.state_dict()
         assert set(s) < set(b)
         assert all(s[k].shape == b[k].shape for k in s)

@@ -34,8 +34,8 @@ def test_dirichlet_is_seeded():
     a = dirichlet_partition(labels, 20, 0.5, seed=7)
     b = dirichlet_partition(labels, 20, 0.5, seed=7)
     c = dirichlet_partition(labels, 20, 0.5, seed=8)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
 
 
 def _mean_skew(labels, alpha, seeds=range(3)):
@@ -81,6 +81,6 @@ def test_partition_artifact_round_trips(tmp_path):
     part = make_partition(labels, kind="dirichlet", num_clients=20, alpha=0.5, seed=3, dataset="x")
     part.save(tmp_path / "p.npz")
     back = Partition.load(tmp_path / "p.npz")
-    assert all(np.array_equal(a, b) for a, b in zip(part.parts, back.parts))
+    assert all(np.array_equal(a, b) for a, b in zip(part.parts, back.parts, strict=True))
     assert np.array_equal(part.histogram, back.histogram)
     assert back.meta["alpha"] == 0.5 and back.meta["dataset"] == "x" and back.meta["clients"] == 20

@@ -14,35 +14,66 @@ import yaml
 from incofl.cli import run
 from incofl.config import RESNETS, VITS
 from incofl.report.figures import _colors, _seed_band, plot_ablation, plot_curves
-from incofl.report.runs import collect_curves, collect_summaries
 from incofl.report.published import is_resnet_family, paper_table2
+from incofl.report.runs import collect_curves, collect_summaries
 from incofl.report.tables import metrics_json, table2, to_markdown, write_metrics_json, write_tables
 
 METHODS = ["FedAvg", "FedProx", "FedNova", "InCoNova", "InCoProx", "InCoAvg"]
-BASE_OF = {"FedAvg": None, "FedProx": None, "FedNova": None,
-           "InCoAvg": "FedAvg", "InCoProx": "FedProx", "InCoNova": "FedNova"}
+BASE_OF = {
+    "FedAvg": None,
+    "FedProx": None,
+    "FedNova": None,
+    "InCoAvg": "FedAvg",
+    "InCoProx": "FedProx",
+    "InCoNova": "FedNova",
+}
 # (method, dataset, alpha) -> final accuracy per seed; FedNova has no runs at all.
-FINAL = {("FedAvg", "cifar10", 0.5): [50, 52, 54], ("InCoAvg", "cifar10", 0.5): [60, 64, 68],
-         ("FedProx", "cifar10", 0.5): [40, 42], ("InCoProx", "cifar10", 0.5): [38, 39, 40],
-         ("InCoNova", "cifar10", 0.5): [30, 32, 34],
-         ("FedAvg", "cifar10", 1.0): [61], ("InCoAvg", "cifar10", 1.0): [70, 71, 72],
-         ("HeteroAvg", "cifar10", 0.5): [55, 57, 59], ("HeteroAvg", "cifar10", 1.0): [63, 65]}
+FINAL = {
+    ("FedAvg", "cifar10", 0.5): [50, 52, 54],
+    ("InCoAvg", "cifar10", 0.5): [60, 64, 68],
+    ("FedProx", "cifar10", 0.5): [40, 42],
+    ("InCoProx", "cifar10", 0.5): [38, 39, 40],
+    ("InCoNova", "cifar10", 0.5): [30, 32, 34],
+    ("FedAvg", "cifar10", 1.0): [61],
+    ("InCoAvg", "cifar10", 1.0): [70, 71, 72],
+    ("HeteroAvg", "cifar10", 0.5): [55, 57, 59],
+    ("HeteroAvg", "cifar10", 1.0): [63, 65],
+}
 
 
-def write_run(root: Path, method: str, dataset: str, alpha: float, seed: int,
-              accs: list[float], groups: int = 5, models: tuple[str, ...] = RESNETS) -> Path:
+def write_run(
+    root: Path,
+    method: str,
+    dataset: str,
+    alpha: float,
+    seed: int,
+    accs: list[float],
+    groups: int = 5,
+    models: tuple[str, ...] = RESNETS,
+) -> Path:
     """One run directory as the engine writes it; `accs` is mean_acc per round 1..len(accs)."""
     run = root / dataset / f"a{alpha}" / method / f"s{seed}"
     run.mkdir(parents=True)
     final = float(accs[-1])
-    summary = {"method": method, "dataset": dataset, "alpha": alpha, "seed": seed,
-               "rounds": len(accs), "final_acc": final, "best_acc": final + 1,
-               "last10_acc": final - 1, "group_final_acc": [final] * groups,
-               "wall_s": 10.0, "samples_per_s": 100.0, "config": {"models": list(models)}}
+    summary = {
+        "method": method,
+        "dataset": dataset,
+        "alpha": alpha,
+        "seed": seed,
+        "rounds": len(accs),
+        "final_acc": final,
+        "best_acc": final + 1,
+        "last10_acc": final - 1,
+        "group_final_acc": [final] * groups,
+        "wall_s": 10.0,
+        "samples_per_s": 100.0,
+        "config": {"models": list(models)},
+    }
     (run / "summary.json").write_text(json.dumps(summary))
-    rows = [{"round": r, "mean_acc": a, "mean_loss": 2.0 / r,
-             **{f"acc_g{g}": a for g in range(groups)}, "seconds": 1.0}
-            for r, a in enumerate(accs, start=1)]
+    rows = [
+        {"round": r, "mean_acc": a, "mean_loss": 2.0 / r, **{f"acc_g{g}": a for g in range(groups)}, "seconds": 1.0}
+        for r, a in enumerate(accs, start=1)
+    ]
     pd.DataFrame(rows).to_csv(run / "metrics.csv", index=False)
     return run
 
@@ -98,8 +129,7 @@ def test_numbers(table: pd.DataFrame) -> None:
 
 
 def test_metric_and_filters(runs_root: Path) -> None:
-    t = table2(collect_summaries(runs_root), metric="best_acc", methods=["InCoAvg"],
-               base_of=BASE_OF, alphas=[0.5])
+    t = table2(collect_summaries(runs_root), metric="best_acc", methods=["InCoAvg"], base_of=BASE_OF, alphas=[0.5])
     assert len(t) == 1  # base FedAvg is not shown but still gives the improvement
     assert (t["mean"].iloc[0], t["improvement"].iloc[0]) == (65.0, 12.0)
     with pytest.raises(ValueError, match="metric"):
@@ -107,8 +137,7 @@ def test_metric_and_filters(runs_root: Path) -> None:
 
 
 def test_row_order(table: pd.DataFrame) -> None:
-    assert list(pd.unique(table["method"])) == [
-        "FedAvg", "FedProx", "FedNova", "InCoAvg", "InCoProx", "InCoNova"]
+    assert list(pd.unique(table["method"])) == ["FedAvg", "FedProx", "FedNova", "InCoAvg", "InCoProx", "InCoNova"]
 
 
 def test_markdown(table: pd.DataFrame, tmp_path: Path) -> None:
@@ -117,12 +146,14 @@ def test_markdown(table: pd.DataFrame, tmp_path: Path) -> None:
     assert "final-round accuracy" in md and "mean ± std over 1–3 seeds" in md
     assert "ResNets, 100 clients." in md
     assert "| Method | CIFAR10 α=0.5 | CIFAR10 α=1.0 |" in md
-    for row in ["| FedAvg | 52.0 ± 2.0 | 61.0 [n=1] |",  # fewer seeds than the fullest cell
-                "| FedProx | 41.0 ± 1.4 [n=2] | – |",
-                "| FedNova | – | – |",
-                "| InCoAvg | 64.0 ± 4.0 (+12.0) | 71.0 ± 1.0 (+10.0) |",
-                "| InCoProx | 39.0 ± 1.0 (-2.0) | – |",
-                "| InCoNova | 32.0 ± 2.0 | – |"]:
+    for row in [
+        "| FedAvg | 52.0 ± 2.0 | 61.0 [n=1] |",  # fewer seeds than the fullest cell
+        "| FedProx | 41.0 ± 1.4 [n=2] | – |",
+        "| FedNova | – | – |",
+        "| InCoAvg | 64.0 ± 4.0 (+12.0) | 71.0 ± 1.0 (+10.0) |",
+        "| InCoProx | 39.0 ± 1.0 (-2.0) | – |",
+        "| InCoNova | 32.0 ± 2.0 | – |",
+    ]:
         assert row + "\n" in md
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -130,8 +161,7 @@ def test_markdown(table: pd.DataFrame, tmp_path: Path) -> None:
 def test_paper_columns(table: pd.DataFrame, runs_root: Path, tmp_path: Path) -> None:
     write_tables(table, tmp_path, metric="final_acc", paper=paper_table2())
     md = (tmp_path / "table2.md").read_text()
-    assert ("| Method | CIFAR10 α=0.5 | CIFAR10 α=0.5 (paper) | CIFAR10 α=1.0 | CIFAR10 α=1.0 (paper) |"
-            in md)
+    assert "| Method | CIFAR10 α=0.5 | CIFAR10 α=0.5 (paper) | CIFAR10 α=1.0 | CIFAR10 α=1.0 (paper) |" in md
     assert "| FedAvg | 52.0 ± 2.0 | 52.3 ± 3.4 | 61.0 [n=1] | 61.3 ± 3.2 |\n" in md
     assert "| InCoProx | 39.0 ± 1.0 (-2.0) | 74.5 ± 2.3 | – | 76.8 ± 1.8 |\n" in md
     assert "Columns (paper): the InCo paper's Table 2 (ResNet family" in md
@@ -141,7 +171,8 @@ def test_paper_columns(table: pd.DataFrame, runs_root: Path, tmp_path: Path) -> 
     assert "paper" not in to_markdown(digits, metric="final_acc", paper=paper_table2())  # nor its caption
     hetero = table2(collect_summaries(runs_root), methods=["HeteroAvg"], base_of={})
     assert "| HeteroAvg | 57.0 ± 2.0 | – | 64.0 ± 1.4 [n=2] | – |" in to_markdown(
-        hetero, metric="final_acc", paper=paper_table2())
+        hetero, metric="final_acc", paper=paper_table2()
+    )
 
 
 def test_published_numbers() -> None:
@@ -157,8 +188,11 @@ def test_published_numbers() -> None:
 
 def test_table_command_shows_paper_columns_for_resnet_runs(runs_root: Path, tmp_path: Path) -> None:
     config = tmp_path / "exp.yaml"
-    config.write_text(yaml.safe_dump({"datasets": ["cifar10"], "alphas": [0.5, 1.0],
-                                      "methods": ["FedAvg", "InCoAvg"], "seeds": [0, 1, 2]}))
+    config.write_text(
+        yaml.safe_dump(
+            {"datasets": ["cifar10"], "alphas": [0.5, 1.0], "methods": ["FedAvg", "InCoAvg"], "seeds": [0, 1, 2]}
+        )
+    )
 
     def table_md(root: Path, out: Path, *flags: str) -> str:
         assert run(["table", "-c", str(config), "--runs", str(root), "--out", str(out), *flags]) == 0
@@ -172,14 +206,19 @@ def test_table_command_shows_paper_columns_for_resnet_runs(runs_root: Path, tmp_
 
 
 def test_latex(runs_root: Path, tmp_path: Path) -> None:
-    table = table2(collect_summaries(runs_root), metric="last10_acc", methods=METHODS,
-                   base_of=BASE_OF)
+    table = table2(collect_summaries(runs_root), metric="last10_acc", methods=METHODS, base_of=BASE_OF)
     write_tables(table, tmp_path, metric="last10_acc")
     tex = (tmp_path / "table2.tex").read_text()
-    for part in [r"\toprule", r"\cmidrule(lr){2-3}", r"\bottomrule", r"\multicolumn{2}{c}{CIFAR10}",
-                 r"$\alpha=0.5$ & $\alpha=1.0$", "mean accuracy of the last 10 rounds",
-                 r"InCoAvg & 63.0 $\pm$ 4.0 ($\uparrow$12.0) & 70.0 $\pm$ 1.0 ($\uparrow$10.0) \\",
-                 r"InCoProx & 38.0 $\pm$ 1.0 ($\downarrow$2.0) & -- \\"]:
+    for part in [
+        r"\toprule",
+        r"\cmidrule(lr){2-3}",
+        r"\bottomrule",
+        r"\multicolumn{2}{c}{CIFAR10}",
+        r"$\alpha=0.5$ & $\alpha=1.0$",
+        "mean accuracy of the last 10 rounds",
+        r"InCoAvg & 63.0 $\pm$ 4.0 ($\uparrow$12.0) & 70.0 $\pm$ 1.0 ($\uparrow$10.0) \\",
+        r"InCoProx & 38.0 $\pm$ 1.0 ($\downarrow$2.0) & -- \\",
+    ]:
         assert part in tex
     assert tex.count(r"\midrule") == 2  # under the header, and between baselines and InCo
 
@@ -187,16 +226,14 @@ def test_latex(runs_root: Path, tmp_path: Path) -> None:
 def test_csv_round_trip(table: pd.DataFrame, tmp_path: Path) -> None:
     write_tables(table, tmp_path, metric="final_acc")
     back = pd.read_csv(tmp_path / "table2.csv")
-    assert list(back.columns) == ["method", "dataset", "alpha", "mean", "std", "n_seeds",
-                                  "base", "improvement"]
+    assert list(back.columns) == ["method", "dataset", "alpha", "mean", "std", "n_seeds", "base", "improvement"]
     pd.testing.assert_frame_equal(back, table, check_dtype=False)
 
 
 def test_metrics_json(table: pd.DataFrame, tmp_path: Path) -> None:
     m = metrics_json(table)
     json.dumps(m, allow_nan=False)
-    assert m["cifar10"]["a0.5"]["InCoAvg"] == {"mean": 64.0, "std": 4.0, "n_seeds": 3,
-                                               "improvement": 12.0}
+    assert m["cifar10"]["a0.5"]["InCoAvg"] == {"mean": 64.0, "std": 4.0, "n_seeds": 3, "improvement": 12.0}
     assert m["cifar10"]["a1.0"]["FedAvg"]["std"] is None
     assert "FedNova" not in m["cifar10"]["a0.5"]  # no runs, no entry
     write_metrics_json(table, tmp_path / "metrics.json")
@@ -204,8 +241,7 @@ def test_metrics_json(table: pd.DataFrame, tmp_path: Path) -> None:
 
 
 def test_seed_band_aligns_rounds() -> None:
-    runs = pd.DataFrame({"seed": [0, 0, 0, 1, 1], "round": [1, 2, 3, 1, 3],
-                         "mean_acc": [10.0, 20.0, 30.0, 14.0, 34.0]})
+    runs = pd.DataFrame({"seed": [0, 0, 0, 1, 1], "round": [1, 2, 3, 1, 3], "mean_acc": [10.0, 20.0, 30.0, 14.0, 34.0]})
     band = _seed_band(runs)
     assert list(band.index) == [1, 3]
     assert list(band["mean"]) == [12.0, 32.0]
@@ -223,8 +259,11 @@ def test_figures(runs_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "fig"
     curves = plot_curves(collect_curves(runs_root), out, methods=["FedAvg", "InCoAvg"])
     assert sorted(p.name for p in curves) == [
-        "curves_cifar10_a0.5.pdf", "curves_cifar10_a0.5.png",
-        "curves_cifar10_a1.0.pdf", "curves_cifar10_a1.0.png"]
+        "curves_cifar10_a0.5.pdf",
+        "curves_cifar10_a0.5.png",
+        "curves_cifar10_a1.0.pdf",
+        "curves_cifar10_a1.0.png",
+    ]
     assert_figures(curves)
     bars = plot_ablation(collect_summaries(runs_root), out, methods=["HeteroAvg", "InCoAvg"])
     assert [p.name for p in bars] == ["ablation.png", "ablation.pdf"]

@@ -10,7 +10,6 @@ import subprocess
 
 import pandas as pd
 import pytest
-
 from test_workflow import ENV, REPO, run_snakemake, snakemake_cmd
 
 
@@ -23,8 +22,11 @@ def _cluster_up() -> bool:
         return False
 
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow,
-              pytest.mark.skipif(not _cluster_up(), reason="no SLURM cluster (`sinfo` fails); CI starts one")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slow,
+    pytest.mark.skipif(not _cluster_up(), reason="no SLURM cluster (`sinfo` fails); CI starts one"),
+]
 
 # Training jobs ask for a GPU: on the CI cluster a fake one, and torch (device auto) uses the CPU.
 RESOURCES = "resources={gpu: 1, runtime: 10, mem_mb: 1000}"
@@ -35,8 +37,15 @@ def test_slurm_run_equals_local_run(tmp_path):
     assert local.returncode == 0, local.stderr[-3000:]
 
     # under `timeout -s INT`: at the limit Snakemake cancels its SLURM jobs (README, "SLURM details")
-    cmd = ["timeout", "-s", "INT", "-k", "30", "900",
-           *snakemake_cmd(tmp_path / "slurm", "--profile", "profiles/slurm", "--config", RESOURCES)]
+    cmd = [
+        "timeout",
+        "-s",
+        "INT",
+        "-k",
+        "30",
+        "900",
+        *snakemake_cmd(tmp_path / "slurm", "--profile", "profiles/slurm", "--config", RESOURCES),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]

@@ -35,13 +35,22 @@ ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
 
 
 def snakemake_cmd(workdir: Path, *args: str, config: Path = TINY) -> list[str]:
-    return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-            "--configfile", str(config), *args]
+    return [
+        str(BIN / "snakemake"),
+        "-s",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(config),
+        *args,
+    ]
 
 
 def run_snakemake(workdir: Path, *args: str, config: Path = TINY, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(snakemake_cmd(workdir, *args, config=config), cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        snakemake_cmd(workdir, *args, config=config), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def planned_jobs(workdir: Path, *args: str, config: Path = TINY) -> dict[str, int]:
@@ -60,11 +69,21 @@ def grid_jobs(cfg: dict) -> dict[str, int]:
     """The jobs a config's grid needs from scratch."""
     exp = validate_experiment(cfg)
     runs = len(exp.datasets) * len(exp.alphas) * len(exp.methods) * len(exp.seeds)
-    parts = {(s.clients, s.partition_seed) for s in (exp.run_config(exp.datasets[0], exp.alphas[0], m, 0)
-                                                      for m in exp.methods)}
-    return {"experiment_config": 1, "prepare": len(exp.datasets), "run_config": runs,
-            "partition": len(exp.datasets) * len(exp.alphas) * len(parts), "train": runs,
-            "table": 1, "figures": 1, "plot_data": 1, "all": 1}
+    parts = {
+        (s.clients, s.partition_seed)
+        for s in (exp.run_config(exp.datasets[0], exp.alphas[0], m, 0) for m in exp.methods)
+    }
+    return {
+        "experiment_config": 1,
+        "prepare": len(exp.datasets),
+        "run_config": runs,
+        "partition": len(exp.datasets) * len(exp.alphas) * len(parts),
+        "train": runs,
+        "table": 1,
+        "figures": 1,
+        "plot_data": 1,
+        "all": 1,
+    }
 
 
 # --- schema and configs (fast) -----------------------------------------------------------
@@ -74,8 +93,13 @@ def test_schema_in_sync_with_the_config_model():
     assert SCHEMA["$defs"]["method"]["enum"] == list(METHODS), "method enum != incofl.fl.methods.METHODS"
     assert props["datasets"]["items"]["enum"] == list(DATASETS)
     assert props["models"]["items"]["enum"] == list(RESNETS + VITS)
-    bounds = {Ge: ("minimum", "ge"), Gt: ("exclusiveMinimum", "gt"), Le: ("maximum", "le"),
-              Lt: ("exclusiveMaximum", "lt"), MinLen: ("minItems", "min_length")}
+    bounds = {
+        Ge: ("minimum", "ge"),
+        Gt: ("exclusiveMinimum", "gt"),
+        Le: ("maximum", "le"),
+        Lt: ("exclusiveMaximum", "lt"),
+        MinLen: ("minItems", "min_length"),
+    }
     for name, field in ExperimentConfig.model_fields.items():
         if typing.get_origin(field.annotation) is typing.Literal:
             assert props[name]["enum"] == list(typing.get_args(field.annotation)), name
@@ -94,21 +118,25 @@ def test_shipped_configs_are_valid(path):
     validate_experiment(raw, str(path))
 
 
-@pytest.mark.parametrize("path", [REPO / "config" / "config.yaml", REPO / "config" / "paper-resnet.yaml"],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [REPO / "config" / "config.yaml", REPO / "config" / "paper-resnet.yaml"], ids=lambda p: p.name
+)
 def test_dry_run_plans_exactly_the_grid(tmp_path, path):
     assert planned_jobs(tmp_path, config=path) == grid_jobs(yaml.safe_load(path.read_text()))
 
 
-@pytest.mark.parametrize("override,key", [
-    ("alphas=[0.5,-1.0]", "alphas"),
-    ("methods=[FedAvg,NoSuchMethod]", "methods"),
-    ("datasets=[imagenet]", "datasets"),
-    ("ratio=1.5", "ratio"),
-    ("clients=1", "clients"),  # 1 client cannot fill the 2 model groups
-    ("per_method={InCoAvg: {rounds: 0}}", "per_method"),
-    ("learning_rate=0.1", "learning_rate"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("alphas=[0.5,-1.0]", "alphas"),
+        ("methods=[FedAvg,NoSuchMethod]", "methods"),
+        ("datasets=[imagenet]", "datasets"),
+        ("ratio=1.5", "ratio"),
+        ("clients=1", "clients"),  # 1 client cannot fill the 2 model groups
+        ("per_method={InCoAvg: {rounds: 0}}", "per_method"),
+        ("learning_rate=0.1", "learning_rate"),
+    ],
+)
 def test_bad_config_stops_before_any_job(tmp_path, override, key):
     proc = run_snakemake(tmp_path, "--cores", "1", "--config", override)
     assert proc.returncode != 0
@@ -158,19 +186,39 @@ def test_report_html(tiny_run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("override,expected", [
-    ("rounds=3", {"experiment_config": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1, "plot_data": 1}),
-    ("per_method={InCoAvg: {lr: 0.01}}", {"experiment_config": 1, "run_config": 1, "train": 1, "table": 1,
-                                          "figures": 1, "plot_data": 1}),
-    ("seeds=[0,1]", {"experiment_config": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1, "plot_data": 1}),
-    ("min_size=5", {"experiment_config": 1, "partition": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1,
-                    "plot_data": 1}),
-    ("table_metric=best_acc", {"experiment_config": 1, "table": 1, "figures": 1}),
-    ("eval_batch_size=500", {"experiment_config": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1,
-                             "plot_data": 1}),
-    ("threads=2", {"experiment_config": 1, "table": 1, "figures": 1}),
-    ("resources={mem_mb: 2000}", {"experiment_config": 1, "table": 1, "figures": 1}),
-])
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("rounds=3", {"experiment_config": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1, "plot_data": 1}),
+        (
+            "per_method={InCoAvg: {lr: 0.01}}",
+            {"experiment_config": 1, "run_config": 1, "train": 1, "table": 1, "figures": 1, "plot_data": 1},
+        ),
+        (
+            "seeds=[0,1]",
+            {"experiment_config": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1, "plot_data": 1},
+        ),
+        (
+            "min_size=5",
+            {
+                "experiment_config": 1,
+                "partition": 1,
+                "run_config": 2,
+                "train": 2,
+                "table": 1,
+                "figures": 1,
+                "plot_data": 1,
+            },
+        ),
+        ("table_metric=best_acc", {"experiment_config": 1, "table": 1, "figures": 1}),
+        (
+            "eval_batch_size=500",
+            {"experiment_config": 1, "run_config": 2, "train": 2, "table": 1, "figures": 1, "plot_data": 1},
+        ),
+        ("threads=2", {"experiment_config": 1, "table": 1, "figures": 1}),
+        ("resources={mem_mb: 2000}", {"experiment_config": 1, "table": 1, "figures": 1}),
+    ],
+)
 def test_a_config_change_reruns_exactly_what_it_affects(tiny_run, override, expected):
     assert planned_jobs(tiny_run, "--config", override) == {**expected, "all": 1}
 
@@ -187,9 +235,15 @@ def test_killed_workflow_resumes_without_redoing_finished_runs(tmp_path, sig):
     runs = tmp_path / "results" / "runs" / "synthetic" / "a0.5"
     # SIGINT as in a terminal, even when the tests themselves run in the background (nohup, &),
     # where it is ignored and the ignoring is inherited.
-    proc = subprocess.Popen(snakemake_cmd(tmp_path, "--cores", "1", config=config), cwd=REPO, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        snakemake_cmd(tmp_path, "--cores", "1", config=config),
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     done: list[str] = []
     try:
         deadline = time.monotonic() + 600

@@ -24,8 +24,9 @@ from incofl.fl.simulation import Engine
 from incofl.models.family import build_model
 
 
-def plain_loop(model: torch.nn.Module, data: TensorSplit, parts: list, seed: int, epochs: int,
-               batch_size: int, lr: float) -> int:
+def plain_loop(
+    model: torch.nn.Module, data: TensorSplit, parts: list, seed: int, epochs: int, batch_size: int, lr: float
+) -> int:
     """Reference: the engine's local training with no federated machinery; returns samples seen."""
     samples = 0
     for client, indices in enumerate(parts):
@@ -45,14 +46,34 @@ def plain_loop(model: torch.nn.Module, data: TensorSplit, parts: list, seed: int
     return samples
 
 
-def benchmark(model: str = "resnet18", clients: int = 4, samples: int = 500, epochs: int = 2, batch_size: int = 64,
-              threads: int | None = None, repeats: int = 2, seed: int = 0) -> dict[str, Any]:
+def benchmark(
+    model: str = "resnet18",
+    clients: int = 4,
+    samples: int = 500,
+    epochs: int = 2,
+    batch_size: int = 64,
+    threads: int | None = None,
+    repeats: int = 2,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Alternate the two paths `repeats` times and keep each one's fastest run (the machine is noisy)."""
     if threads:
         torch.set_num_threads(threads)
     data = load_dataset("synthetic", cache_dir=None)
-    cfg = RunConfig(dataset="synthetic", method="InCoAvg", models=[model], clients=clients, ratio=1.0, rounds=1,
-                    local_epochs=epochs, batch_size=batch_size, seed=seed, progress=False, device="cpu", augment="none")
+    cfg = RunConfig(
+        dataset="synthetic",
+        method="InCoAvg",
+        models=[model],
+        clients=clients,
+        ratio=1.0,
+        rounds=1,
+        local_epochs=epochs,
+        batch_size=batch_size,
+        seed=seed,
+        progress=False,
+        device="cpu",
+        augment="none",
+    )
     parts = iid_partition(clients * samples, clients, seed)
     engine = Engine(cfg, data, Partition(parts, np.zeros((clients, 0)), {}), torch.device("cpu"))
     aggregate, aggregate_s = engine.rule.aggregate, []
@@ -66,7 +87,7 @@ def benchmark(model: str = "resnet18", clients: int = 4, samples: int = 500, epo
     engine.rule.aggregate = timed_aggregate
     plain_model = build_model(model, data.num_classes, data.channels)
     plain_model.load_state_dict(engine.states[0])
-    plain_loop(plain_model, engine.train_data, [parts[0][:2 * batch_size]], seed, 1, batch_size, cfg.lr)  # warm-up
+    plain_loop(plain_model, engine.train_data, [parts[0][: 2 * batch_size]], seed, 1, batch_size, cfg.lr)  # warm-up
     engine_s, plain_s = [], []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -77,16 +98,27 @@ def benchmark(model: str = "resnet18", clients: int = 4, samples: int = 500, epo
         plain_s.append(time.perf_counter() - start)
     best = int(np.argmin(engine_s))
     engine_sps, plain_sps = engine_samples / engine_s[best], plain_samples / min(plain_s)
-    return {"model": model, "clients": clients, "samples_per_client": samples, "epochs": epochs,
-            "batch_size": batch_size, "threads": torch.get_num_threads(), "repeats": repeats,
-            "engine_samples_per_s": round(engine_sps, 1), "plain_samples_per_s": round(plain_sps, 1),
-            "ratio": round(engine_sps / plain_sps, 3), "aggregation_share": round(aggregate_s[best] / engine_s[best], 4)}
+    return {
+        "model": model,
+        "clients": clients,
+        "samples_per_client": samples,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "engine_samples_per_s": round(engine_sps, 1),
+        "plain_samples_per_s": round(plain_sps, 1),
+        "ratio": round(engine_sps / plain_sps, 3),
+        "aggregation_share": round(aggregate_s[best] / engine_s[best], 4),
+    }
 
 
 def format_report(r: dict[str, Any]) -> str:
-    return (f"{r['model']}, {r['clients']} clients x {r['samples_per_client']} samples x {r['epochs']} epochs, "
-            f"batch {r['batch_size']}, {r['threads']} threads\n"
-            f"engine (full InCoAvg round): {r['engine_samples_per_s']:8.1f} samples/s\n"
-            f"plain PyTorch loop:          {r['plain_samples_per_s']:8.1f} samples/s\n"
-            f"ratio engine/plain:          {r['ratio']:8.3f}\n"
-            f"aggregation + InCo share:    {100 * r['aggregation_share']:7.2f} % of round time")
+    return (
+        f"{r['model']}, {r['clients']} clients x {r['samples_per_client']} samples x {r['epochs']} epochs, "
+        f"batch {r['batch_size']}, {r['threads']} threads\n"
+        f"engine (full InCoAvg round): {r['engine_samples_per_s']:8.1f} samples/s\n"
+        f"plain PyTorch loop:          {r['plain_samples_per_s']:8.1f} samples/s\n"
+        f"ratio engine/plain:          {r['ratio']:8.3f}\n"
+        f"aggregation + InCo share:    {100 * r['aggregation_share']:7.2f} % of round time"
+    )

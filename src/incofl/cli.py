@@ -19,8 +19,14 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4
 def _add_config(p: argparse.ArgumentParser, sets: bool = True) -> None:
     p.add_argument("--config", "-c", help="experiment config (YAML); default: built-in defaults")
     if sets:
-        p.add_argument("--set", "-s", nargs="+", default=[], metavar="KEY=VALUE",
-                       help="override config keys, e.g. dataset=cifar10 alpha=1.0 method=InCoAvg seed=2")
+        p.add_argument(
+            "--set",
+            "-s",
+            nargs="+",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override config keys, e.g. dataset=cifar10 alpha=1.0 method=InCoAvg seed=2",
+        )
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -28,8 +34,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     cfg = load_run_config(args.config, parse_overrides(args.set))
     data = load_dataset(cfg.dataset, cfg.data_dir, cfg.cache_dir)
-    print(f"{cfg.dataset}: {len(data.y_train)} train / {len(data.y_test)} test images, "
-          f"{data.channels}x{data.image_size}x{data.image_size}, {data.num_classes} classes, cached in {cfg.cache_dir}")
+    print(
+        f"{cfg.dataset}: {len(data.y_train)} train / {len(data.y_test)} test images, "
+        f"{data.channels}x{data.image_size}x{data.image_size}, {data.num_classes} classes, cached in {cfg.cache_dir}"
+    )
     return 0
 
 
@@ -42,9 +50,11 @@ def cmd_partition(args: argparse.Namespace) -> int:
     part = partition_for(cfg, labels)
     part.save(args.out)
     sizes = part.histogram.sum(1)
-    print(f"{args.out}: {cfg.partition} alpha={cfg.alpha} seed={cfg.partition_seed}, {cfg.clients} clients, "
-          f"samples per client {sizes.min()}..{sizes.max()}, classes per client (>0) "
-          f"{(part.histogram > 0).sum(1).min()}..{(part.histogram > 0).sum(1).max()}")
+    print(
+        f"{args.out}: {cfg.partition} alpha={cfg.alpha} seed={cfg.partition_seed}, {cfg.clients} clients, "
+        f"samples per client {sizes.min()}..{sizes.max()}, classes per client (>0) "
+        f"{(part.histogram > 0).sum(1).min()}..{(part.histogram > 0).sum(1).max()}"
+    )
     return 0
 
 
@@ -53,15 +63,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_run_config(args.config, parse_overrides(args.set))
     summary = train(cfg, args.out)
-    print(f"{cfg.method} {cfg.dataset} alpha={cfg.alpha} seed={cfg.seed}: final {summary['final_acc']:.2f}% "
-          f"best {summary['best_acc']:.2f}% last10 {summary['last10_acc']:.2f}% ({summary['wall_s']:.0f} s) -> {args.out}")
+    print(
+        f"{cfg.method} {cfg.dataset} alpha={cfg.alpha} seed={cfg.seed}: final {summary['final_acc']:.2f}% "
+        f"best {summary['best_acc']:.2f}% last10 {summary['last10_acc']:.2f}% ({summary['wall_s']:.0f} s) -> {args.out}"
+    )
     return 0
 
 
 def _in_grid(runs: Any, exp: Any) -> Any:
     """Only the runs of the config's grid: a shared --runs root may hold other experiments' runs."""
-    return runs[runs["dataset"].isin(exp.datasets) & runs["alpha"].isin(exp.alphas)
-                & runs["method"].isin(exp.methods) & runs["seed"].isin(exp.seeds)]
+    return runs[
+        runs["dataset"].isin(exp.datasets)
+        & runs["alpha"].isin(exp.alphas)
+        & runs["method"].isin(exp.methods)
+        & runs["seed"].isin(exp.seeds)
+    ]
 
 
 def _report_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -84,8 +100,14 @@ def cmd_table(args: argparse.Namespace) -> int:
 
     exp, summaries = _report_inputs(args)
     metric = args.metric or exp.table_metric
-    table = table2(summaries, metric=metric, methods=exp.methods, base_of=_bases(exp.methods),
-                   datasets=exp.datasets, alphas=exp.alphas)
+    table = table2(
+        summaries,
+        metric=metric,
+        methods=exp.methods,
+        base_of=_bases(exp.methods),
+        datasets=exp.datasets,
+        alphas=exp.alphas,
+    )
     paper = paper_table2() if is_resnet_family(summaries) and not args.no_paper else None
     write_tables(table, args.out, metric=metric, paper=paper)
     write_metrics_json(table, args.metrics or Path(args.out) / "metrics.json")
@@ -108,9 +130,15 @@ def cmd_figures(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from incofl.bench import benchmark, format_report
 
-    result = benchmark(model=args.model, clients=args.clients, samples=args.samples, epochs=args.epochs,
-                       batch_size=args.batch_size, threads=args.threads,
-                       repeats=args.repeats)
+    result = benchmark(
+        model=args.model,
+        clients=args.clients,
+        samples=args.samples,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        threads=args.threads,
+        repeats=args.repeats,
+    )
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
 
@@ -120,7 +148,9 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
     for m in METHODS.values():
         params = {**m.objective.params, **m.inco}
-        print(f"{m.name:20s} objective={m.objective.__name__:10s} server={m.server:9s} base={m.base or '-':9s} {params}")
+        print(
+            f"{m.name:20s} objective={m.objective.__name__:10s} server={m.server:9s} base={m.base or '-':9s} {params}"
+        )
     return 0
 
 
@@ -138,8 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(p)
     p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, train.log, ckpt.pt)")
     p.set_defaults(func=cmd_train)
-    for name, func, helptext in (("table", cmd_table, "paper-style accuracy table (md, tex, csv) + metrics.json"),
-                                 ("figures", cmd_figures, "accuracy curves and ablation bars (png, pdf)")):
+    for name, func, helptext in (
+        ("table", cmd_table, "paper-style accuracy table (md, tex, csv) + metrics.json"),
+        ("figures", cmd_figures, "accuracy curves and ablation bars (png, pdf)"),
+    ):
         p = sub.add_parser(name, help=helptext)
         _add_config(p, sets=False)
         p.add_argument("--runs", required=True, help="root of the run directories")
@@ -147,8 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "table":
             p.add_argument("--metric", choices=["final_acc", "best_acc", "last10_acc"])
             p.add_argument("--metrics", help="metrics.json path (default: OUT/metrics.json)")
-            p.add_argument("--no-paper", action="store_true",
-                           help="leave out the paper's Table 2 columns from table2.md (shown for ResNet runs)")
+            p.add_argument(
+                "--no-paper",
+                action="store_true",
+                help="leave out the paper's Table 2 columns from table2.md (shown for ResNet runs)",
+            )
         p.set_defaults(func=func)
     p = sub.add_parser("bench", help="engine vs plain PyTorch throughput, and aggregation share")
     p.add_argument("--json", action="store_true")

@@ -79,7 +79,7 @@ class Settings(BaseModel):
         return len(self.models)
 
     @model_validator(mode="after")
-    def _enough_clients(self) -> "Settings":
+    def _enough_clients(self) -> Settings:
         if self.clients < self.groups:
             raise ValueError(f"clients: {self.clients} clients cannot fill {self.groups} model groups")
         return self
@@ -108,7 +108,7 @@ class RunConfig(Settings):
     seed: int = Field(0, ge=0)
 
     @model_validator(mode="after")
-    def _method_args(self) -> "RunConfig":
+    def _method_args(self) -> RunConfig:
         from incofl.fl.methods import METHODS
 
         try:
@@ -164,7 +164,7 @@ class ExperimentConfig(Settings):
         return v
 
     @model_validator(mode="after")
-    def _per_method(self) -> "ExperimentConfig":
+    def _per_method(self) -> ExperimentConfig:
         """Every method's merged settings and method_args are valid before any job starts."""
         from incofl.fl.methods import METHODS
 

@@ -75,24 +75,44 @@ class Partition:
         offsets = np.cumsum([0] + [len(p) for p in self.parts])
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as fh:
-                np.savez(fh, indices=np.concatenate(self.parts), offsets=offsets,
-                         histogram=self.histogram, **{f"meta_{k}": np.asarray(v) for k, v in self.meta.items()})
+                np.savez(
+                    fh,
+                    indices=np.concatenate(self.parts),
+                    offsets=offsets,
+                    histogram=self.histogram,
+                    **{f"meta_{k}": np.asarray(v) for k, v in self.meta.items()},
+                )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Partition":
+    def load(cls, path: str | os.PathLike) -> Partition:
         with np.load(Path(path)) as z:
             idx, off = z["indices"], z["offsets"]
             meta = {k[5:]: z[k].item() for k in z.files if k.startswith("meta_")}
-            return cls([idx[a:b] for a, b in zip(off[:-1], off[1:])], z["histogram"], meta)
+            return cls([idx[a:b] for a, b in zip(off[:-1], off[1:], strict=True)], z["histogram"], meta)
 
 
-def make_partition(labels: np.ndarray, *, kind: str, num_clients: int, alpha: float, seed: int,
-                   min_size: int = 10, max_retries: int = 1000, dataset: str = "") -> Partition:
+def make_partition(
+    labels: np.ndarray,
+    *,
+    kind: str,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    min_size: int = 10,
+    max_retries: int = 1000,
+    dataset: str = "",
+) -> Partition:
     """The partition a config asks for, with its class histogram."""
     if kind == "iid":
         parts = iid_partition(len(labels), num_clients, seed)
     else:
         parts = dirichlet_partition(labels, num_clients, alpha, seed, min_size, max_retries=max_retries)
-    meta = {"kind": kind, "alpha": alpha, "seed": seed, "clients": num_clients, "dataset": dataset,
-            "min_size": min_size}
+    meta = {
+        "kind": kind,
+        "alpha": alpha,
+        "seed": seed,
+        "clients": num_clients,
+        "dataset": dataset,
+        "min_size": min_size,
+    }
     return Partition(parts, class_histogram(labels, parts, int(labels.max()) + 1), meta)

@@ -22,7 +22,6 @@ from incofl.atomic import atomic_path
 from incofl.config import DATASETS
 from incofl.data.dataset import ImageDataset
 
-
 ENV_DATA_DIR = "INCOFL_DATA_DIR"
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 _ARCHIVE_SUFFIXES = (".tar.xz", ".tar.gz", ".tgz", ".tar")

@@ -13,8 +13,16 @@ from incofl.data.dataset import ImageDataset
 class TensorSplit:
     """uint8 images and labels on `device`; batches come out as normalised float tensors."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, mean: np.ndarray, std: np.ndarray,
-                 device: torch.device, input_size: int, augment_mode: str = "none"):
+    def __init__(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        mean: np.ndarray,
+        std: np.ndarray,
+        device: torch.device,
+        input_size: int,
+        augment_mode: str = "none",
+    ):
         self.x = torch.from_numpy(x).to(device)
         self.y = torch.from_numpy(y).long().to(device)
         self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
@@ -35,7 +43,9 @@ class TensorSplit:
         return x, self.y[idx]
 
 
-def to_device(data: ImageDataset, device: torch.device, input_size: int, augment_mode: str) -> tuple[TensorSplit, TensorSplit]:
+def to_device(
+    data: ImageDataset, device: torch.device, input_size: int, augment_mode: str
+) -> tuple[TensorSplit, TensorSplit]:
     """Train split (augmented) and test split, normalised with the training set's channel stats."""
     mean, std = data.channel_stats()
     train = TensorSplit(data.x_train, data.y_train, mean, std, device, input_size, augment_mode)

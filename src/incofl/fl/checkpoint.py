@@ -11,7 +11,17 @@ import torch
 from incofl.atomic import atomic_path
 
 # Settings that do not change what a run computes, so a checkpoint stays valid across them.
-NON_SEMANTIC = {"rounds", "eval_batch_size", "checkpoint_every", "keep_checkpoint", "device", "threads", "progress", "cache_dir", "data_dir"}
+NON_SEMANTIC = {
+    "rounds",
+    "eval_batch_size",
+    "checkpoint_every",
+    "keep_checkpoint",
+    "device",
+    "threads",
+    "progress",
+    "cache_dir",
+    "data_dir",
+}
 
 
 class CheckpointMismatch(RuntimeError):
@@ -38,5 +48,6 @@ def load(path: str | os.PathLike, config: dict[str, Any]) -> dict[str, Any] | No
         key = next(k for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k))
         raise CheckpointMismatch(
             f"{path}: made with {key}={theirs.get(key)!r}, this run has {key}={ours.get(key)!r}; "
-            "delete the checkpoint or use another --out")
+            "delete the checkpoint or use another --out"
+        )
     return payload

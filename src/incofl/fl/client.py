@@ -95,16 +95,26 @@ class Objective:
         """Restore what `state_dict` returned."""
 
 
-def make_optimizer(params: list[nn.Parameter], name: str, lr: float, momentum: float,
-                   weight_decay: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: list[nn.Parameter], name: str, lr: float, momentum: float, weight_decay: float
+) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
 
 
-def local_train(ctx: ClientContext, objective: Objective, data: TensorSplit, indices: np.ndarray, *,
-                epochs: int, batch_size: int, optimizer: torch.optim.Optimizer, gen: torch.Generator,
-                autocast: bool = False) -> int:
+def local_train(
+    ctx: ClientContext,
+    objective: Objective,
+    data: TensorSplit,
+    indices: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    optimizer: torch.optim.Optimizer,
+    gen: torch.Generator,
+    autocast: bool = False,
+) -> int:
     """E epochs of shuffled mini-batches over the client's samples; returns the step count.
     A trailing batch of one sample is skipped (BatchNorm cannot train on it)."""
     model = ctx.model

@@ -76,7 +76,9 @@ def _columns(x: torch.Tensor, variant: str) -> torch.Tensor:
     return rows.t().contiguous()
 
 
-def cross_layer(target: torch.Tensor, ref: torch.Tensor, opts: InCoOptions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def cross_layer(
+    target: torch.Tensor, ref: torch.Tensor, opts: InCoOptions
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(T', c per slice, beta per slice) for one target/reference pair.
 
     Written as T' = T * (s / |T|) + R * (c * s / |R|) (normalised) or T + c * R (raw), which is
@@ -133,6 +135,9 @@ def cross_layer_update(
             continue
         out[target], c, beta = cross_layer(update[target], update[ref], opts)
         if stats is not None:
-            stats[target] = {"theta": c.mean().item(), "beta": beta.mean().item(),
-                             "beta_pos": (beta > 0).float().mean().item()}
+            stats[target] = {
+                "theta": c.mean().item(),
+                "beta": beta.mean().item(),
+                "beta_pos": (beta > 0).float().mean().item(),
+            }
     return out

@@ -42,7 +42,9 @@ class Method:
         merged = {**self.objective.params, **self.split_args(args)[0]}
         return {name: merged[name] for name in self.objective.model_args}
 
-    def build(self, state_names: list[str], args: dict[str, Any], local_epochs: int = 1) -> tuple[Objective, ServerRule]:
+    def build(
+        self, state_names: list[str], args: dict[str, Any], local_epochs: int = 1
+    ) -> tuple[Objective, ServerRule]:
         """The method's local objective and server rule, configured by `args`."""
         objective_args, inco, weighted = self.split_args(args)
         if inco is not None:
@@ -72,12 +74,25 @@ _REGISTRY = [
     Method("InCoMOON", Moon, "inco", base="MOON", source=_PAPER + "; " + _MOON),
     Method("InCoAvg-noNorm", Objective, "inco", base="FedAvg", inco={"normalize": False}, source=_PAPER + ", Fig. 8"),
     Method("InCoAvg-noOpt", Objective, "inco", base="FedAvg", inco={"optimize": False}, source=_PAPER + ", Fig. 8"),
-    Method("InCoAvg-noNormOpt", Objective, "inco", base="FedAvg", inco={"normalize": False, "optimize": False},
-           source=_PAPER + ", Fig. 8"),
-    Method("InCoAvg-paper", Objective, "inco", base="FedAvg", inco={"variant": "paper"},
-           source=_PAPER + ", Algorithm 1"),
-    Method("InCoAvg-projection", Objective, "inco", base="FedAvg", inco={"variant": "paper", "mode": "projection"},
-           source=_PAPER + ", Theorem 3.1"),
+    Method(
+        "InCoAvg-noNormOpt",
+        Objective,
+        "inco",
+        base="FedAvg",
+        inco={"normalize": False, "optimize": False},
+        source=_PAPER + ", Fig. 8",
+    ),
+    Method(
+        "InCoAvg-paper", Objective, "inco", base="FedAvg", inco={"variant": "paper"}, source=_PAPER + ", Algorithm 1"
+    ),
+    Method(
+        "InCoAvg-projection",
+        Objective,
+        "inco",
+        base="FedAvg",
+        inco={"variant": "paper", "mode": "projection"},
+        source=_PAPER + ", Theorem 3.1",
+    ),
 ]
 METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}
 

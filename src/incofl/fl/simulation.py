@@ -70,8 +70,15 @@ class Engine:
         method = METHODS[cfg.method]
         model_kwargs = method.model_kwargs(cfg.method_args)  # e.g. MOON's projection head
         self.models = [
-            build_model(name, data.num_classes, data.channels, stem=cfg.stem, pretrained=cfg.pretrained,
-                        image_size=input_size, **model_kwargs).to(device)
+            build_model(
+                name,
+                data.num_classes,
+                data.channels,
+                stem=cfg.stem,
+                pretrained=cfg.pretrained,
+                image_size=input_size,
+                **model_kwargs,
+            ).to(device)
             for name in cfg.models
         ]
         if cfg.channels_last:
@@ -79,8 +86,9 @@ class Engine:
         server = self.models[check_nested(self.models)].state_dict()
         self.names = [list(m.state_dict()) for m in self.models]
         self.objective, self.rule = method.build(list(server), cfg.method_args, cfg.local_epochs)
-        self.federation_size = Counter(self.rule.state_index(group_of(c, cfg.clients, cfg.groups))
-                                       for c in range(cfg.clients))
+        self.federation_size = Counter(
+            self.rule.state_index(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients)
+        )
         if self.rule.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
@@ -97,13 +105,29 @@ class Engine:
         model.load_state_dict(start)  # copies: `start` stays the untouched global weights
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
-        ctx = ClientContext(client, group, round_, model, start, cfg.lr,
-                            momentum=optimizer.param_groups[0].get("momentum", 0.0), state=state,
-                            federation_size=self.federation_size[state])
+        ctx = ClientContext(
+            client,
+            group,
+            round_,
+            model,
+            start,
+            cfg.lr,
+            momentum=optimizer.param_groups[0].get("momentum", 0.0),
+            state=state,
+            federation_size=self.federation_size[state],
+        )
         gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, client))
-        local_train(ctx, self.objective, self.train_data, self.parts[client], epochs=cfg.local_epochs,
-                    batch_size=cfg.batch_size, optimizer=optimizer, gen=gen,
-                    autocast=cfg.bf16 and self.device.type == "cuda")
+        local_train(
+            ctx,
+            self.objective,
+            self.train_data,
+            self.parts[client],
+            epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size,
+            optimizer=optimizer,
+            gen=gen,
+            autocast=cfg.bf16 and self.device.type == "cuda",
+        )
         delta = {k: v.detach() - start[k] for k, v in model.state_dict().items() if v.is_floating_point()}
         update = ClientUpdate(client, group, delta, len(self.parts[client]), ctx.steps, state=state)
         return self.objective.end(ctx, update)
@@ -126,11 +150,13 @@ class Engine:
         return accs, losses
 
     def state_dict(self) -> dict[str, Any]:
-        return {"states": [{k: v.cpu() for k, v in s.items()} for s in self.states],
-                "objective": self.objective.state_dict()}
+        return {
+            "states": [{k: v.cpu() for k, v in s.items()} for s in self.states],
+            "objective": self.objective.state_dict(),
+        }
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
-        for ours, saved in zip(self.states, payload["states"]):
+        for ours, saved in zip(self.states, payload["states"], strict=True):
             for k, v in saved.items():
                 ours[k].copy_(v)
         self.objective.load_state_dict(payload["objective"])
@@ -158,30 +184,61 @@ class Run:
         self.log.info("resumed from %s after round %d", self.ckpt, self.round)
 
     def save(self) -> None:
-        checkpoint.save(self.ckpt, {
-            "engine": self.engine.state_dict(), "rows": self.rows, "inco_rows": self.inco_rows,
-            "round": self.round, "elapsed": self.elapsed, "samples": self.samples,
-            "torch_rng": torch.get_rng_state(), "config": checkpoint.semantic_config(self.cfg.model_dump()),
-        })
+        checkpoint.save(
+            self.ckpt,
+            {
+                "engine": self.engine.state_dict(),
+                "rows": self.rows,
+                "inco_rows": self.inco_rows,
+                "round": self.round,
+                "elapsed": self.elapsed,
+                "samples": self.samples,
+                "torch_rng": torch.get_rng_state(),
+                "config": checkpoint.semantic_config(self.cfg.model_dump()),
+            },
+        )
 
     def record(self, round_: int) -> dict[str, float]:
         accs, losses = self.engine.evaluate()
-        row = {"round": round_, "mean_acc": float(np.mean(accs)), "mean_loss": float(np.mean(losses)),
-               **{f"acc_g{g}": a for g, a in enumerate(accs)}, "seconds": round(self.elapsed, 3)}
+        row = {
+            "round": round_,
+            "mean_acc": float(np.mean(accs)),
+            "mean_loss": float(np.mean(losses)),
+            **{f"acc_g{g}": a for g, a in enumerate(accs)},
+            "seconds": round(self.elapsed, 3),
+        }
         self.rows.append(row)
         with atomic_path(self.out / "metrics.csv") as tmp:
             pd.DataFrame(self.rows).to_csv(tmp, index=False)
-        self.log.info("round %d: mean acc %.2f%% loss %.4f groups %s", round_, row["mean_acc"], row["mean_loss"],
-                      " ".join(f"{a:.1f}" for a in accs))
+        self.log.info(
+            "round %d: mean acc %.2f%% loss %.4f groups %s",
+            round_,
+            row["mean_acc"],
+            row["mean_loss"],
+            " ".join(f"{a:.1f}" for a in accs),
+        )
         return row
 
     def execute(self) -> dict[str, Any]:
         cfg = self.cfg
         self.resume()
-        self.log.info("run %s %s alpha=%s seed=%d: rounds %d..%d", cfg.method, cfg.dataset, cfg.alpha, cfg.seed,
-                      self.round + 1, cfg.rounds)
-        bar = tqdm(range(self.round, cfg.rounds), initial=self.round, total=cfg.rounds, disable=not cfg.progress,
-                   desc=f"{cfg.method} {cfg.dataset} a={cfg.alpha} s={cfg.seed}", unit="round")
+        self.log.info(
+            "run %s %s alpha=%s seed=%d: rounds %d..%d",
+            cfg.method,
+            cfg.dataset,
+            cfg.alpha,
+            cfg.seed,
+            self.round + 1,
+            cfg.rounds,
+        )
+        bar = tqdm(
+            range(self.round, cfg.rounds),
+            initial=self.round,
+            total=cfg.rounds,
+            disable=not cfg.progress,
+            desc=f"{cfg.method} {cfg.dataset} a={cfg.alpha} s={cfg.seed}",
+            unit="round",
+        )
         for t in bar:
             start = time.perf_counter()
             self.samples += self.engine.run_round(t)
@@ -200,12 +257,22 @@ class Run:
         cfg, accs = self.cfg, [r["mean_acc"] for r in self.rows]
         final = self.rows[-1]
         summary = {
-            "method": cfg.method, "dataset": cfg.dataset, "alpha": cfg.alpha, "seed": cfg.seed,
-            "rounds": cfg.rounds, "final_acc": final["mean_acc"], "best_acc": max(accs),
-            "best_round": int(self.rows[int(np.argmax(accs))]["round"]), "last10_acc": float(np.mean([r["mean_acc"] for r in self.rows if r["round"] > cfg.rounds - 10])),
-            "group_final_acc": [final[f"acc_g{g}"] for g in range(cfg.groups)], "final_loss": final["mean_loss"],
-            "wall_s": round(self.elapsed, 3), "samples_per_s": round(self.samples / max(self.elapsed, 1e-9), 1),
-            "device": str(self.engine.device), "torch": torch.__version__, "config": cfg.model_dump(),
+            "method": cfg.method,
+            "dataset": cfg.dataset,
+            "alpha": cfg.alpha,
+            "seed": cfg.seed,
+            "rounds": cfg.rounds,
+            "final_acc": final["mean_acc"],
+            "best_acc": max(accs),
+            "best_round": int(self.rows[int(np.argmax(accs))]["round"]),
+            "last10_acc": float(np.mean([r["mean_acc"] for r in self.rows if r["round"] > cfg.rounds - 10])),
+            "group_final_acc": [final[f"acc_g{g}"] for g in range(cfg.groups)],
+            "final_loss": final["mean_loss"],
+            "wall_s": round(self.elapsed, 3),
+            "samples_per_s": round(self.samples / max(self.elapsed, 1e-9), 1),
+            "device": str(self.engine.device),
+            "torch": torch.__version__,
+            "config": cfg.model_dump(),
         }
         if self.inco_rows:
             with atomic_path(self.out / "inco.csv") as tmp:
@@ -215,8 +282,12 @@ class Run:
             self.save()
         else:
             self.ckpt.unlink(missing_ok=True)
-        self.log.info("done: final %.2f%% best %.2f%% last10 %.2f%%", summary["final_acc"], summary["best_acc"],
-                      summary["last10_acc"])
+        self.log.info(
+            "done: final %.2f%% best %.2f%% last10 %.2f%%",
+            summary["final_acc"],
+            summary["best_acc"],
+            summary["last10_acc"],
+        )
         return summary
 
 
@@ -224,9 +295,16 @@ def partition_for(cfg: RunConfig, labels: np.ndarray) -> Partition:
     """The config's partition artifact if given, else the same partition computed in memory."""
     if cfg.partition_file:
         return Partition.load(cfg.partition_file)
-    return make_partition(labels, kind=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
-                          seed=cfg.partition_seed, min_size=cfg.min_size, max_retries=cfg.max_retries,
-                          dataset=cfg.dataset)
+    return make_partition(
+        labels,
+        kind=cfg.partition,
+        num_clients=cfg.clients,
+        alpha=cfg.alpha,
+        seed=cfg.partition_seed,
+        min_size=cfg.min_size,
+        max_retries=cfg.max_retries,
+        dataset=cfg.dataset,
+    )
 
 
 def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:

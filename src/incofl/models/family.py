@@ -8,8 +8,16 @@ from incofl.models.resnet import BLOCKS, resnet
 from incofl.models.vit import DEPTHS, vit
 
 
-def build_model(name: str, num_classes: int, in_channels: int, *, stem: str = "imagenet",
-                pretrained: str | None = None, image_size: int = 32, projection_dim: int | None = None) -> nn.Module:
+def build_model(
+    name: str,
+    num_classes: int,
+    in_channels: int,
+    *,
+    stem: str = "imagenet",
+    pretrained: str | None = None,
+    image_size: int = 32,
+    projection_dim: int | None = None,
+) -> nn.Module:
     """`projection_dim` adds MOON's projection head (models/projection.py)."""
     if name in BLOCKS:
         return resnet(name, num_classes, in_channels, stem, projection_dim)
@@ -29,5 +37,7 @@ def check_nested(models: list[nn.Module]) -> int:
     for model in models:
         for name, tensor in model.state_dict().items():
             if name not in big or big[name].shape != tensor.shape:
-                raise ValueError(f"model groups are not nested: {name} {tuple(tensor.shape)} is not in the server model")
+                raise ValueError(
+                    f"model groups are not nested: {name} {tuple(tensor.shape)} is not in the server model"
+                )
     return server

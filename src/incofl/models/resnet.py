@@ -27,8 +27,14 @@ class FamilyResNet(Projectable, ResNet):
 
     classifier_name = "fc"
 
-    def __init__(self, blocks: list[int], num_classes: int, in_channels: int = 3, stem: str = "imagenet",
-                 projection_dim: int | None = None):
+    def __init__(
+        self,
+        blocks: list[int],
+        num_classes: int,
+        in_channels: int = 3,
+        stem: str = "imagenet",
+        projection_dim: int | None = None,
+    ):
         super().__init__(BasicBlock, blocks, num_classes=num_classes)
         if stem == "cifar":  # 3x3 stride-1 stem without max-pool, for 32x32 inputs
             self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
@@ -43,6 +49,7 @@ class FamilyResNet(Projectable, ResNet):
         return torch.flatten(self.avgpool(x), 1)
 
 
-def resnet(name: str, num_classes: int, in_channels: int = 3, stem: str = "imagenet",
-           projection_dim: int | None = None) -> FamilyResNet:
+def resnet(
+    name: str, num_classes: int, in_channels: int = 3, stem: str = "imagenet", projection_dim: int | None = None
+) -> FamilyResNet:
     return FamilyResNet(BLOCKS[name], num_classes, in_channels, stem, projection_dim)

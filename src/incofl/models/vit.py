@@ -27,12 +27,26 @@ class FamilyViT(Projectable, VisionTransformer):
         return self.forward_head(self.forward_features(x), pre_logits=True)
 
 
-def vit(name: str, num_classes: int, in_channels: int = 3, pretrained: str | os.PathLike | None = None,
-        img_size: int = 224, projection_dim: int | None = None) -> FamilyViT:
+def vit(
+    name: str,
+    num_classes: int,
+    in_channels: int = 3,
+    pretrained: str | os.PathLike | None = None,
+    img_size: int = 224,
+    projection_dim: int | None = None,
+) -> FamilyViT:
     """A ViT-S of the named depth; `pretrained` is a local state-dict file (no hub at run time):
     its blocks beyond this depth and its classifier head are dropped (fresh head)."""
-    model = FamilyViT(img_size=img_size, patch_size=16, embed_dim=384, depth=DEPTHS[name], num_heads=6,
-                      in_chans=in_channels, num_classes=num_classes, projection_dim=projection_dim)
+    model = FamilyViT(
+        img_size=img_size,
+        patch_size=16,
+        embed_dim=384,
+        depth=DEPTHS[name],
+        num_heads=6,
+        in_chans=in_channels,
+        num_classes=num_classes,
+        projection_dim=projection_dim,
+    )
     if pretrained:
         state = torch.load(pretrained, map_location="cpu", weights_only=True)
         state = {k: v for k, v in state.items() if k in model.state_dict() and not k.startswith("head.")}

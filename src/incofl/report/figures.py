@@ -21,8 +21,15 @@ from incofl.atomic import atomic_path
 from incofl.report.runs import alpha_tag, dataset_label
 from incofl.report.tables import METRIC_LABELS, table2
 
-STYLE = {"axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-         "grid.alpha": 0.3, "grid.linestyle": "--", "font.size": 9, "legend.frameon": False}
+STYLE = {
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linestyle": "--",
+    "font.size": 9,
+    "legend.frameon": False,
+}
 ACC_LABEL = "Test accuracy (%)"
 
 
@@ -56,8 +63,9 @@ def _save(fig: Figure, out_dir: str | os.PathLike, name: str) -> list[Path]:
     for fmt in ("png", "pdf"):
         path = Path(out_dir) / f"{name}.{fmt}"
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight",
-                        metadata={"CreationDate": None} if fmt == "pdf" else None)
+            fig.savefig(
+                tmp, format=fmt, dpi=150, bbox_inches="tight", metadata={"CreationDate": None} if fmt == "pdf" else None
+            )
         paths.append(path)
     return paths
 
@@ -78,17 +86,20 @@ def _curve_figure(cell: pd.DataFrame, colors: dict[str, tuple], title: str) -> F
             continue
         s = _seed_band(runs)
         ax.plot(s.index, s["mean"], color=color, lw=1.4, label=method)
-        ax.fill_between(s.index, s["mean"] - s["std"], s["mean"] + s["std"], color=color,
-                        alpha=0.18, lw=0)
+        ax.fill_between(s.index, s["mean"] - s["std"], s["mean"] + s["std"], color=color, alpha=0.18, lw=0)
     ax.set(xlabel="Communication rounds", ylabel=ACC_LABEL, title=title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
 
-def plot_curves(curves: pd.DataFrame, out_dir: str | os.PathLike, *,
-                methods: Sequence[str] | None = None,
-                base_of: Mapping[str, str | None] | None = None) -> list[Path]:
+def plot_curves(
+    curves: pd.DataFrame,
+    out_dir: str | os.PathLike,
+    *,
+    methods: Sequence[str] | None = None,
+    base_of: Mapping[str, str | None] | None = None,
+) -> list[Path]:
     """One figure per (dataset, alpha): seed-mean test accuracy vs round per method, with a
     mean ± std band. Writes curves_<dataset>_a<alpha>.{png,pdf}; returns the paths.
     `base_of` (method -> base method) pairs the colours of a method and its base."""
@@ -103,15 +114,23 @@ def plot_curves(curves: pd.DataFrame, out_dir: str | os.PathLike, *,
 
 
 def _ablation_figure(t: pd.DataFrame, colors: dict[str, tuple], metric: str) -> Figure:
-    groups = list(dict.fromkeys(zip(t["dataset"], t["alpha"])))
+    groups = list(dict.fromkeys(zip(t["dataset"], t["alpha"], strict=True)))
     fig = Figure(figsize=(max(4.5, 1.3 * len(groups) + 2.5), 3.6))
     ax = fig.add_subplot()
     width = 0.8 / len(colors)
     x = np.arange(len(groups))
     for i, (method, color) in enumerate(colors.items()):
         bars = t[t["method"] == method]
-        ax.bar(x + (i - (len(colors) - 1) / 2) * width, bars["mean"], width, color=color,
-               yerr=bars["std"].fillna(0), capsize=2, error_kw={"lw": 0.8}, label=method)
+        ax.bar(
+            x + (i - (len(colors) - 1) / 2) * width,
+            bars["mean"],
+            width,
+            color=color,
+            yerr=bars["std"].fillna(0),
+            capsize=2,
+            error_kw={"lw": 0.8},
+            label=method,
+        )
     low = (t["mean"] - t["std"].fillna(0)).min()
     ax.set_ylim(bottom=max(0.0, 10 * math.floor((low - 5) / 10)))  # zoom in like the paper
     ax.set_xticks(x, [f"{dataset_label(d)}\nα={a}" for d, a in groups])
@@ -121,9 +140,14 @@ def _ablation_figure(t: pd.DataFrame, colors: dict[str, tuple], metric: str) -> 
     return fig
 
 
-def plot_ablation(summaries: pd.DataFrame, out_dir: str | os.PathLike, *,
-                  metric: str = "final_acc", methods: Sequence[str],
-                  base_of: Mapping[str, str | None] | None = None) -> list[Path]:
+def plot_ablation(
+    summaries: pd.DataFrame,
+    out_dir: str | os.PathLike,
+    *,
+    metric: str = "final_acc",
+    methods: Sequence[str],
+    base_of: Mapping[str, str | None] | None = None,
+) -> list[Path]:
     """Grouped bars (groups = dataset/alpha, bars = `methods` in order) of the seed-mean
     `metric` with std error bars. Writes ablation.{png,pdf}; returns the paths."""
     t = table2(summaries, metric=metric, methods=methods, base_of={})

@@ -25,9 +25,11 @@ _TABLE2_RESNET = {  # mean±std per column of _COLUMNS
 
 def paper_table2() -> pd.DataFrame:
     """The paper's ResNet Table 2 in tidy form: method, dataset, alpha, mean, std."""
-    rows = [(method, d, a, *map(float, cell.split("±")))
-            for method, cells in _TABLE2_RESNET.items()
-            for (d, a), cell in zip(_COLUMNS, cells.split(), strict=True)]
+    rows = [
+        (method, d, a, *map(float, cell.split("±")))
+        for method, cells in _TABLE2_RESNET.items()
+        for (d, a), cell in zip(_COLUMNS, cells.split(), strict=True)
+    ]
     return pd.DataFrame(rows, columns=["method", "dataset", "alpha", "mean", "std"])
 
 

@@ -13,8 +13,13 @@ import pandas as pd
 
 KEYS = ["method", "dataset", "alpha", "seed"]
 # Paper spelling of the dataset names used in table headers and figure titles.
-DATASET_LABELS = {"fmnist": "FMNIST", "svhn": "SVHN", "cifar10": "CIFAR10", "cinic10": "CINIC10",
-                  "cifar100": "CIFAR100"}
+DATASET_LABELS = {
+    "fmnist": "FMNIST",
+    "svhn": "SVHN",
+    "cifar10": "CIFAR10",
+    "cinic10": "CINIC10",
+    "cifar100": "CIFAR100",
+}
 
 
 def dataset_label(name: str) -> str:
@@ -43,8 +48,10 @@ def collect_summaries(runs_root: str | os.PathLike) -> pd.DataFrame:
     df = pd.DataFrame([_read_summary(p) for p in _summary_files(runs_root)])
     dup = df[df.duplicated(KEYS, keep=False)]
     if not dup.empty:
-        raise ValueError(f"runs under {runs_root} repeat (method, dataset, alpha, seed): "
-                         f"{dup[KEYS].drop_duplicates().to_dict('records')}")
+        raise ValueError(
+            f"runs under {runs_root} repeat (method, dataset, alpha, seed): "
+            f"{dup[KEYS].drop_duplicates().to_dict('records')}"
+        )
     return df[KEYS + [c for c in df.columns if c not in KEYS]]
 
 

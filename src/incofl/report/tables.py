@@ -14,8 +14,11 @@ from incofl.atomic import write_json, write_text
 from incofl.report.published import PAPER_SETTING
 from incofl.report.runs import alpha_tag, dataset_label
 
-METRIC_LABELS = {"final_acc": "final-round accuracy", "best_acc": "best-round accuracy",
-                 "last10_acc": "mean accuracy of the last 10 rounds"}
+METRIC_LABELS = {
+    "final_acc": "final-round accuracy",
+    "best_acc": "best-round accuracy",
+    "last10_acc": "mean accuracy of the last 10 rounds",
+}
 CELL = ["method", "dataset", "alpha"]
 TIDY = CELL + ["mean", "std", "n_seeds", "base", "improvement"]
 
@@ -29,9 +32,15 @@ def row_order(methods: Sequence[str], base_of: Mapping[str, str | None]) -> list
     return baselines + sorted(derived, key=lambda m: rank.get(base_of[m], len(baselines)))
 
 
-def table2(summaries: pd.DataFrame, *, metric: str = "final_acc", methods: Sequence[str],
-           base_of: Mapping[str, str | None], datasets: Sequence[str] | None = None,
-           alphas: Sequence[float] | None = None) -> pd.DataFrame:
+def table2(
+    summaries: pd.DataFrame,
+    *,
+    metric: str = "final_acc",
+    methods: Sequence[str],
+    base_of: Mapping[str, str | None],
+    datasets: Sequence[str] | None = None,
+    alphas: Sequence[float] | None = None,
+) -> pd.DataFrame:
     """Tidy Table 2, one row per (method, dataset, alpha) in display order.
 
     `std` is the sample std (ddof=1): NaN with a single seed, whose cell then shows the mean
@@ -43,8 +52,7 @@ def table2(summaries: pd.DataFrame, *, metric: str = "final_acc", methods: Seque
     shown = summaries[summaries["method"].isin(methods)]
     datasets = list(pd.unique(shown["dataset"]) if datasets is None else datasets)
     alphas = sorted(float(a) for a in (shown["alpha"].unique() if alphas is None else alphas))
-    stats = (summaries.groupby(CELL)[metric].agg(["mean", "std", "count"])
-             .rename(columns={"count": "n_seeds"}))
+    stats = summaries.groupby(CELL)[metric].agg(["mean", "std", "count"]).rename(columns={"count": "n_seeds"})
     grid = pd.MultiIndex.from_product([row_order(methods, base_of), datasets, alphas], names=CELL)
     t = stats.reindex(grid).reset_index()
     t["n_seeds"] = t["n_seeds"].fillna(0).astype(int)
@@ -99,8 +107,10 @@ def _caption(table: pd.DataFrame, metric: str, extra: str, tex: bool) -> str:
     n = sorted(set(table.loc[table["n_seeds"] > 0, "n_seeds"]))
     seeds = "0" if not n else str(n[0]) if len(n) == 1 else f"{n[0]}–{n[-1]}"
     pct, pm, up = (r"\%", r"$\pm$", r"$\uparrow$") if tex else ("%", "±", "+")
-    text = (f"Test accuracy ({pct}), {METRIC_LABELS[metric]}: mean {pm} std over {seeds} seeds; "
-            f"({up}x) is the improvement over the base method.")
+    text = (
+        f"Test accuracy ({pct}), {METRIC_LABELS[metric]}: mean {pm} std over {seeds} seeds; "
+        f"({up}x) is the improvement over the base method."
+    )
     return f"{text} {extra}".strip()
 
 
@@ -109,8 +119,7 @@ def _header(column: tuple) -> str:
     return f"{dataset_label(dataset)} α={alpha}" + "".join(f" ({s})" for s in source if s)
 
 
-def to_markdown(table: pd.DataFrame, *, metric: str, caption_extra: str = "",
-                paper: pd.DataFrame | None = None) -> str:
+def to_markdown(table: pd.DataFrame, *, metric: str, caption_extra: str = "", paper: pd.DataFrame | None = None) -> str:
     """Markdown Table 2; with `paper` (tidy published numbers, see `published.paper_table2`)
     each (dataset, alpha) column that has them is followed by the published column."""
     wide = _wide(table, tex=False)
@@ -120,7 +129,7 @@ def to_markdown(table: pd.DataFrame, *, metric: str, caption_extra: str = "",
             caption_extra = f"{caption_extra} Columns (paper): the InCo paper's Table 2 ({PAPER_SETTING}).".strip()
     header = ["Method"] + [_header(col) for col in wide.columns]
     rows = [header, [":---"] + [":---:"] * len(wide.columns)]
-    rows += [[m, *cells] for m, cells in zip(wide.index, wide.to_numpy())]
+    rows += [[m, *cells] for m, cells in zip(wide.index, wide.to_numpy(), strict=True)]
     body = "\n".join("| " + " | ".join(r) + " |" for r in rows)
     return f"**Table 2.** {_caption(table, metric, caption_extra, tex=False)}\n\n{body}\n"
 
@@ -137,16 +146,20 @@ def to_latex(table: pd.DataFrame, *, metric: str, caption_extra: str = "") -> st
     datasets = list(pd.unique(wide.columns.get_level_values("dataset")))
     k = len(wide.columns) // max(len(datasets), 1)  # alphas per dataset (a full grid)
     based = set(table.loc[table["base"].notna(), "method"])
-    lines = [r"\begin{table}[t]", r"\centering",
-             rf"\caption{{{_caption(table, metric, _esc(caption_extra), tex=True)}}}",
-             r"\label{tab:table2}", r"\resizebox{\linewidth}{!}{%",
-             rf"\begin{{tabular}}{{l{'c' * len(wide.columns)}}}", r"\toprule",
-             " & ".join([""] + [rf"\multicolumn{{{k}}}{{c}}{{{_esc(dataset_label(d))}}}"
-                                for d in datasets]) + r" \\",
-             " ".join(rf"\cmidrule(lr){{{2 + i * k}-{1 + (i + 1) * k}}}" for i in range(len(datasets))),
-             " & ".join(["Method"] + [rf"$\alpha={a}$" for _, a in wide.columns]) + r" \\",
-             r"\midrule"]
-    for i, (m, cells) in enumerate(zip(wide.index, wide.to_numpy())):
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption{{{_caption(table, metric, _esc(caption_extra), tex=True)}}}",
+        r"\label{tab:table2}",
+        r"\resizebox{\linewidth}{!}{%",
+        rf"\begin{{tabular}}{{l{'c' * len(wide.columns)}}}",
+        r"\toprule",
+        " & ".join([""] + [rf"\multicolumn{{{k}}}{{c}}{{{_esc(dataset_label(d))}}}" for d in datasets]) + r" \\",
+        " ".join(rf"\cmidrule(lr){{{2 + i * k}-{1 + (i + 1) * k}}}" for i in range(len(datasets))),
+        " & ".join(["Method"] + [rf"$\alpha={a}$" for _, a in wide.columns]) + r" \\",
+        r"\midrule",
+    ]
+    for i, (m, cells) in enumerate(zip(wide.index, wide.to_numpy(), strict=True)):
         if i and m in based and wide.index[i - 1] not in based:
             lines.append(r"\midrule")
         lines.append(" & ".join([_esc(m), *cells]) + r" \\")
@@ -154,13 +167,18 @@ def to_latex(table: pd.DataFrame, *, metric: str, caption_extra: str = "") -> st
     return "\n".join(lines) + "\n"
 
 
-def write_tables(table: pd.DataFrame, out_dir: str | os.PathLike, *, metric: str,
-                 caption_extra: str = "", paper: pd.DataFrame | None = None) -> None:
+def write_tables(
+    table: pd.DataFrame,
+    out_dir: str | os.PathLike,
+    *,
+    metric: str,
+    caption_extra: str = "",
+    paper: pd.DataFrame | None = None,
+) -> None:
     """Write table2.md (with `paper` columns if given), table2.tex and the tidy table2.csv
     into `out_dir`, atomically."""
     out = Path(out_dir)
-    write_text(out / "table2.md", to_markdown(table, metric=metric, caption_extra=caption_extra,
-                                              paper=paper))
+    write_text(out / "table2.md", to_markdown(table, metric=metric, caption_extra=caption_extra, paper=paper))
     write_text(out / "table2.tex", to_latex(table, metric=metric, caption_extra=caption_extra))
     write_text(out / "table2.csv", table[TIDY].to_csv(index=False))
 
@@ -175,8 +193,11 @@ def metrics_json(table: pd.DataFrame) -> dict:
     out: dict = {}
     for r in table[table["n_seeds"] > 0].itertuples():
         out.setdefault(r.dataset, {}).setdefault(alpha_tag(r.alpha), {})[r.method] = {
-            "mean": _num(r.mean), "std": _num(r.std), "n_seeds": int(r.n_seeds),
-            "improvement": _num(r.improvement)}
+            "mean": _num(r.mean),
+            "std": _num(r.std),
+            "n_seeds": int(r.n_seeds),
+            "improvement": _num(r.improvement),
+        }
     return out
 
 

@@ -36,8 +36,15 @@ from incofl.fl.client import ClientContext, ClientUpdate, Objective
 State = dict[str, torch.Tensor]
 
 
-def moon_loss(logits: torch.Tensor, y: torch.Tensor, z: torch.Tensor, z_glob: torch.Tensor,
-              z_prevs: list[torch.Tensor], mu: float, temperature: float) -> torch.Tensor:
+def moon_loss(
+    logits: torch.Tensor,
+    y: torch.Tensor,
+    z: torch.Tensor,
+    z_glob: torch.Tensor,
+    z_prevs: list[torch.Tensor],
+    mu: float,
+    temperature: float,
+) -> torch.Tensor:
     """Cross-entropy plus MOON's model-contrastive term (the positive pair is column 0)."""
     sims = torch.stack([F.cosine_similarity(z, other, dim=-1) for other in (z_glob, *z_prevs)], dim=1)
     target = torch.zeros(len(z), dtype=torch.long, device=z.device)
@@ -58,13 +65,14 @@ class Moon(Objective):
 
     def begin(self, ctx: ClientContext) -> None:
         if ctx.group not in self._frozen:
-            self._frozen[ctx.group] = [copy.deepcopy(ctx.model).eval().requires_grad_(False)
-                                       for _ in range(1 + int(self.hp["pool_size"]))]
+            self._frozen[ctx.group] = [
+                copy.deepcopy(ctx.model).eval().requires_grad_(False) for _ in range(1 + int(self.hp["pool_size"]))
+            ]
         frozen, previous = self._frozen[ctx.group], self.pool.get(ctx.client, [])
         frozen[0].load_state_dict(ctx.global_state)
-        for model, state in zip(frozen[1:], previous):
+        for model, state in zip(frozen[1:], previous, strict=False):
             model.load_state_dict(state, strict=False)  # float entries only: BN batch counters stay
-        self._models = frozen[:1 + len(previous)]
+        self._models = frozen[: 1 + len(previous)]
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         z = ctx.model.embed(x)
@@ -72,15 +80,17 @@ class Moon(Objective):
         with torch.no_grad():
             z_glob = glob.embed(x)
             z_prevs = [m.embed(x) for m in previous] or [z_glob]  # no previous model yet: the global one
-        return moon_loss(ctx.model.classify(z), y, z, z_glob, z_prevs, float(self.hp["mu"]),
-                         float(self.hp["temperature"]))
+        return moon_loss(
+            ctx.model.classify(z), y, z, z_glob, z_prevs, float(self.hp["mu"]), float(self.hp["temperature"])
+        )
 
     def end(self, ctx: ClientContext, update: ClientUpdate) -> ClientUpdate:
         pool = self.pool.setdefault(ctx.client, [])
         # a real copy: on the CPU, state_dict() shares storage with the model trained next
-        pool.append({k: v.detach().to("cpu", copy=True) for k, v in ctx.model.state_dict().items()
-                     if v.is_floating_point()})
-        del pool[:-int(self.hp["pool_size"])]
+        pool.append(
+            {k: v.detach().to("cpu", copy=True) for k, v in ctx.model.state_dict().items() if v.is_floating_point()}
+        )
+        del pool[: -int(self.hp["pool_size"])]
         return update
 
     def state_dict(self) -> dict[str, Any]:

@@ -55,7 +55,9 @@ class Scaffold(Objective):
         c, c_i = self.c.setdefault(ctx.state, {}), self.c_local.get(ctx.client, {})
         self._corrections = []
         for name, p in self._trainable(ctx):
-            c[name] = c[name].to(p.device) if name in c else torch.zeros_like(p.detach())  # on the device after a resume
+            c[name] = (
+                c[name].to(p.device) if name in c else torch.zeros_like(p.detach())
+            )  # on the device after a resume
             self._corrections.append((p, c[name] - c_i[name].to(p.device) if name in c_i else c[name]))
 
     def after_backward(self, ctx: ClientContext) -> None:
@@ -76,7 +78,7 @@ class Scaffold(Objective):
         c, c_i = self.c[ctx.state], self.c_local.get(ctx.client, {})
         increments = self._increments.setdefault(ctx.state, {})
         new: Variates = {}
-        for name, p in self._trainable(ctx):
+        for name, _ in self._trainable(ctx):
             # c_i+ - c_i = -c + (w_global - w_i) / (tau_i * lr), and w_global - w_i = -delta
             change = -(c[name] + update.delta[name] / (update.steps * ctx.lr))
             new[name] = c_i[name] + change.cpu() if name in c_i else change.cpu()
@@ -92,8 +94,10 @@ class Scaffold(Objective):
 
     def state_dict(self) -> dict[str, Any]:
         # c is updated in place, so it is copied; c_i tensors are replaced, never modified
-        return {"c": {s: {k: v.to("cpu", copy=True) for k, v in c.items()} for s, c in self.c.items()},
-                "c_local": dict(self.c_local)}
+        return {
+            "c": {s: {k: v.to("cpu", copy=True) for k, v in c.items()} for s, c in self.c.items()},
+            "c_local": dict(self.c_local),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.c = {s: {k: v.clone() for k, v in c.items()} for s, c in state["c"].items()}
