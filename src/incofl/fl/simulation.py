@@ -7,6 +7,7 @@ train.log, and ckpt.pt while the run is unfinished.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -149,6 +150,15 @@ class Engine:
             losses.append(loss)
         return accs, losses
 
+    def fingerprint(self) -> str:
+        """SHA-256 of every server state entry (name and bytes, in order): equal iff the weights are."""
+        digest = hashlib.sha256()
+        for state in self.states:
+            for name, tensor in state.items():
+                digest.update(name.encode())
+                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "states": [{k: v.cpu() for k, v in s.items()} for s in self.states],
@@ -270,6 +280,7 @@ class Run:
             "final_loss": final["mean_loss"],
             "wall_s": round(self.elapsed, 3),
             "samples_per_s": round(self.samples / max(self.elapsed, 1e-9), 1),
+            "state_sha256": self.engine.fingerprint(),
             "device": str(self.engine.device),
             "torch": torch.__version__,
             "config": cfg.model_dump(),
