@@ -3,7 +3,8 @@
 import torch
 
 from incofl.fl.client import ClientUpdate
-from incofl.fl.server import GroupWise, ServerRule, apply_update, heteroavg
+from incofl.fl.params import AggregationParams
+from incofl.fl.server import GroupWise, Shared, apply_update, heteroavg
 
 
 def _updates():
@@ -43,12 +44,12 @@ def test_heteroavg_leaves_client_updates_untouched():
 
 def test_groupwise_is_per_group_mean():
     ups = _updates()
-    out = GroupWise().aggregate(ups)
+    out = GroupWise(AggregationParams()).aggregate(ups)
     assert set(out) == {0, 1}
     assert torch.allclose(out[0]["a"], (ups[0].delta["a"] + ups[1].delta["a"]) / 2)
     assert torch.allclose(out[1]["c"], (ups[2].delta["c"] + ups[3].delta["c"]) / 2)
     assert "c" not in out[0]
-    assert ServerRule().state_index(1) == 0 and GroupWise().state_index(1) == 1
+    assert Shared(AggregationParams()).federation(1) == 0 and GroupWise(AggregationParams()).federation(1) == 1
 
 
 def test_apply_update_adds_and_clamps_running_var():
@@ -60,15 +61,20 @@ def test_apply_update_adds_and_clamps_running_var():
 
 def test_official_inco_divides_vit_updates_by_local_epochs():
     """The authors' ViT path: client deltas / E before averaging, then InCo; ResNets untouched."""
-    from incofl.fl.inco import InCoOptions, cross_layer_update
-    from incofl.fl.server import InCo
+    from incofl.config import RunConfig
+    from incofl.fl.inco import cross_layer_update
+    from incofl.fl.methods import METHODS
+    from incofl.fl.transforms import EpochScale, InCoStep, Setup
 
     g = torch.Generator().manual_seed(1)
     vit = {"blocks.0.norm1.weight": torch.randn(8, generator=g), "blocks.0.norm2.weight": torch.randn(8, generator=g)}
     ups = [ClientUpdate(i, 0, {k: v * (i + 1) for k, v in vit.items()}, 10, 3) for i in range(2)]
     pairs = {"blocks.0.norm2.weight": "blocks.0.norm1.weight"}
-    got = InCo(pairs, InCoOptions(), local_epochs=4).aggregate(ups)[0]
+    setup = Setup(RunConfig(local_epochs=4), list(vit))
+    hp, paper = METHODS["InCoAvg"].parse_args({}), METHODS["InCoAvg-paper"].parse_args({})
+    got = InCoStep(hp, setup)(EpochScale(hp, setup)(heteroavg(ups)))
     expected = cross_layer_update({k: v * 1.5 / 4 for k, v in vit.items()}, pairs)
     assert all(torch.allclose(got[k], expected[k]) for k in vit)
-    assert InCo(pairs, InCoOptions(variant="paper"), local_epochs=4).scale == 1.0
-    assert InCo({"layer1.1.conv1.weight": "layer1.0.conv2.weight"}, InCoOptions(), local_epochs=4).scale == 1.0
+    assert EpochScale(paper, setup).scale == 1.0
+    resnet = ["layer1.1.conv1.weight", "layer1.0.conv2.weight"]
+    assert EpochScale(hp, Setup(RunConfig(local_epochs=4), resnet)).scale == 1.0

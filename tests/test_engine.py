@@ -131,15 +131,19 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
     assert not (killed / "ckpt.pt").exists()  # removed once the run is done
 
 
-def test_checkpoint_from_other_settings_is_refused(tmp_path, synthetic):
+@pytest.mark.parametrize("other", [{"lr": 0.01}, {"rounds": 2}, {"rounds": 5}, {"eval_last": 0}])
+def test_checkpoint_from_other_settings_is_refused(tmp_path, synthetic, other):
+    """Other rounds too: a resumed run never mixes two schedules (summary says 2 rounds, metrics
+    from round 3)."""
     from incofl.fl import checkpoint
 
     cfg = load_run_config(_cfg(tmp_path), {"method": "InCoAvg"})
     out = tmp_path / "run"
     out.mkdir()
-    other = load_run_config(_cfg(tmp_path), {"method": "InCoAvg", "lr": 0.01})
-    checkpoint.save(out / "ckpt.pt", {"config": checkpoint.semantic_config(other.model_dump())})
-    with pytest.raises(checkpoint.CheckpointMismatch, match="lr=0.01"):
+    made = load_run_config(_cfg(tmp_path), {"method": "InCoAvg", **other})
+    checkpoint.save(out / "ckpt.pt", {"config": checkpoint.semantic_config(made.model_dump())})
+    key, value = next(iter(other.items()))
+    with pytest.raises(checkpoint.CheckpointMismatch, match=f"ckpt.pt: made with {key}={value}.*delete the checkpoint"):
         train(cfg, out, data=synthetic)
 
 
@@ -152,7 +156,7 @@ def test_client_update_is_a_real_difference(synthetic, tmp_path):
     part = make_partition(synthetic.y_train, kind="iid", num_clients=6, alpha=1.0, seed=0)
     engine = Engine(cfg, synthetic, part, torch.device("cpu"))
     before = {k: v.clone() for k, v in engine.states[0].items()}
-    update = engine.train_client(0, 5)
+    update = engine.trainer.train_client(0, engine.planner.plan(0, 5), engine.sub_state(1), engine.objective)
     assert update.group == 1 and update.steps == int(np.ceil(len(part.parts[5]) / 32))
     assert max(d.abs().max().item() for d in update.delta.values()) > 0
     assert all(torch.equal(before[k], engine.states[0][k]) for k in before)  # global untouched by training

@@ -1,8 +1,10 @@
 """The client-side methods (METHODS.md section 3): FedProx, SCAFFOLD, FedNova, MOON and their
 InCo versions, pinned to their definitions on tiny real problems."""
 
+import copy
 import json
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -16,13 +18,22 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
-from incofl.fl.client import ClientContext, ClientUpdate, evaluate, local_train
+from incofl.fl import checkpoint
+from incofl.fl.client import (
+    ClientContext,
+    ClientUpdate,
+    Objective,
+    client_batches,
+    evaluate,
+    local_train,
+    train_step,
+)
 from incofl.fl.methods import METHODS
-from incofl.fl.objectives import FedNova, FedProx, Moon, Scaffold
-from incofl.fl.objectives.fednova import normalizer
+from incofl.fl.objectives import FedProx, Moon, Scaffold
 from incofl.fl.objectives.moon import moon_loss
-from incofl.fl.server import heteroavg
+from incofl.fl.server import GroupWise, Shared, heteroavg
 from incofl.fl.simulation import Engine, train
+from incofl.fl.transforms import INCO, NovaNormalize, Setup, normalizer
 from incofl.models.family import build_model, check_nested
 
 TABLE2 = [
@@ -65,6 +76,15 @@ def _engine(data, method, **settings):
     return Engine(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu"))
 
 
+def _hp(method, **args):
+    return METHODS[method].parse_args(args)
+
+
+def _train_client(engine, round_, client):
+    plan = engine.planner.plan(round_, client)
+    return engine.trainer.train_client(round_, plan, engine.sub_state(plan.group), engine.objective)
+
+
 def _states_equal(a, b):
     return all(torch.equal(x[k], y[k]) for x, y in zip(a.states, b.states, strict=True) for k in x)
 
@@ -80,21 +100,22 @@ def _result(out):
 
 
 def test_registry_pairs_each_objective_with_both_server_rules():
-    for base, inco, objective in [
-        ("FedProx", "InCoProx", FedProx),
-        ("SCAFFOLD", "InCoScaffold", Scaffold),
-        ("FedNova", "InCoNova", FedNova),
-        ("MOON", "InCoMOON", Moon),
+    for base, inco, objective, pre in [
+        ("FedProx", "InCoProx", FedProx, ()),
+        ("SCAFFOLD", "InCoScaffold", Scaffold, ()),
+        ("FedNova", "InCoNova", Objective, (NovaNormalize,)),
+        ("MOON", "InCoMOON", Moon, ()),
     ]:
-        assert (METHODS[base].objective, METHODS[base].server, METHODS[base].base) == (objective, "groupwise", None)
-        assert (METHODS[inco].objective, METHODS[inco].server, METHODS[inco].base) == (objective, "inco", base)
-    assert METHODS["FedNova"].split_args({})[2] and METHODS["InCoNova"].split_args({})[2]  # p_i = n_i / sum n
-    assert not METHODS["SCAFFOLD"].split_args({})[2]
-    assert METHODS["MOON"].model_kwargs({}) == {"projection_dim": 256}
-    assert METHODS["MOON"].model_kwargs({"projection_dim": 32, "mu": 1}) == {"projection_dim": 32}
-    assert METHODS["FedProx"].model_kwargs({"mu": 0.5}) == {}
-    with pytest.raises(ValueError, match="temperature"):
-        METHODS["FedProx"].split_args({"temperature": 0.5})
+        b, i = METHODS[base], METHODS[inco]
+        assert (b.objective, b.aggregator, b.pre, b.post, b.base) == (objective, GroupWise, pre, (), None)
+        assert (i.objective, i.aggregator, i.pre, i.post, i.base) == (objective, Shared, pre, INCO, base)
+    assert _hp("FedNova").weighted and _hp("InCoNova").weighted  # p_i = n_i / sum n
+    assert not _hp("SCAFFOLD").weighted
+    assert METHODS["MOON"].model_kwargs(_hp("MOON")) == {"projection_dim": 256}
+    assert METHODS["MOON"].model_kwargs(_hp("MOON", projection_dim=32, mu=1.0)) == {"projection_dim": 32}
+    assert METHODS["FedProx"].model_kwargs(_hp("FedProx", mu=0.5)) == {}
+    with pytest.raises(ValueError, match="method_args.temperature: not a parameter of FedProx"):
+        _hp("FedProx", temperature=0.5)
 
 
 def test_projection_head_only_when_asked_and_nested():
@@ -110,7 +131,13 @@ def test_projection_head_only_when_asked_and_nested():
 
 def test_method_args_reach_the_objective_and_the_model(data):
     engine = _engine(data, "MOON", method_args={"projection_dim": 32, "mu": 1.0})
-    assert engine.objective.hp == {"mu": 1.0, "temperature": 0.5, "pool_size": 1, "projection_dim": 32}
+    assert engine.objective.hp.model_dump() == {
+        "mu": 1.0,
+        "temperature": 0.5,
+        "pool_size": 1,
+        "projection_dim": 32,
+        "weighted": False,
+    }
     assert engine.models[0].proj[2].out_features == 32
 
 
@@ -123,10 +150,9 @@ def test_fedprox_gradient_is_that_of_the_proximal_term():
     anchor = {k: v + 0.1 * torch.randn_like(v) for k, v in model.state_dict().items()}
     x, y, mu = torch.randn(8, 4), torch.randint(0, 3, (8,)), 0.3
     ctx = ClientContext(0, 0, 0, model, anchor, lr=0.1)
-    objective = FedProx(mu=mu)
-    objective.begin(ctx)
+    session = FedProx(_hp("FedProx", mu=mu)).session(ctx)
     F.cross_entropy(model(x), y).backward()
-    objective.after_backward(ctx)
+    session.after_backward()
     got = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     prox = sum((p - anchor[k]).pow(2).sum() for k, p in model.named_parameters())
@@ -163,11 +189,11 @@ def test_fednova_aggregate_is_tau_eff_times_weighted_normalised_updates():
     updates = [
         ClientUpdate(i, s, {"w": torch.randn(5, generator=g)}, n, tau, state=s) for i, (n, tau, s) in enumerate(spec)
     ]
-    ctx, objective, rho = ClientContext(0, 0, 0, nn.Identity(), {}, lr=0.1, momentum=0.5), FedNova(), 0.5
+    rho = 0.5
+    cfg = RunConfig(**{**TINY, "method": "FedNova", "optimizer": "sgd", "momentum": rho})
+    normalize = NovaNormalize(_hp("FedNova"), Setup(cfg, ["w"]))
     originals = [u.delta["w"].clone() for u in updates]
-    for u in updates:
-        objective.end(ctx, u)
-    objective.before_aggregate(updates)
+    normalize(updates)
     for s in (0, 1):
         members = [i for i, (_, _, fed) in enumerate(spec) if fed == s]
         n = sum(spec[i][0] for i in members)
@@ -202,7 +228,7 @@ def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
     # FedAvg's local models from the same start: c_i+ = 0 - 0 + (w_global - w_i) / (tau_i * lr)
     expected = {}
     for client in sampled:
-        update = fedavg.train_client(0, client)
+        update = _train_client(fedavg, 0, client)
         params = dict(fedavg.models[update.group].named_parameters())
         expected[client] = (update.group, {k: -update.delta[k] / (update.steps * 1e-3) for k in params})
     fedavg.run_round(0)
@@ -236,7 +262,7 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 3))
     x = torch.randint(0, 256, (4, 3, 4, 4), dtype=torch.uint8).numpy()
     split = TensorSplit(x, np.array([0, 1, 2, 0]), np.zeros(3), np.ones(3), torch.device("cpu"), 4)
-    objective = Scaffold(correction=correction)
+    objective = Scaffold(_hp("SCAFFOLD", correction=correction))
     names = [k for k, _ in model.named_parameters()]
     objective.c = {0: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
     objective.c_local = {7: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
@@ -244,17 +270,9 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     lr = 0.1
     xb, yb = split.batch(torch.arange(4))
     grads = torch.autograd.grad(F.cross_entropy(model(xb), yb), list(model.parameters()))
-    ctx = ClientContext(7, 0, 0, model, start, lr=lr)
-    local_train(
-        ctx,
-        objective,
-        split,
-        np.arange(4),
-        epochs=1,
-        batch_size=4,
-        optimizer=torch.optim.SGD(model.parameters(), lr=lr),
-        gen=torch.Generator().manual_seed(0),
-    )
+    session = objective.session(ClientContext(7, 0, 0, model, start, lr=lr))
+    batches = client_batches(split, np.arange(4), 1, 4, torch.Generator().manual_seed(0))
+    local_train(session, torch.optim.SGD(model.parameters(), lr=lr), batches)
     for k, g in zip(names, grads, strict=True):
         expected = start[k] - lr * (g + objective.c[0][k] - objective.c_local[7][k])
         assert torch.allclose(model.state_dict()[k], expected, atol=1e-6)
@@ -278,19 +296,19 @@ def test_moon_uses_the_global_model_until_a_client_has_a_previous_one():
     torch.manual_seed(0)
     model = build_model("resnet10", 10, 3, projection_dim=16)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    objective = Moon(mu=2.0)
+    objective = Moon(_hp("MOON", mu=2.0))
     ctx = ClientContext(3, 0, 0, model, {k: v.clone() for k, v in model.state_dict().items()}, lr=1e-3)
     model.eval()  # same BN behaviour as the frozen copies: z equals z_glob
-    objective.begin(ctx)
-    loss = objective.loss(ctx, x, y)
+    session = objective.session(ctx)
+    loss = session.loss(x, y)
     assert torch.allclose(loss, F.cross_entropy(model(x), y) + 2.0 * math.log(2), atol=1e-5)
-    objective.end(ctx, ClientUpdate(3, 0, {}, 4, 1))
+    session.end(ClientUpdate(3, 0, {}, 4, 1))
     (stored,) = objective.pool[3]
     assert stored.keys() == {k for k, v in model.state_dict().items() if v.is_floating_point()}
     with torch.no_grad():
         model.fc.weight.add_(1.0)
     assert not torch.equal(stored["fc.weight"], model.fc.weight)  # a copy, not the live weights
-    objective.end(ctx, ClientUpdate(3, 0, {}, 4, 1))
+    objective.session(ctx).end(ClientUpdate(3, 0, {}, 4, 1))
     assert len(objective.pool[3]) == 1 and torch.equal(objective.pool[3][0]["fc.weight"], model.fc.weight)
 
 
@@ -312,12 +330,22 @@ def test_method_lowers_the_training_loss(data, method):
 
 
 @pytest.mark.parametrize("method", ["SCAFFOLD", "MOON"])
-def test_resumed_run_equals_uninterrupted_run(tmp_path, data, method):
-    settings = {**TINY, "method": method, "checkpoint_every": 1, "keep_checkpoint": True}
-    train(RunConfig(**{**settings, "rounds": 4}), tmp_path / "straight", data=data)
-    train(RunConfig(**{**settings, "rounds": 2}), tmp_path / "resumed", data=data)
-    assert (tmp_path / "resumed" / "ckpt.pt").exists()
-    train(RunConfig(**{**settings, "rounds": 4}), tmp_path / "resumed", data=data)
+def test_resumed_run_equals_uninterrupted_run(tmp_path, data, method, monkeypatch):
+    """A run restarted from its round-2 checkpoint (as after a kill) ends as the straight run."""
+    cfg = RunConfig(**{**TINY, "method": method, "rounds": 4, "checkpoint_every": 1})
+    save = checkpoint.save
+
+    def keep_round_two(path, payload):
+        save(path, payload)
+        if payload["round"] == 2:
+            shutil.copy(path, tmp_path / "round2.pt")
+
+    monkeypatch.setattr(checkpoint, "save", keep_round_two)
+    train(cfg, tmp_path / "straight", data=data)
+    monkeypatch.undo()
+    (tmp_path / "resumed").mkdir()
+    shutil.copy(tmp_path / "round2.pt", tmp_path / "resumed" / "ckpt.pt")
+    train(cfg, tmp_path / "resumed", data=data)
     assert "resumed from" in (tmp_path / "resumed" / "train.log").read_text()
     straight, resumed = _result(tmp_path / "straight"), _result(tmp_path / "resumed")
     assert straight[0] == resumed[0]
@@ -329,3 +357,69 @@ def test_every_table2_method_runs_a_round(tmp_path, data, method):
     summary = train(RunConfig(**{**TINY, "rounds": 1}, method=method), tmp_path / method, data=data)
     assert summary["method"] == method and 0.0 <= summary["final_acc"] <= 100.0
     assert np.isfinite(summary["final_loss"])
+
+
+# --- sessions: clients can train side by side ---------------------------------------------------
+
+
+def _client_session(engine, client):
+    """A model of its own, a session, an optimizer and the batches of one client in round 1."""
+    plan = engine.planner.plan(1, client)
+    start = engine.sub_state(plan.group)
+    model = copy.deepcopy(engine.models[plan.group])
+    model.load_state_dict(start)
+    model.train()
+    ctx = ClientContext(client, plan.group, 1, model, start, 1e-3, state=plan.federation,
+                        federation_size=plan.federation_size)  # fmt: skip
+    gen = torch.Generator().manual_seed(client)
+    batches = list(client_batches(engine.train_data, engine.parts[client], 1, 32, gen))
+    return engine.objective.session(ctx), torch.optim.Adam(model.parameters(), lr=1e-3), batches, start
+
+
+def _finish(session, start, n):
+    delta = {k: v.detach() - start[k] for k, v in session.ctx.model.state_dict().items() if v.is_floating_point()}
+    return session.end(ClientUpdate(session.ctx.client, session.ctx.group, delta, n, session.ctx.steps))
+
+
+@pytest.mark.parametrize("method", ["FedProx", "SCAFFOLD", "MOON", "InCoScaffold"])
+def test_two_clients_trained_interleaved_equal_in_sequence(data, method):
+    """Sessions keep per-client state apart: stepping two clients of one group in turn gives
+    the same weights, updates and method state as training one after the other."""
+
+    def run(interleaved):
+        engine = _engine(data, method, ratio=1.0)
+        engine.run_round(0)  # every client now has its own state (c_i, previous model)
+        clients = [0, 1]  # both in group 0
+        if interleaved:
+            opened = [_client_session(engine, c) for c in clients]
+            for i in range(max(len(b) for _, _, b, _ in opened)):
+                for session, optimizer, batches, _ in opened:
+                    if i < len(batches):
+                        train_step(session, optimizer, *batches[i])
+            updates = [
+                _finish(s, start, len(engine.parts[c])) for c, (s, _, _, start) in zip(clients, opened, strict=True)
+            ]
+        else:
+            updates = []
+            for c in clients:
+                session, optimizer, batches, start = _client_session(engine, c)
+                for x, y in batches:
+                    train_step(session, optimizer, x, y)
+                updates.append(_finish(session, start, len(engine.parts[c])))
+        engine.objective.server_round_end(updates)
+        return updates, engine.objective.state_dict()
+
+    (seq_updates, seq_state), (int_updates, int_state) = run(False), run(True)
+    for a, b in zip(seq_updates, int_updates, strict=True):
+        assert a.steps == b.steps > 0 and all(torch.equal(a.delta[k], b.delta[k]) for k in a.delta)
+    assert _nested_equal(seq_state, int_state)
+
+
+def _nested_equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_nested_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_nested_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b

@@ -76,7 +76,7 @@ def benchmark(
     )
     parts = iid_partition(clients * samples, clients, seed)
     engine = Engine(cfg, data, Partition(parts, np.zeros((clients, 0)), {}), torch.device("cpu"))
-    aggregate, aggregate_s = engine.rule.aggregate, []
+    aggregate, aggregate_s = engine.aggregator.aggregate, []
 
     def timed_aggregate(updates: list) -> dict:
         start = time.perf_counter()
@@ -84,14 +84,14 @@ def benchmark(
         aggregate_s.append(time.perf_counter() - start)
         return out
 
-    engine.rule.aggregate = timed_aggregate
+    engine.aggregator.aggregate = timed_aggregate
     plain_model = build_model(model, data.num_classes, data.channels)
     plain_model.load_state_dict(engine.states[0])
     plain_loop(plain_model, engine.train_data, [parts[0][: 2 * batch_size]], seed, 1, batch_size, cfg.lr)  # warm-up
     engine_s, plain_s = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        engine_samples = engine.run_round(0)
+        engine_samples = engine.run_round(0).samples
         engine_s.append(time.perf_counter() - start)
         start = time.perf_counter()
         plain_samples = plain_loop(plain_model, engine.train_data, parts, seed, epochs, batch_size, cfg.lr)

@@ -111,10 +111,7 @@ class RunConfig(Settings):
     def _method_args(self) -> RunConfig:
         from incofl.fl.methods import METHODS
 
-        try:
-            METHODS[self.method].split_args(self.method_args)
-        except ValueError as err:
-            raise ValueError(f"method_args: {err}") from None
+        METHODS[self.method].parse_args(self.method_args)  # a ValueError naming method_args.<key>
         return self
 
     @field_validator("dataset")
@@ -169,14 +166,15 @@ class ExperimentConfig(Settings):
         from incofl.fl.methods import METHODS
 
         for method in dict.fromkeys([*self.methods, *self.per_method]):
-            where = f"per_method.{method}" if method in self.per_method else "method_args"
+            overrides = self.per_method.get(method, {})
             try:
                 settings = Settings.model_validate(self.settings_for(method, validate=False))
-                METHODS[_check_method(method)].split_args(settings.method_args)
+                METHODS[_check_method(method)].parse_args(settings.method_args)
             except ValidationError as err:
-                raise ValueError(str(_one_line(err, where))) from None
+                raise ValueError(str(_one_line(err, f"per_method.{method}"))) from None
             except ValueError as err:
-                raise ValueError(f"{where}: {err}") from None
+                where = f"per_method.{method}." if "method_args" in overrides or method not in self.methods else ""
+                raise ValueError(f"{where}{err}") from None
         return self
 
     def settings_for(self, method: str, extra: dict[str, Any] | None = None, validate: bool = True) -> dict[str, Any]:

@@ -11,8 +11,8 @@ import torch
 from incofl.atomic import atomic_path
 
 # Settings that do not change what a run computes, so a checkpoint stays valid across them.
+# `rounds` is not one: the evaluation schedule (eval_last) and round-based schedules depend on it.
 NON_SEMANTIC = {
-    "rounds",
     "eval_batch_size",
     "checkpoint_every",
     "keep_checkpoint",

@@ -1,19 +1,21 @@
 """Local training, parameterised by a local objective.
 
-An `Objective` is a small class with a few hooks (the FedAvg objective is the base class);
-a method changes local training by overriding one or two of them. Objectives keep any
-per-client state they need (SCAFFOLD's c_i, MOON's previous model) in `state_dict()`,
-which the engine checkpoints. The methods live in `incofl.fl.objectives`, one module each.
+An `Objective` holds what a method keeps across rounds (SCAFFOLD's control variates, MOON's
+previous models) and opens one `Session` per client and round: the session holds what one
+client's training needs (its anchors, its corrections, its frozen models), so two clients can
+train side by side. FedAvg is the base pair (plain cross-entropy); a method overrides a hook
+or two. The methods live in `incofl.fl.objectives`, one module each.
 
-Order in a round: for each sampled client `begin`, then per step `loss`, `after_backward`
-and `after_step`, then `end`; then `before_aggregate` on all updates, the server rule, and
-`server_round_end`.
+Order for one client: `objective.session(ctx)`, then per step `loss`, `after_backward` and
+`after_step`, then `end(update)`; once the round's updates are aggregated and applied,
+`objective.server_round_end(updates)`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
+from incofl.fl.params import Params
 
 
 @dataclass
@@ -37,12 +40,11 @@ class ClientContext:
     state: int = 0  # the server state (federation) the client trains from: 0 if shared, else its group
     federation_size: int = 1  # clients in that federation: K if shared, the group's size for `groupwise`
     steps: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class ClientUpdate:
-    """g_i = w_i - w for every floating-point state entry, with what aggregation needs."""
+    """g_i = w_i - w for every uploaded floating-point state entry, with what aggregation needs."""
 
     client: int
     group: int
@@ -50,42 +52,47 @@ class ClientUpdate:
     num_samples: int
     steps: int
     state: int = 0  # the federation, as in ClientContext
-    extra: dict[str, Any] = field(default_factory=dict)  # what an objective's `end` leaves for `before_aggregate`
+    extra: dict[str, Any] = field(default_factory=dict)  # what a session's `end` leaves for the server
+    loss: float = float("nan")  # mean training loss over the local steps
+    full: bool = True  # every parameter trained (compute: 3 units a sample; partial rounds 2)
+    upload_params: int = 0  # parameters (not buffers) uploaded
 
 
-class Objective:
-    """FedAvg: plain cross-entropy. Subclasses override hooks; `params` are the method's
-    hyper-parameters (unknown names are rejected), `model_args` those of them that configure
-    the model rather than the loss (passed to `build_model`)."""
+class Session:
+    """One client's local training under FedAvg's objective: plain cross-entropy."""
 
-    params: dict[str, Any] = {}
-    model_args: tuple[str, ...] = ()
+    def __init__(self, objective: Objective, ctx: ClientContext):
+        self.objective, self.ctx = objective, ctx
 
-    def __init__(self, **params: Any):
-        self.hp = {**self.params, **params}
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.ctx.model(x), y)
 
-    def begin(self, ctx: ClientContext) -> None:
-        """Before the first local step."""
-
-    def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(ctx.model(x), y)
-
-    def after_backward(self, ctx: ClientContext) -> None:
+    def after_backward(self) -> None:
         """Between backward and the optimizer step (gradient corrections)."""
 
-    def after_step(self, ctx: ClientContext) -> None:
+    def after_step(self) -> None:
         """After the optimizer step (weight corrections)."""
 
-    def end(self, ctx: ClientContext, update: ClientUpdate) -> ClientUpdate:
+    def end(self, update: ClientUpdate) -> ClientUpdate:
         """After local training; may transform the update before it is sent."""
         return update
 
-    def before_aggregate(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        """All of the round's updates, before the server rule averages them (e.g. FedNova's
-        normalisation, which needs every sampled client's step count)."""
-        return updates
 
-    def server_round_end(self, updates: list[ClientUpdate], num_clients: int) -> None:
+class Objective:
+    """FedAvg. `session_type` is the per-client part; `model_args` name the parameters that
+    configure the model rather than the loss (MOON's projection head, for `build_model`)."""
+
+    session_type: ClassVar[type[Session]] = Session
+    params: ClassVar[type[Params]] = Params
+    model_args: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, hp: Params):
+        self.hp = hp
+
+    def session(self, ctx: ClientContext) -> Session:
+        return self.session_type(self, ctx)
+
+    def server_round_end(self, updates: list[ClientUpdate]) -> None:
         """After aggregation (server-side method state)."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -103,39 +110,45 @@ def make_optimizer(
     return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
 
 
-def local_train(
-    ctx: ClientContext,
-    objective: Objective,
-    data: TensorSplit,
-    indices: np.ndarray,
-    *,
-    epochs: int,
-    batch_size: int,
-    optimizer: torch.optim.Optimizer,
-    gen: torch.Generator,
-    autocast: bool = False,
-) -> int:
-    """E epochs of shuffled mini-batches over the client's samples; returns the step count.
-    A trailing batch of one sample is skipped (BatchNorm cannot train on it)."""
-    model = ctx.model
-    model.train()
-    objective.begin(ctx)
+def client_batches(
+    data: TensorSplit, indices: np.ndarray, epochs: int, batch_size: int, gen: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """E epochs of shuffled (augmented) mini-batches over the client's samples. A trailing
+    batch of one sample is skipped (BatchNorm cannot train on it)."""
     idx = torch.from_numpy(indices)
-    device_type = data.x.device.type
     for _ in range(epochs):
         for batch in idx[torch.randperm(len(idx), generator=gen)].split(batch_size):
-            if len(batch) < 2:
-                continue
-            x, y = data.batch(batch, gen)
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
-                loss = objective.loss(ctx, x, y)
-            loss.backward()
-            objective.after_backward(ctx)
-            optimizer.step()
-            objective.after_step(ctx)
-            ctx.steps += 1
-    return ctx.steps
+            if len(batch) >= 2:
+                yield data.batch(batch, gen)
+
+
+def train_step(
+    session: Session, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast: bool = False
+) -> torch.Tensor:
+    """One local step; returns the (detached) loss without a host sync."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+        loss = session.loss(x, y)
+    loss.backward()
+    session.after_backward()
+    optimizer.step()
+    session.after_step()
+    session.ctx.steps += 1
+    return loss.detach()
+
+
+def local_train(
+    session: Session,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    autocast: bool = False,
+) -> float:
+    """Every batch one step; returns the mean training loss (one host sync, at the end)."""
+    total = None
+    for x, y in batches:
+        loss = train_step(session, optimizer, x, y, autocast)
+        total = loss if total is None else total + loss
+    return float(total) / session.ctx.steps if total is not None else float("nan")
 
 
 @torch.inference_mode()

@@ -1,57 +1,57 @@
-"""The method registry: a name -> (local objective, server rule, InCo options, base method).
+"""The method registry: a name -> the components of its round's stages.
 
-Adding a method is one entry here (plus, for a new local objective, one small class).
-`base` is the method an InCo row is compared with in tables.
+A method is one entry: its local objective (train), its aggregator (aggregate), transforms
+before aggregation (FedNova's normalisation) and after it (InCo), extra observers (InCo's
+theta/beta log), its planner, the method its table row is compared with (`base`), and its
+own defaults for the components' typed parameters (`params.py`). See README "Add a method".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from incofl.fl.client import Objective
-from incofl.fl.inco import InCoOptions, find_pairs
-from incofl.fl.objectives import FedNova, FedProx, Moon, Scaffold
-from incofl.fl.server import GroupWise, InCo, ServerRule
+from incofl.fl.objectives import FedProx, Moon, Scaffold
+from incofl.fl.observers import InCoLog, Observer
+from incofl.fl.params import Params, combine, parse
+from incofl.fl.plan import FullPlanner
+from incofl.fl.server import GroupWise, Shared
+from incofl.fl.transforms import INCO, AverageTransform, NovaNormalize, UpdateTransform
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
-    objective: type[Objective]
-    server: str  # "groupwise" | "heteroavg" | "inco"
+    objective: type[Objective] = Objective
+    aggregator: type[Shared] = GroupWise
+    pre: tuple[type[UpdateTransform], ...] = ()  # transforms of the client updates, before aggregation
+    post: tuple[type[AverageTransform], ...] = ()  # transforms of each averaged update, after it
+    observers: tuple[type[Observer], ...] = ()
+    planner: type[FullPlanner] = FullPlanner
     base: str | None = None
-    inco: dict[str, Any] = field(default_factory=dict)  # InCoOptions overrides (ablations, variants)
+    defaults: dict[str, Any] = field(default_factory=dict)  # this method's values of component parameters
     source: str = ""
-    weighted: bool = False  # default of method_args `weighted`: sample-weighted server averaging
 
-    def split_args(self, args: dict[str, Any]) -> tuple[dict[str, Any], InCoOptions | None, bool]:
-        """Split config `method_args` into objective parameters, InCo options and `weighted`;
-        a name this method does not take is a ValueError naming it."""
-        inco_keys = {f.name for f in fields(InCoOptions)} if self.server == "inco" else set()
-        allowed = set(self.objective.params) | inco_keys | {"weighted"}
-        for key in args:
-            if key not in allowed:
-                raise ValueError(f"{key}: not a parameter of {self.name} (takes: {', '.join(sorted(allowed))})")
-        objective_args = {k: v for k, v in args.items() if k in self.objective.params}
-        inco = InCoOptions(**{**self.inco, **{k: v for k, v in args.items() if k in inco_keys}}) if inco_keys else None
-        return objective_args, inco, bool(args.get("weighted", self.weighted))
+    @cached_property
+    def params(self) -> type[Params]:
+        """The typed model of this method's `method_args`: every component's parameters."""
+        components = [self.objective, self.aggregator, *self.pre, *self.post]
+        return combine(self.name, [c.params for c in components], self.defaults)
 
-    def model_kwargs(self, args: dict[str, Any]) -> dict[str, Any]:
+    def parse_args(self, args: dict[str, Any]) -> Params:
+        """Validated `method_args`; a bad name or value is a ValueError naming `method_args.<key>`."""
+        return parse(self.params, self.name, args)
+
+    def model_kwargs(self, hp: Params) -> dict[str, Any]:
         """The objective's model-building parameters (MOON's projection_dim) for `build_model`."""
-        merged = {**self.objective.params, **self.split_args(args)[0]}
-        return {name: merged[name] for name in self.objective.model_args}
+        return {name: getattr(hp, name) for name in self.objective.model_args}
 
-    def build(
-        self, state_names: list[str], args: dict[str, Any], local_epochs: int = 1
-    ) -> tuple[Objective, ServerRule]:
-        """The method's local objective and server rule, configured by `args`."""
-        objective_args, inco, weighted = self.split_args(args)
-        if inco is not None:
-            rule: ServerRule = InCo(find_pairs(state_names), inco, weighted, local_epochs)
-        else:
-            rule = GroupWise(weighted) if self.server == "groupwise" else ServerRule(weighted)
-        return self.objective(**objective_args), rule
+
+def _inco(name: str, base: str, source: str, objective: type[Objective] = Objective, **kw: Any) -> Method:
+    """HeteroAvg over the shared global state, then the InCo step, with its theta/beta log."""
+    return Method(name, objective, Shared, post=INCO, observers=(InCoLog,), base=base, source=source, **kw)
 
 
 _PAPER = "Chan et al., ICLR 2024"
@@ -61,44 +61,30 @@ _SCAFFOLD = "Karimireddy et al., ICML 2020 (SCAFFOLD, option II)"  # plain mean 
 _NOVA = "Wang et al., NeurIPS 2020 (FedNova)"  # sample-weighted: p_i = n_i / sum n (METHODS.md 3)
 _MOON = "Li, He & Song, CVPR 2021 (MOON)"
 _REGISTRY = [
-    Method("FedAvg", Objective, "groupwise", source="McMahan et al. 2017" + _GROUPWISE),
-    Method("FedProx", FedProx, "groupwise", source=_PROX + _GROUPWISE),
-    Method("SCAFFOLD", Scaffold, "groupwise", source=_SCAFFOLD + _GROUPWISE),
-    Method("FedNova", FedNova, "groupwise", weighted=True, source=_NOVA + _GROUPWISE),
-    Method("MOON", Moon, "groupwise", source=_MOON + _GROUPWISE),
-    Method("HeteroAvg", Objective, "heteroavg", source=_PAPER),
-    Method("InCoAvg", Objective, "inco", base="FedAvg", source=_PAPER),
-    Method("InCoProx", FedProx, "inco", base="FedProx", source=_PAPER + "; " + _PROX),
-    Method("InCoScaffold", Scaffold, "inco", base="SCAFFOLD", source=_PAPER + "; " + _SCAFFOLD),
-    Method("InCoNova", FedNova, "inco", base="FedNova", weighted=True, source=_PAPER + "; " + _NOVA),
-    Method("InCoMOON", Moon, "inco", base="MOON", source=_PAPER + "; " + _MOON),
-    Method("InCoAvg-noNorm", Objective, "inco", base="FedAvg", inco={"normalize": False}, source=_PAPER + ", Fig. 8"),
-    Method("InCoAvg-noOpt", Objective, "inco", base="FedAvg", inco={"optimize": False}, source=_PAPER + ", Fig. 8"),
-    Method(
-        "InCoAvg-noNormOpt",
-        Objective,
-        "inco",
-        base="FedAvg",
-        inco={"normalize": False, "optimize": False},
-        source=_PAPER + ", Fig. 8",
-    ),
-    Method(
-        "InCoAvg-paper", Objective, "inco", base="FedAvg", inco={"variant": "paper"}, source=_PAPER + ", Algorithm 1"
-    ),
-    Method(
-        "InCoAvg-projection",
-        Objective,
-        "inco",
-        base="FedAvg",
-        inco={"variant": "paper", "mode": "projection"},
-        source=_PAPER + ", Theorem 3.1",
-    ),
+    Method("FedAvg", source="McMahan et al. 2017" + _GROUPWISE),
+    Method("FedProx", FedProx, source=_PROX + _GROUPWISE),
+    Method("SCAFFOLD", Scaffold, source=_SCAFFOLD + _GROUPWISE),
+    Method("FedNova", pre=(NovaNormalize,), defaults={"weighted": True}, source=_NOVA + _GROUPWISE),
+    Method("MOON", Moon, source=_MOON + _GROUPWISE),
+    Method("HeteroAvg", aggregator=Shared, source=_PAPER),
+    _inco("InCoAvg", "FedAvg", _PAPER),
+    _inco("InCoProx", "FedProx", _PAPER + "; " + _PROX, FedProx),
+    _inco("InCoScaffold", "SCAFFOLD", _PAPER + "; " + _SCAFFOLD, Scaffold),
+    _inco("InCoNova", "FedNova", _PAPER + "; " + _NOVA, pre=(NovaNormalize,), defaults={"weighted": True}),
+    _inco("InCoMOON", "MOON", _PAPER + "; " + _MOON, Moon),
+    _inco("InCoAvg-noNorm", "FedAvg", _PAPER + ", Fig. 8", defaults={"normalize": False}),
+    _inco("InCoAvg-noOpt", "FedAvg", _PAPER + ", Fig. 8", defaults={"optimize": False}),
+    _inco("InCoAvg-noNormOpt", "FedAvg", _PAPER + ", Fig. 8", defaults={"normalize": False, "optimize": False}),
+    _inco("InCoAvg-paper", "FedAvg", _PAPER + ", Algorithm 1", defaults={"variant": "paper"}),
+    _inco(
+        "InCoAvg-projection", "FedAvg", _PAPER + ", Theorem 3.1", defaults={"variant": "paper", "mode": "projection"}
+    ),  # noqa: E501
 ]
 METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}
 
 
 def register(method: Method) -> Method:
-    """Add a method (used by modules that define new local objectives)."""
+    """Add a method (used by modules that define new components)."""
     METHODS[method.name] = method
     return method
 

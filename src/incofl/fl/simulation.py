@@ -1,7 +1,9 @@
-"""The round loop: sample, train locally, aggregate, evaluate, checkpoint, resume.
+"""The round loop: the stages of a round, evaluation, checkpoints and resume.
 
-Nothing here depends on the method: the registry supplies a local objective and a server
-rule. Outputs (in `out_dir`): metrics.csv, inco.csv (InCo diagnostics), summary.json,
+A round is plan -> train -> transform -> aggregate (-> transform) -> apply -> observe, and
+every few rounds evaluate; the method's registry entry names the component of each stage
+(methods.py). Nothing here depends on the method. Outputs (in `out_dir`): metrics.csv,
+rounds.csv (per-round costs), the method's observer files (InCo: inco.csv), summary.json,
 train.log, and ckpt.pt while the run is unfinished.
 """
 
@@ -10,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,14 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, make_partition
 from incofl.data.tensors import to_device
 from incofl.fl import checkpoint
-from incofl.fl.client import ClientContext, ClientUpdate, evaluate, local_train, make_optimizer
+from incofl.fl.evaluation import GroupEvaluator
 from incofl.fl.methods import METHODS
-from incofl.fl.sampling import client_seed, group_of, sample_schedule
+from incofl.fl.observers import CostLog, RoundReport
+from incofl.fl.sampling import sample_schedule
 from incofl.fl.server import apply_update
-from incofl.models.family import build_model, check_nested
-
-VIT_INPUT = 224
+from incofl.fl.trainer import SerialTrainer
+from incofl.fl.transforms import Setup
+from incofl.models.family import build_model, check_nested, input_size
 
 
 def resolve_device(name: str) -> torch.device:
@@ -58,97 +60,67 @@ def _file_logger(path: Path) -> logging.Logger:
 
 
 class Engine:
-    """One federated run: models per group, server states, and the method's hooks."""
+    """One federated run: the server states and the method's stage components around them."""
 
     def __init__(self, cfg: RunConfig, data: ImageDataset, partition: Partition, device: torch.device):
         self.cfg, self.device, self.parts = cfg, device, partition.parts
         if len(self.parts) != cfg.clients:
             raise ValueError(f"partition has {len(self.parts)} clients, config has clients={cfg.clients}")
-        vit = cfg.models[0].startswith("vit")
-        input_size = VIT_INPUT if vit else data.image_size
-        self.train_data, self.test_data = to_device(data, device, input_size, resolve_augment(cfg.augment, cfg.dataset))
+        size = input_size(cfg.models[0], data.image_size)
+        self.train_data, self.test_data = to_device(data, device, size, resolve_augment(cfg.augment, cfg.dataset))
         torch.manual_seed(cfg.seed)
         method = METHODS[cfg.method]
-        model_kwargs = method.model_kwargs(cfg.method_args)  # e.g. MOON's projection head
+        hp = method.parse_args(cfg.method_args)
         self.models = [
-            build_model(
-                name,
-                data.num_classes,
-                data.channels,
-                stem=cfg.stem,
-                pretrained=cfg.pretrained,
-                image_size=input_size,
-                **model_kwargs,
-            ).to(device)
+            build_model(name, data.num_classes, data.channels, stem=cfg.stem, pretrained=cfg.pretrained,
+                        image_size=size, **method.model_kwargs(hp)).to(device)
             for name in cfg.models
-        ]
+        ]  # fmt: skip
         if cfg.channels_last:
             self.models = [m.to(memory_format=torch.channels_last) for m in self.models]
         server = self.models[check_nested(self.models)].state_dict()
         self.names = [list(m.state_dict()) for m in self.models]
-        self.objective, self.rule = method.build(list(server), cfg.method_args, cfg.local_epochs)
-        self.federation_size = Counter(
-            self.rule.state_index(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients)
-        )
-        if self.rule.shared:
+        setup = Setup(cfg, list(server))
+        self.objective = method.objective(hp)
+        self.aggregator = method.aggregator(hp)
+        self.pre = [transform(hp, setup) for transform in method.pre]
+        self.post = [transform(hp, setup) for transform in method.post]
+        self.observers = [CostLog(), *(observer() for observer in method.observers)]
+        self.planner = method.planner(cfg.clients, cfg.groups, self.aggregator.federation)
+        autocast = cfg.bf16 and device.type == "cuda"
+        self.trainer = SerialTrainer(cfg, self.models, self.train_data, self.parts, autocast)
+        self.evaluator = GroupEvaluator(self.models, self.test_data, cfg.eval_batch_size)
+        if self.aggregator.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
             self.states = [{k: server[k].detach().clone() for k in names} for names in self.names]
         self.schedule = sample_schedule(cfg.seed, cfg.clients, cfg.ratio, cfg.rounds)
 
     def sub_state(self, group: int) -> dict[str, torch.Tensor]:
-        state = self.states[self.rule.state_index(group)]
+        """The global weights a group's model trains from and is evaluated with."""
+        state = self.states[self.aggregator.federation(group)]
         return {k: state[k] for k in self.names[group]}
 
-    def train_client(self, round_: int, client: int) -> ClientUpdate:
-        cfg, group = self.cfg, group_of(client, self.cfg.clients, self.cfg.groups)
-        model, start, state = self.models[group], self.sub_state(group), self.rule.state_index(group)
-        model.load_state_dict(start)  # copies: `start` stays the untouched global weights
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
-        ctx = ClientContext(
-            client,
-            group,
-            round_,
-            model,
-            start,
-            cfg.lr,
-            momentum=optimizer.param_groups[0].get("momentum", 0.0),
-            state=state,
-            federation_size=self.federation_size[state],
-        )
-        gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, client))
-        local_train(
-            ctx,
-            self.objective,
-            self.train_data,
-            self.parts[client],
-            epochs=cfg.local_epochs,
-            batch_size=cfg.batch_size,
-            optimizer=optimizer,
-            gen=gen,
-            autocast=cfg.bf16 and self.device.type == "cuda",
-        )
-        delta = {k: v.detach() - start[k] for k, v in model.state_dict().items() if v.is_floating_point()}
-        update = ClientUpdate(client, group, delta, len(self.parts[client]), ctx.steps, state=state)
-        return self.objective.end(ctx, update)
+    def run_round(self, round_: int) -> RoundReport:
+        """plan -> train -> transform -> aggregate (-> transform) -> apply; the round's report."""
+        plans = [self.planner.plan(round_, int(c)) for c in self.schedule[round_]]
+        updates = self.trainer.train(round_, plans, lambda plan: self.sub_state(plan.group), self.objective)
+        for transform in self.pre:
+            updates = transform(updates)
+        for federation, average in self.aggregator.aggregate(updates).items():
+            for post in self.post:
+                average = post(average)
+            apply_update(self.states[federation], average)
+        self.objective.server_round_end(updates)
+        diagnostics = {k: v for post in self.post for k, v in post.diagnostics().items()}
+        return RoundReport.of(round_ + 1, updates, self.cfg.local_epochs, diagnostics)
 
-    def run_round(self, round_: int) -> int:
-        """One communication round; returns the number of training samples processed."""
-        updates = self.objective.before_aggregate([self.train_client(round_, int(c)) for c in self.schedule[round_]])
-        for index, update in self.rule.aggregate(updates).items():
-            apply_update(self.states[index], update)
-        self.objective.server_round_end(updates, self.cfg.clients)
-        return self.cfg.local_epochs * sum(u.num_samples for u in updates)
+    def observe(self, report: RoundReport) -> None:
+        for observer in self.observers:
+            observer.observe(report)
 
-    def evaluate(self) -> tuple[list[float], list[float]]:
-        accs, losses = [], []
-        for group, model in enumerate(self.models):
-            model.load_state_dict(self.sub_state(group))
-            acc, loss = evaluate(model, self.test_data, self.cfg.eval_batch_size)
-            accs.append(acc)
-            losses.append(loss)
-        return accs, losses
+    def evaluate(self) -> dict[str, float]:
+        return self.evaluator(self.sub_state)
 
     def fingerprint(self) -> str:
         """SHA-256 of every server state entry (name and bytes, in order): equal iff the weights are."""
@@ -163,6 +135,8 @@ class Engine:
         return {
             "states": [{k: v.cpu() for k, v in s.items()} for s in self.states],
             "objective": self.objective.state_dict(),
+            "planner": self.planner.state_dict(),
+            "observers": [observer.state_dict() for observer in self.observers],
         }
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
@@ -170,6 +144,9 @@ class Engine:
             for k, v in saved.items():
                 ours[k].copy_(v)
         self.objective.load_state_dict(payload["objective"])
+        self.planner.load_state_dict(payload["planner"])
+        for observer, state in zip(self.observers, payload["observers"], strict=True):
+            observer.load_state_dict(state)
 
 
 class Run:
@@ -180,7 +157,6 @@ class Run:
         self.log = _file_logger(out_dir / "train.log")
         self.ckpt = out_dir / "ckpt.pt"
         self.rows: list[dict[str, float]] = []
-        self.inco_rows: list[dict[str, Any]] = []
         self.round, self.elapsed, self.samples = 0, 0.0, 0
 
     def resume(self) -> None:
@@ -188,7 +164,7 @@ class Run:
         if payload is None:
             return
         self.engine.load_state_dict(payload["engine"])
-        self.rows, self.inco_rows = payload["rows"], payload["inco_rows"]
+        self.rows = payload["rows"]
         self.round, self.elapsed, self.samples = payload["round"], payload["elapsed"], payload["samples"]
         torch.set_rng_state(payload["torch_rng"])
         self.log.info("resumed from %s after round %d", self.ckpt, self.round)
@@ -199,7 +175,6 @@ class Run:
             {
                 "engine": self.engine.state_dict(),
                 "rows": self.rows,
-                "inco_rows": self.inco_rows,
                 "round": self.round,
                 "elapsed": self.elapsed,
                 "samples": self.samples,
@@ -209,14 +184,9 @@ class Run:
         )
 
     def record(self, round_: int) -> dict[str, float]:
-        accs, losses = self.engine.evaluate()
-        row = {
-            "round": round_,
-            "mean_acc": float(np.mean(accs)),
-            "mean_loss": float(np.mean(losses)),
-            **{f"acc_g{g}": a for g, a in enumerate(accs)},
-            "seconds": round(self.elapsed, 3),
-        }
+        costs = self.engine.observers[0].totals()  # the CostLog: upload bytes and compute units so far
+        row = {"round": round_, **self.engine.evaluate(), "seconds": round(self.elapsed, 3), **costs}
+        accs = [row[f"acc_g{g}"] for g in range(self.cfg.groups)]
         self.rows.append(row)
         with atomic_path(self.out / "metrics.csv") as tmp:
             pd.DataFrame(self.rows).to_csv(tmp, index=False)
@@ -251,12 +221,11 @@ class Run:
         )
         for t in bar:
             start = time.perf_counter()
-            self.samples += self.engine.run_round(t)
-            seconds = time.perf_counter() - start
-            self.elapsed += seconds
-            self.round = t + 1
-            self.log.info("round %d/%d trained in %.1f s", self.round, cfg.rounds, seconds)
-            self.inco_rows += [{"round": self.round, "layer": k, **v} for k, v in self.engine.rule.stats.items()]
+            report = self.engine.run_round(t)
+            report.seconds = time.perf_counter() - start
+            self.engine.observe(report)
+            self.elapsed, self.samples, self.round = self.elapsed + report.seconds, self.samples + report.samples, t + 1
+            self.log.info("round %d/%d trained in %.1f s", self.round, cfg.rounds, report.seconds)
             if evaluated(self.round, cfg):
                 bar.set_postfix(acc=f"{self.record(self.round)['mean_acc']:.2f}")
             if self.round % cfg.checkpoint_every == 0 and self.round < cfg.rounds:
@@ -280,14 +249,14 @@ class Run:
             "final_loss": final["mean_loss"],
             "wall_s": round(self.elapsed, 3),
             "samples_per_s": round(self.samples / max(self.elapsed, 1e-9), 1),
+            **self.engine.observers[0].totals(),
             "state_sha256": self.engine.fingerprint(),
             "device": str(self.engine.device),
             "torch": torch.__version__,
             "config": cfg.model_dump(),
         }
-        if self.inco_rows:
-            with atomic_path(self.out / "inco.csv") as tmp:
-                pd.DataFrame(self.inco_rows).to_csv(tmp, index=False)
+        for observer in self.engine.observers:
+            observer.write(self.out)
         write_json(self.out / "summary.json", summary)
         if cfg.keep_checkpoint:
             self.save()

@@ -7,6 +7,8 @@ from torch import nn
 from incofl.models.resnet import BLOCKS, resnet
 from incofl.models.vit import DEPTHS, vit
 
+VIT_INPUT = 224
+
 
 def build_model(
     name: str,
@@ -24,6 +26,11 @@ def build_model(
     if name in DEPTHS:
         return vit(name, num_classes, in_channels, pretrained, img_size=image_size, projection_dim=projection_dim)
     raise ValueError(f"unknown model {name!r}")
+
+
+def input_size(name: str, image_size: int) -> int:
+    """The side of the images a model family takes: ViTs 224 (images are resized), ResNets the data's."""
+    return VIT_INPUT if name in DEPTHS else image_size
 
 
 def num_parameters(model: nn.Module) -> int:

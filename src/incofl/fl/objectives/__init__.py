@@ -1,9 +1,8 @@
 """Local objectives, one module per method (FL-bench's "file = method"); FedAvg is the base
 `incofl.fl.client.Objective`."""
 
-from incofl.fl.objectives.fednova import FedNova
 from incofl.fl.objectives.fedprox import FedProx
 from incofl.fl.objectives.moon import Moon
 from incofl.fl.objectives.scaffold import Scaffold
 
-__all__ = ["FedNova", "FedProx", "Moon", "Scaffold"]
+__all__ = ["FedProx", "Moon", "Scaffold"]

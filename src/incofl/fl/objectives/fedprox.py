@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import torch
 
-from incofl.fl.client import ClientContext, Objective
+from incofl.fl.client import ClientContext, Objective, Session
+from incofl.fl.params import ProxParams
 
 
-class FedProx(Objective):
+class ProxSession(Session):
     """The proximal term enters as its exact gradient mu * (w - w_global), added after
     backward (as FL-bench does): no autograd graph over every weight, and with mu = 0 the
     step is bit-identical to FedAvg's. Over the trainable parameters, like NIID-Bench."""
 
-    params = {"mu": 0.1}  # the paper's mu/2 = 0.05
-    _anchors: list[tuple[torch.Tensor, torch.Tensor]]  # (trainable weight, its global value) of this client
+    def __init__(self, objective: Objective, ctx: ClientContext):
+        super().__init__(objective, ctx)
+        # (trainable weight, its global value) of this client
+        self.anchors: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (p, ctx.global_state[name]) for name, p in ctx.model.named_parameters() if p.requires_grad
+        ]
 
-    def begin(self, ctx: ClientContext) -> None:
-        self._anchors = [(p, ctx.global_state[name]) for name, p in ctx.model.named_parameters() if p.requires_grad]
-
-    def after_backward(self, ctx: ClientContext) -> None:
-        mu = float(self.hp["mu"])
-        for p, anchor in self._anchors:
+    def after_backward(self) -> None:
+        mu = float(self.objective.hp.mu)
+        for p, anchor in self.anchors:
             if p.grad is not None:
                 p.grad.add_(p.detach() - anchor, alpha=mu)
+
+
+class FedProx(Objective):
+    session_type = ProxSession
+    params = ProxParams  # mu = 0.1: the paper's mu/2 = 0.05

@@ -17,9 +17,10 @@ artifact of keeping one model object per client, which the algorithm does not ca
 
 Previous models are kept compactly: per client, on the CPU, the floating-point state
 entries only (weights and BN statistics, what the eval-mode forward needs), in the
-checkpoint with the rest of the objective's state. On the device the objective holds two
-frozen copies per model group (global and previous; 1 + pool_size in general), reloaded
-for each client.
+checkpoint with the rest of the objective's state. On the device the objective keeps sets
+of frozen copies per model group (global and previous; 1 + pool_size in general), reloaded
+for each client; a session borrows a set and returns it at its end, so clients training side
+by side get one set each and clients in turn share one.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from incofl.fl.client import ClientContext, ClientUpdate, Objective
+from incofl.fl.client import ClientContext, ClientUpdate, Objective, Session
+from incofl.fl.params import MoonParams
 
 State = dict[str, torch.Tensor]
 
@@ -51,47 +53,58 @@ def moon_loss(
     return F.cross_entropy(logits, y) + mu * F.cross_entropy(sims / temperature, target)
 
 
-class Moon(Objective):
-    params: dict[str, Any] = {"mu": 5.0, "temperature": 0.5, "pool_size": 1, "projection_dim": 256}
-    model_args = ("projection_dim",)
+class MoonSession(Session):
+    objective: Moon
 
-    def __init__(self, **params: Any):
-        super().__init__(**params)
-        if int(self.hp["pool_size"]) < 1:
-            raise ValueError(f"MOON pool_size must be >= 1, not {self.hp['pool_size']}")
-        self.pool: dict[int, list[State]] = {}  # client -> previous local models, oldest first (CPU)
-        self._frozen: dict[int, list[nn.Module]] = {}  # group -> [global, previous...] on the device
-        self._models: list[nn.Module] = []  # this client's [global, previous...]
-
-    def begin(self, ctx: ClientContext) -> None:
-        if ctx.group not in self._frozen:
-            self._frozen[ctx.group] = [
-                copy.deepcopy(ctx.model).eval().requires_grad_(False) for _ in range(1 + int(self.hp["pool_size"]))
-            ]
-        frozen, previous = self._frozen[ctx.group], self.pool.get(ctx.client, [])
-        frozen[0].load_state_dict(ctx.global_state)
-        for model, state in zip(frozen[1:], previous, strict=False):
+    def __init__(self, objective: Moon, ctx: ClientContext):
+        super().__init__(objective, ctx)
+        self.frozen = objective.borrow(ctx)
+        previous = objective.pool.get(ctx.client, [])
+        self.frozen[0].load_state_dict(ctx.global_state)
+        for model, state in zip(self.frozen[1:], previous, strict=False):
             model.load_state_dict(state, strict=False)  # float entries only: BN batch counters stay
-        self._models = frozen[: 1 + len(previous)]
+        self.models = self.frozen[: 1 + len(previous)]  # [global, previous...]
 
-    def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        z = ctx.model.embed(x)
-        glob, *previous = self._models
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        model, hp = self.ctx.model, self.objective.hp
+        z = model.embed(x)
+        glob, *previous = self.models
         with torch.no_grad():
             z_glob = glob.embed(x)
             z_prevs = [m.embed(x) for m in previous] or [z_glob]  # no previous model yet: the global one
-        return moon_loss(
-            ctx.model.classify(z), y, z, z_glob, z_prevs, float(self.hp["mu"]), float(self.hp["temperature"])
-        )
+        return moon_loss(model.classify(z), y, z, z_glob, z_prevs, float(hp.mu), float(hp.temperature))
 
-    def end(self, ctx: ClientContext, update: ClientUpdate) -> ClientUpdate:
-        pool = self.pool.setdefault(ctx.client, [])
+    def end(self, update: ClientUpdate) -> ClientUpdate:
+        pool = self.objective.pool.setdefault(self.ctx.client, [])
         # a real copy: on the CPU, state_dict() shares storage with the model trained next
         pool.append(
-            {k: v.detach().to("cpu", copy=True) for k, v in ctx.model.state_dict().items() if v.is_floating_point()}
+            {
+                k: v.detach().to("cpu", copy=True)
+                for k, v in self.ctx.model.state_dict().items()
+                if v.is_floating_point()
+            }
         )
-        del pool[: -int(self.hp["pool_size"])]
+        del pool[: -int(self.objective.hp.pool_size)]
+        self.objective.spare[self.ctx.group].append(self.frozen)
         return update
+
+
+class Moon(Objective):
+    session_type = MoonSession
+    params = MoonParams
+    model_args = ("projection_dim",)
+
+    def __init__(self, hp: MoonParams):
+        super().__init__(hp)
+        self.pool: dict[int, list[State]] = {}  # client -> previous local models, oldest first (CPU)
+        self.spare: dict[int, list[list[nn.Module]]] = {}  # group -> free sets [global, previous...] on the device
+
+    def borrow(self, ctx: ClientContext) -> list[nn.Module]:
+        """A set of 1 + pool_size frozen copies of the client's architecture."""
+        spare = self.spare.setdefault(ctx.group, [])
+        if spare:
+            return spare.pop()
+        return [copy.deepcopy(ctx.model).eval().requires_grad_(False) for _ in range(1 + int(self.hp.pool_size))]
 
     def state_dict(self) -> dict[str, Any]:
         return {"pool": {client: list(models) for client, models in self.pool.items()}}

@@ -31,66 +31,76 @@ from typing import Any
 
 import torch
 
-from incofl.fl.client import ClientContext, ClientUpdate, Objective
+from incofl.fl.client import ClientContext, ClientUpdate, Objective, Session
+from incofl.fl.params import ScaffoldParams
 
 Variates = dict[str, torch.Tensor]
 
 
-class Scaffold(Objective):
-    params: dict[str, Any] = {"correction": "step"}  # "step" | "gradient", see the module docstring
+def _trainable(ctx: ClientContext) -> list[tuple[str, torch.Tensor]]:
+    return [(name, p) for name, p in ctx.model.named_parameters() if p.requires_grad]
 
-    def __init__(self, **params: Any):
-        super().__init__(**params)
-        if self.hp["correction"] not in ("step", "gradient"):
-            raise ValueError(f"SCAFFOLD correction must be 'step' or 'gradient', not {self.hp['correction']!r}")
-        self.c: dict[int, Variates] = {}  # server variate per federation, on the training device
-        self.c_local: dict[int, Variates] = {}  # c_i per client on the CPU; absent = zero (never trained)
-        self._increments: dict[int, Variates] = {}  # (1/K) * sum (c_i+ - c_i) of the running round
-        self._corrections: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weight, c - c_i) of this client
 
-    def _trainable(self, ctx: ClientContext) -> list[tuple[str, torch.Tensor]]:
-        return [(name, p) for name, p in ctx.model.named_parameters() if p.requires_grad]
+class ScaffoldSession(Session):
+    objective: Scaffold
 
-    def begin(self, ctx: ClientContext) -> None:
-        c, c_i = self.c.setdefault(ctx.state, {}), self.c_local.get(ctx.client, {})
-        self._corrections = []
-        for name, p in self._trainable(ctx):
-            c[name] = (
-                c[name].to(p.device) if name in c else torch.zeros_like(p.detach())
-            )  # on the device after a resume
-            self._corrections.append((p, c[name] - c_i[name].to(p.device) if name in c_i else c[name]))
+    def __init__(self, objective: Scaffold, ctx: ClientContext):
+        super().__init__(objective, ctx)
+        c, c_i = objective.c.setdefault(ctx.state, {}), objective.c_local.get(ctx.client, {})
+        self.corrections: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weight, c - c_i)
+        for name, p in _trainable(ctx):  # c moves to the device after a resume
+            c[name] = c[name].to(p.device) if name in c else torch.zeros_like(p.detach())
+            self.corrections.append((p, c[name] - c_i[name].to(p.device) if name in c_i else c[name]))
 
-    def after_backward(self, ctx: ClientContext) -> None:
-        if self.hp["correction"] == "gradient":
-            for p, correction in self._corrections:
+    def after_backward(self) -> None:
+        if self.objective.hp.correction == "gradient":
+            for p, correction in self.corrections:
                 if p.grad is not None:
                     p.grad.add_(correction)
 
     @torch.no_grad()
-    def after_step(self, ctx: ClientContext) -> None:
-        if self.hp["correction"] == "step":
-            for p, correction in self._corrections:
-                p.sub_(correction, alpha=ctx.lr)
+    def after_step(self) -> None:
+        if self.objective.hp.correction == "step":
+            for p, correction in self.corrections:
+                p.sub_(correction, alpha=self.ctx.lr)
 
-    def end(self, ctx: ClientContext, update: ClientUpdate) -> ClientUpdate:
+    def end(self, update: ClientUpdate) -> ClientUpdate:
+        """c_i <- c_i+, and (c_i+ - c_i) / K left in the update for the server's c."""
+        ctx = self.ctx
         if update.steps == 0:  # no local step (fewer than two samples): nothing learnt, c_i stays
             return update
-        c, c_i = self.c[ctx.state], self.c_local.get(ctx.client, {})
-        increments = self._increments.setdefault(ctx.state, {})
+        c, c_i = self.objective.c[ctx.state], self.objective.c_local.get(ctx.client, {})
         new: Variates = {}
-        for name, _ in self._trainable(ctx):
+        increment: Variates = {}
+        for name, _ in _trainable(ctx):
             # c_i+ - c_i = -c + (w_global - w_i) / (tau_i * lr), and w_global - w_i = -delta
             change = -(c[name] + update.delta[name] / (update.steps * ctx.lr))
             new[name] = c_i[name] + change.cpu() if name in c_i else change.cpu()
-            increments[name] = increments.get(name, 0) + change / ctx.federation_size
-        self.c_local[ctx.client] = new
+            increment[name] = change / ctx.federation_size
+        self.objective.c_local[ctx.client] = new
+        update.extra["scaffold_increment"] = increment
         return update
 
-    def server_round_end(self, updates: list[ClientUpdate], num_clients: int) -> None:
-        for state, increments in self._increments.items():
-            for name, change in increments.items():
+
+class Scaffold(Objective):
+    session_type = ScaffoldSession
+    params = ScaffoldParams
+
+    def __init__(self, hp: ScaffoldParams):
+        super().__init__(hp)
+        self.c: dict[int, Variates] = {}  # server variate per federation, on the training device
+        self.c_local: dict[int, Variates] = {}  # c_i per client on the CPU; absent = zero (never trained)
+
+    def server_round_end(self, updates: list[ClientUpdate]) -> None:
+        """c <- c + (1/K) sum (c_i+ - c_i), summed in the round's client order."""
+        totals: dict[int, Variates] = {}
+        for u in updates:
+            total = totals.setdefault(u.state, {})
+            for name, increment in u.extra.get("scaffold_increment", {}).items():
+                total[name] = total.get(name, 0) + increment
+        for state, total in totals.items():
+            for name, change in total.items():
                 self.c[state][name].add_(change)
-        self._increments = {}
 
     def state_dict(self) -> dict[str, Any]:
         # c is updated in place, so it is copied; c_i tensors are replaced, never modified

@@ -1,0 +1,89 @@
+"""The observe stage: what a round did, for logs and analyses.
+
+After each round the engine hands every observer a `RoundReport` (samples trained, bytes
+uploaded, compute units, per-client training losses, the transforms' diagnostics). An
+observer keeps what it needs, checkpoints it, and writes its file when the run ends. Methods
+name extra observers in their registry entry (InCo's theta/beta log); the cost log runs for
+every method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from incofl.atomic import atomic_path
+from incofl.fl.client import ClientUpdate
+
+FULL_UNITS, PARTIAL_UNITS = 3, 2  # compute per sample pass: forward + backward (+ weight gradients when full)
+BYTES_PER_PARAM = 4  # fp32 upload
+
+
+@dataclass
+class RoundReport:
+    round: int  # 1-based: the round just finished
+    samples: int  # sample passes trained (epochs x samples, over the sampled clients)
+    upload_bytes: int
+    compute_units: int
+    losses: dict[int, float]  # client -> mean local training loss
+    diagnostics: dict[str, dict[str, float]] = field(default_factory=dict)  # e.g. InCo's per-layer theta/beta
+    seconds: float = 0.0  # training time of the round
+
+    @classmethod
+    def of(cls, round_: int, updates: list[ClientUpdate], epochs: int, diagnostics: dict) -> RoundReport:
+        passes = [epochs * u.num_samples for u in updates]
+        units = sum(n * (FULL_UNITS if u.full else PARTIAL_UNITS) for n, u in zip(passes, updates, strict=True))
+        return cls(round_, sum(passes), BYTES_PER_PARAM * sum(u.upload_params for u in updates), units,
+                   {u.client: u.loss for u in updates}, diagnostics)  # fmt: skip
+
+
+class Observer:
+    """Keeps rows of the reports it is shown; `write` saves them as `filename` (CSV)."""
+
+    filename = ""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def observe(self, report: RoundReport) -> None:
+        raise NotImplementedError
+
+    def write(self, out_dir: Path) -> None:
+        if self.rows:
+            with atomic_path(out_dir / self.filename) as tmp:
+                pd.DataFrame(self.rows).to_csv(tmp, index=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": list(self.rows)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows = list(state["rows"])
+
+
+class CostLog(Observer):
+    """rounds.csv: per round its training time, samples, upload bytes, compute units and mean
+    training loss; totals for metrics.csv and summary.json."""
+
+    filename = "rounds.csv"
+
+    def observe(self, report: RoundReport) -> None:
+        self.rows.append({"round": report.round, "seconds": round(report.seconds, 3), "samples": report.samples,
+                          "upload_bytes": report.upload_bytes, "compute_units": report.compute_units,
+                          "train_loss": float(np.mean(list(report.losses.values())))})  # fmt: skip
+
+    def totals(self) -> dict[str, int]:
+        return {key: int(sum(r[key] for r in self.rows)) for key in ("upload_bytes", "compute_units")}
+
+
+class InCoLog(Observer):
+    """inco.csv: per round and target layer, the mean coefficient theta (c), mean beta and the
+    share of slices with beta > 0 (paper Table 3)."""
+
+    filename = "inco.csv"
+
+    def observe(self, report: RoundReport) -> None:
+        self.rows += [{"round": report.round, "layer": k, **v} for k, v in report.diagnostics.items()]

@@ -1,0 +1,85 @@
+"""Typed method hyper-parameters: one pydantic model per stage component.
+
+A method's `method_args` are validated against the union of its components' models (strict:
+`weighted: "no"` is an error, not True; numbers must be finite and in range), when the
+config is, before any job starts. A bad name or value is one line naming
+`method_args.<key>`, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from copy import copy
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+
+class Params(BaseModel):
+    """Base of every component's parameters: unknown names refused, no silent coercion."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class AggregationParams(Params):
+    weighted: bool = False  # sample-weighted averaging (p_i = n_i / sum n) instead of the plain mean
+
+
+class ProxParams(Params):
+    mu: float = Field(0.1, ge=0.0, allow_inf_nan=False)  # proximal weight (the loss term is mu/2 ||w - w_g||^2)
+
+
+class ScaffoldParams(Params):
+    correction: Literal["step", "gradient"] = "step"  # where c - c_i enters: weights after a step, or the gradient
+
+
+class NovaParams(Params):
+    rho: float | None = Field(None, ge=0.0, lt=1.0, allow_inf_nan=False)  # None: the local SGD momentum (0 for Adam)
+
+
+class MoonParams(Params):
+    mu: float = Field(5.0, ge=0.0, allow_inf_nan=False)  # weight of the contrastive term
+    temperature: float = Field(0.5, gt=0.0, allow_inf_nan=False)
+    pool_size: int = Field(1, ge=1)  # previous local models kept per client
+    projection_dim: int = Field(256, ge=0)  # MOON's projection head; 0: none (z = features)
+
+
+class InCoParams(Params):
+    variant: Literal["official", "paper"] = "official"
+    mode: Literal["always", "projection"] = "always"  # paper variant: c = -beta/alpha, or max(0, -beta/alpha)
+    normalize: bool = True
+    optimize: bool = True
+    eps: float = Field(1e-7, gt=0.0, allow_inf_nan=False)
+    clamp_max: float = Field(5.0, gt=0.0, allow_inf_nan=False)  # official: upper bound of c
+    clip: float = Field(0.1, gt=0.0, allow_inf_nan=False)  # official: elementwise bound of T'
+
+
+def combine(name: str, models: list[type[Params]], defaults: dict[str, Any]) -> type[Params]:
+    """One model with every field of `models` (later ones win a name clash), with the method's
+    own `defaults` in place of the components'."""
+    fields: dict[str, Any] = {}
+    for model in models:
+        for key, info in model.model_fields.items():
+            fields[key] = (info.annotation, info)
+    for key, value in defaults.items():
+        info = copy(fields[key][1])
+        info.default = value
+        fields[key] = (fields[key][0], info)
+    return create_model(f"{name}Params", __base__=Params, **fields)
+
+
+def parse(model: type[Params], method: str, args: dict[str, Any]) -> Params:
+    """`args` as `model`, or a ValueError naming `method_args.<key>`, the value and what is allowed."""
+    try:
+        return model.model_validate(args)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            allowed = ", ".join(model.model_fields) or "nothing"
+            raise ValueError(f"method_args.{key}: not a parameter of {method} (takes: {allowed})") from None
+        raise ValueError(f"method_args.{key}: {first['msg']} (got {first['input']!r})") from None
+
+
+def describe(model: type[Params]) -> str:
+    """`name=default` for every parameter, for `incofl methods`."""
+    return " ".join(f"{key}={info.default!r}" for key, info in model.model_fields.items())

@@ -1,0 +1,68 @@
+"""The train stage: local training of the round's planned clients.
+
+`SerialTrainer` trains one client after the other on its group's model object (reused with
+`load_state_dict`, never a copy per client): load the global sub-state, freeze what the plan
+does not train, a fresh optimizer over the trainable parameters, the objective's session,
+E epochs of mini-batches, then the delta of the uploaded entries. A batched trainer (clients
+of one group side by side) can replace it: sessions are independent of each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from incofl.config import RunConfig
+from incofl.data.tensors import TensorSplit
+from incofl.fl.client import ClientContext, ClientUpdate, Objective, client_batches, local_train, make_optimizer
+from incofl.fl.plan import ClientPlan
+from incofl.fl.sampling import client_seed
+
+State = dict[str, torch.Tensor]
+
+
+def set_trainable(model: nn.Module, trainable: frozenset[str] | None) -> list[nn.Parameter]:
+    """requires_grad on exactly the planned parameters (all if None); returns them in order."""
+    params = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(trainable is None or name in trainable)
+        if p.requires_grad:
+            params.append(p)
+    return params
+
+
+class SerialTrainer:
+    def __init__(
+        self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: list[np.ndarray], autocast: bool
+    ):
+        self.cfg, self.models, self.data, self.parts, self.autocast = cfg, models, data, parts, autocast
+
+    def train(
+        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
+    ) -> list[ClientUpdate]:
+        return [self.train_client(round_, plan, start_of(plan), objective) for plan in plans]
+
+    def train_client(self, round_: int, plan: ClientPlan, start: State, objective: Objective) -> ClientUpdate:
+        cfg, model = self.cfg, self.models[plan.group]
+        model.load_state_dict(start)  # copies: `start` stays the untouched global weights
+        params = set_trainable(model, plan.trainable)
+        optimizer = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
+        momentum = optimizer.param_groups[0].get("momentum", 0.0)
+        ctx = ClientContext(plan.client, plan.group, round_, model, start, cfg.lr, momentum=momentum,
+                            state=plan.federation, federation_size=plan.federation_size)  # fmt: skip
+        model.train()
+        session = objective.session(ctx)
+        gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, plan.client))
+        indices = self.parts[plan.client]
+        batches = client_batches(self.data, indices, cfg.local_epochs, cfg.batch_size, gen)
+        loss = local_train(session, optimizer, batches, self.autocast)
+        delta = {
+            k: v.detach() - start[k] for k, v in model.state_dict().items() if v.is_floating_point() and plan.uploads(k)
+        }
+        uploaded = sum(p.numel() for name, p in model.named_parameters() if name in delta)
+        update = ClientUpdate(plan.client, plan.group, delta, len(indices), ctx.steps, state=plan.federation,
+                              loss=loss, full=plan.full, upload_params=uploaded)  # fmt: skip
+        return session.end(update)
