@@ -66,3 +66,47 @@ def test_shipped_configs_are_valid():
 
     for path in sorted(Path(__file__).parents[1].glob("config/*.yaml")):
         load_experiment(path)
+
+
+BAD_METHOD_ARGS = [
+    ("FedProx", {"mu": -0.1}, "method_args.mu: Input should be greater than or equal to 0"),
+    ("FedProx", {"mu": float("inf")}, "method_args.mu: Input should be a finite number"),
+    ("FedProx", {"mu": "0.1"}, "method_args.mu: Input should be a valid number (got '0.1')"),
+    ("MOON", {"temperature": 0}, "method_args.temperature: Input should be greater than 0"),
+    ("MOON", {"pool_size": 0}, "method_args.pool_size: Input should be greater than or equal to 1"),
+    ("MOON", {"pool_size": 1.5}, "method_args.pool_size: Input should be a valid integer"),
+    ("MOON", {"projection_dim": -1}, "method_args.projection_dim: Input should be greater than or equal to 0"),
+    ("SCAFFOLD", {"correction": "both"}, "method_args.correction: Input should be 'step' or 'gradient'"),
+    ("FedAvg", {"weighted": "no"}, "method_args.weighted: Input should be a valid boolean (got 'no')"),
+    ("FedNova", {"rho": 1.0}, "method_args.rho: Input should be less than 1"),
+    ("InCoAvg", {"clip": 0}, "method_args.clip: Input should be greater than 0"),
+    ("InCoAvg", {"clamp_max": -5}, "method_args.clamp_max: Input should be greater than 0"),
+    ("InCoAvg", {"variant": "authors"}, "method_args.variant: Input should be 'official' or 'paper'"),
+    ("InCoAvg", {"normalize": 0}, "method_args.normalize: Input should be a valid boolean"),
+    ("FedAvg", {"mu": 0.1}, "method_args.mu: not a parameter of FedAvg (takes: weighted)"),
+]
+
+
+@pytest.mark.parametrize("method,args,message", BAD_METHOD_ARGS)
+def test_bad_method_args_are_refused_before_any_output(tmp_path, capsys, method, args, message):
+    """incofl train: exit 2, one line naming method_args.<key> and what is allowed, no run directory."""
+    cfg = _write(tmp_path, methods=[method], method_args=args)
+    assert run(["train", "--config", str(cfg), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_per_method_args_name_the_method(tmp_path):
+    cfg = _write(tmp_path, methods=["FedAvg", "MOON"], per_method={"MOON": {"method_args": {"temperature": -1}}})
+    with pytest.raises(ConfigError, match=r"per_method\.MOON\.method_args\.temperature: Input should be greater"):
+        load_experiment(cfg)
+
+
+def test_method_args_take_their_types_and_method_defaults():
+    from incofl.fl.methods import METHODS
+
+    assert METHODS["FedProx"].parse_args({"mu": 1}).mu == 1.0  # an int is a valid float
+    assert METHODS["FedNova"].parse_args({}).weighted is True  # FedNova's own default
+    assert METHODS["InCoAvg-noNorm"].parse_args({}).normalize is False
+    assert METHODS["InCoAvg-noNorm"].parse_args({"clip": 0.2}).clip == 0.2
