@@ -1,0 +1,77 @@
+"""README "Add a method": the example code runs as written and its two methods are right."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from incofl.config import RunConfig
+from incofl.data.dataset import ImageDataset
+from incofl.data.partition import Partition, iid_partition
+from incofl.data.sources import load_dataset
+from incofl.fl.client import ClientUpdate
+from incofl.fl.methods import METHODS
+from incofl.fl.params import describe
+from incofl.fl.simulation import Engine
+from incofl.fl.transforms import Setup
+
+TINY = {"dataset": "synthetic", "clients": 4, "ratio": 0.5, "models": ["resnet10", "resnet14"], "rounds": 2,
+        "batch_size": 32, "partition": "iid", "progress": False, "threads": 1, "device": "cpu"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def example():
+    """The README's first python block under "### Add a method", executed; its methods removed after."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Add a method") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    yield namespace
+    for name in ("FedAvgLS", "FedAvgClip"):
+        METHODS.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    full = load_dataset("synthetic", cache_dir=tmp_path_factory.mktemp("cache"))
+    return ImageDataset("synthetic", full.x_train[:200], full.y_train[:200], full.x_test[:100], full.y_test[:100])
+
+
+def _final_states(data, method, **args):
+    cfg = RunConfig(**TINY, method=method, method_args=args)
+    parts = iid_partition(len(data.y_train), cfg.clients, seed=0)
+    engine = Engine(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu"))
+    for t in range(cfg.rounds):
+        engine.run_round(t)
+    return engine.states
+
+
+def _equal(a, b):
+    return all(torch.equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
+
+
+def test_example_methods_reduce_to_fedavg(example, data):
+    fedavg = _final_states(data, "FedAvg")
+    assert _equal(fedavg, _final_states(data, "FedAvgLS", smoothing=0.0))
+    assert not _equal(fedavg, _final_states(data, "FedAvgLS", smoothing=0.2))
+    assert _equal(fedavg, _final_states(data, "FedAvgClip", max_norm=1e9))
+
+
+def test_example_clip_bounds_every_update(example):
+    g = torch.Generator().manual_seed(0)
+    updates = [ClientUpdate(i, 0, {"a": torch.randn(5, generator=g) * 10, "b": torch.randn(3, generator=g)}, 10, 1)
+               for i in range(3)]  # fmt: skip
+    clip = example["ClipUpdates"](METHODS["FedAvgClip"].parse_args({"max_norm": 0.5}), Setup(RunConfig(), []))
+    for u in clip(updates):
+        assert float(torch.sqrt(sum(d.pow(2).sum() for d in u.delta.values()))) == pytest.approx(0.5, rel=1e-5)
+
+
+def test_example_parameters_are_validated(example):
+    with pytest.raises(ValueError, match=r"method_args\.smoothing: Input should be less than 1"):
+        METHODS["FedAvgLS"].parse_args({"smoothing": 1.0})
+    assert "smoothing=0.1" in describe(METHODS["FedAvgLS"].params)
