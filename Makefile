@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    the embedded default experiment (Snakemake workflow, scikit-learn digits, 2 cores)
-#   make test   the test suite (real CIFAR-10 from $INCOFL_DATA_DIR, default ../shared/data)
+#   make test   ruff, snakemake --lint, then the test suite (real CIFAR-10 from $INCOFL_DATA_DIR,
+#               default ../shared/data)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,7 +25,15 @@ $(BIN)/.installed: pyproject.toml
 run: $(BIN)/.installed
 	$(BIN)/snakemake --cores $(CORES)
 
+# Fails fast, in this order: ruff lint, ruff format check, Snakemake's linter on the workflow
+# (parses it with config/config.yaml; no data, no jobs; exit 1 on any lint), the test suite.
+# tests/slurm_smoke/Snakefile (a by-hand SLURM check, no test runs it) is not linted: its rules
+# are bash and SLURM variables, and the linter's "conda environment or container" lint, which
+# has no per-rule switch, cannot be met sensibly there.
 test: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/snakemake --lint
 	$(BIN)/pytest
 
 bench: $(BIN)/.installed

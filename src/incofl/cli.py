@@ -19,13 +19,16 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4
 def _add_config(p: argparse.ArgumentParser, sets: bool = True) -> None:
     p.add_argument("--config", "-c", help="experiment config (YAML); default: built-in defaults")
     if sets:
+        # action="extend": `--set a=1 --set b=2` = `--set a=1 b=2` (with the default "store", only the
+        # last --set counted and the keys set before it silently kept the config's values)
         p.add_argument(
             "--set",
             "-s",
             nargs="+",
+            action="extend",
             default=[],
             metavar="KEY=VALUE",
-            help="override config keys, e.g. dataset=cifar10 alpha=1.0 method=InCoAvg seed=2",
+            help="override config keys, e.g. dataset=cifar10 alpha=1.0 method=InCoAvg seed=2; may be repeated",
         )
 
 
@@ -145,12 +148,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     from incofl.fl.methods import METHODS
+    from incofl.fl.params import describe
 
     for m in METHODS.values():
-        params = {**m.objective.params, **m.inco}
-        print(
-            f"{m.name:20s} objective={m.objective.__name__:10s} server={m.server:9s} base={m.base or '-':9s} {params}"
-        )
+        stages = [m.objective.__name__, m.aggregator.__name__, *(t.__name__ for t in m.pre + m.post)]
+        print(f"{m.name:20s} base={m.base or '-':9s} stages={'+'.join(stages)}")
+        print(f"{'':20s} method_args: {describe(m.params)}")
     return 0
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator, with_config
+from typing_extensions import TypedDict  # pydantic needs this one, not typing's, before Python 3.12
 
 DATASETS = ("digits", "synthetic", "cifar10", "cinic10", "fmnist", "svhn")
 RESNETS = ("resnet10", "resnet14", "resnet18", "resnet22", "resnet26")
@@ -99,6 +100,17 @@ def _check_dataset(name: str) -> str:
     return name
 
 
+@with_config(ConfigDict(extra="forbid"))
+class Resources(TypedDict, total=False):
+    """Resources of each training job (Snakemake `resources:`, sbatch options on SLURM).
+    What is left out comes from the profile's default-resources."""
+
+    gpu: Annotated[int, Field(ge=0)]  # GPUs per job (sbatch --gpus)
+    gpu_model: str  # e.g. a100 (sbatch --gpus=a100:N)
+    runtime: Annotated[int, Field(ge=1)]  # minutes for the first try; a retry gets attempt x runtime
+    mem_mb: Annotated[int, Field(ge=1)]
+
+
 class RunConfig(Settings):
     """One training run: a grid point plus its settings."""
 
@@ -129,12 +141,12 @@ class ExperimentConfig(Settings):
     """A config file: the grid, shared settings, per-method overrides and job resources."""
 
     datasets: list[str] = Field(default_factory=lambda: ["digits"], min_length=1)
-    alphas: list[float] = Field(default_factory=lambda: [0.5], min_length=1)
+    alphas: list[Annotated[float, Field(gt=0.0)]] = Field(default_factory=lambda: [0.5], min_length=1)
     methods: list[str] = Field(default_factory=lambda: ["InCoAvg"], min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
     per_method: dict[str, dict[str, Any]] = Field(default_factory=dict)  # e.g. MOON: {rounds: 100}
     table_metric: Literal["final_acc", "best_acc", "last10_acc"] = "final_acc"
-    resources: dict[str, Any] = Field(default_factory=dict)  # workflow job resources (gpu, mem_mb, ...)
+    resources: Resources = Field(default_factory=Resources)  # workflow job resources
 
     @field_validator("datasets")
     @classmethod
@@ -145,20 +157,6 @@ class ExperimentConfig(Settings):
     @classmethod
     def _methods(cls, v: list[str]) -> list[str]:
         return [_check_method(m) for m in v]
-
-    @field_validator("alphas")
-    @classmethod
-    def _alphas(cls, v: list[float]) -> list[float]:
-        if any(a <= 0 for a in v):
-            raise ValueError("every alpha must be > 0")
-        return v
-
-    @field_validator("seeds")
-    @classmethod
-    def _seeds(cls, v: list[int]) -> list[int]:
-        if any(s < 0 for s in v):
-            raise ValueError("seeds must be >= 0")
-        return v
 
     @model_validator(mode="after")
     def _per_method(self) -> ExperimentConfig:

@@ -1,5 +1,6 @@
 """The config (validated before any job is planned), the experiment grid, the paths every
-rule shares, and the config files the jobs read.
+rule shares, and the functions the rules call (the rules themselves are in the other .smk
+files: Snakemake's linter wants rules and functions apart).
 
 Which jobs rerun after a config change is left to Snakemake's params trigger: the prepare,
 partition and run_config jobs hold in `params:` exactly the settings their output depends
@@ -73,7 +74,18 @@ EXP = load_config(config)
 
 # Jobs run the `incofl` of the Python environment Snakemake runs in, activated or not
 # (`.venv/bin/snakemake`, `make run`, DVC); SLURM jobs inherit this PATH (sbatch --export=ALL).
+# Declared with `envvars:`, as Snakemake's linter asks of a variable the workflow touches (an
+# executor that exports declared variables to its jobs passes on this value).
+envvars:
+    "PATH",
+
+
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+# Every rule's software: the project's pinned environment, `incofl` included (pip `-e .`), for
+# `snakemake --sdm conda`; without it jobs use the environment Snakemake runs in (above).
+# Relative to workflow/rules/, where every rule that runs something is.
+SOFTWARE = "../../environment.yml"
 
 # --- paths -------------------------------------------------------------------------------
 CONFIG = "results/config.yaml"  # the validated config with every default filled in (report jobs)
@@ -167,25 +179,9 @@ def train_resources():
     return res
 
 
-# --- config files (written by jobs, so that a dry run writes nothing; shell jobs, as a run:
-# job would start a Python process that parses the whole workflow again) -----------------
-rule experiment_config:
-    output:
-        CONFIG,
-    params:
-        config=as_yaml(EXP.model_dump(mode="json")),
-    localrule: True
-    shell:
-        "printf '%s' {params.config:q} > {output}"
-
-
-rule run_config:
-    """A run's config file; rewritten (and the run redone) only when the run's own settings
-    change."""
-    output:
-        f"{RUN}/config.yaml",
-    params:
-        config=lambda wc: as_yaml(run_file(wc)),
-    localrule: True
-    shell:
-        "printf '%s' {params.config:q} > {output}"
+# --- report ------------------------------------------------------------------------------
+def runs_root(wc, input):
+    """RUNS_ROOT for the table and figures jobs, as a path derived from their input (a run's
+    summary.json is RUNS_ROOT/<dataset>/a<alpha>/<method>/s<seed>/summary.json), not a
+    hardcoded prefix of it."""
+    return str(Path(input.runs[0]).parents[len(Path(RUN).relative_to(RUNS_ROOT).parts)])

@@ -9,6 +9,8 @@ rule prepare:
         "results/logs/prepare/{dataset}.log",
     params:
         sets=lambda wc: cli_sets(data_settings(wc)),
+    conda:
+        SOFTWARE
     shell:
         "incofl prepare --set {params.sets} > {log} 2>&1"
 
@@ -22,5 +24,7 @@ rule partition:
         "results/logs/partition/{dataset}/a{alpha}-k{clients}-p{pseed}.log",
     params:
         sets=lambda wc: cli_sets(partition_settings(wc)),
+    conda:
+        SOFTWARE
     shell:
         "incofl partition --out {output} --set {params.sets} > {log} 2>&1"

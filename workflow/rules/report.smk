@@ -14,10 +14,13 @@ rule table:
     log:
         "results/logs/report/table.log",
     params:
-        out=Path(TABLES[0]).parent,
+        runs=runs_root,
+        out=lambda wc, output: os.path.dirname(output.md),
+    conda:
+        SOFTWARE
     localrule: True
     shell:
-        "incofl table --config {input.config} --runs {RUNS_ROOT} --out {params.out}"
+        "incofl table --config {input.config} --runs {params.runs} --out {params.out}"
         " --metrics {output.metrics} > {log} 2>&1"
 
 
@@ -30,9 +33,14 @@ rule figures:
         pdf=figures("pdf"),
     log:
         "results/logs/report/figures.log",
+    params:
+        runs=runs_root,
+        out=lambda wc, output: os.path.dirname(output.pdf[0]),
+    conda:
+        SOFTWARE
     localrule: True
     shell:
-        "incofl figures --config {input.config} --runs {RUNS_ROOT} --out {FIGURES} > {log} 2>&1"
+        "incofl figures --config {input.config} --runs {params.runs} --out {params.out} > {log} 2>&1"
 
 
 rule plot_data:
@@ -40,6 +48,10 @@ rule plot_data:
         RUNS,
     output:
         PLOT_DATA,
+    log:
+        "results/logs/report/plot_data.log",
+    conda:
+        SOFTWARE
     localrule: True
     script:
         "../scripts/plot_data.py"

@@ -16,7 +16,9 @@ rule train:
     benchmark:
         "results/benchmarks/train/{dataset}/a{alpha}/{method}/s{seed}.tsv"
     params:
-        run_dir=RUN,
+        run_dir=lambda wc, output: os.path.dirname(output[0]),
+    conda:
+        SOFTWARE
     threads: run_threads
     resources:
         **train_resources(),

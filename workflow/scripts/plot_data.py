@@ -2,6 +2,7 @@
 method, round, accuracy, std, seeds), for `dvc plots` (template workflow/dvc/curves.json)."""
 
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -22,5 +23,10 @@ def curves(summaries: list[str]) -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    with atomic_path(snakemake.output[0]) as tmp:  # noqa: F821 (set by Snakemake's script:)
-        curves(snakemake.input).to_csv(tmp, index=False)  # noqa: F821
+    # the job's log (rule plot_data): warnings and a traceback go there too
+    sys.stderr = log = open(snakemake.log[0], "w")  # noqa: F821 (set by Snakemake's script:)
+    inputs, output = snakemake.input, snakemake.output[0]  # noqa: F821
+    table = curves(inputs)
+    with atomic_path(output) as tmp:
+        table.to_csv(tmp, index=False)
+    print(f"{output}: {len(table)} rows from {len(inputs)} runs", file=log)

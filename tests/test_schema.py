@@ -1,0 +1,143 @@
+"""The workflow's JSON schema is generated from the pydantic models (incofl.schema): the
+committed file is what the generator gives now, it has no defaults (Snakemake's validate()
+would fill them into the config), and the schema and pydantic agree on bad and shipped configs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+from snakemake.utils import validate as snakemake_validate
+
+from incofl import schema as gen
+from incofl.config import ConfigError, ExperimentConfig, validate_experiment
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA_FILE = REPO / "workflow" / "schemas" / "config.schema.yaml"
+TINY = REPO / "tests" / "data" / "tiny.yaml"
+CONFIGS = sorted((REPO / "config").glob("*.yaml")) + [TINY]
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return yaml.safe_load(SCHEMA_FILE.read_text())
+
+
+def _keys(node, out=None) -> set[str]:
+    """Every mapping key at any depth."""
+    out = set() if out is None else out
+    if isinstance(node, dict):
+        out.update(node)
+        for v in node.values():
+            _keys(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _keys(v, out)
+    return out
+
+
+def test_committed_schema_is_what_the_generator_gives():
+    assert SCHEMA_FILE.read_text() == gen.render(), (
+        f"{SCHEMA_FILE.relative_to(REPO)} is stale: run `python -m incofl.schema --write`"
+    )
+
+
+def test_the_module_prints_and_writes_the_schema(tmp_path, monkeypatch, capsys):
+    assert gen.main([]) == 0
+    out = capsys.readouterr().out
+    assert out == gen.render() and out.startswith("# Generated") and "incofl.schema --write" in out.splitlines()[0]
+    target = tmp_path / "workflow" / "schemas" / "config.schema.yaml"
+    target.parent.mkdir(parents=True)
+    monkeypatch.setattr(gen, "SCHEMA_FILE", target)
+    assert gen.main(["--write"]) == 0
+    assert target.read_text() == out
+    assert yaml.safe_load(out) == gen.config_schema()
+
+
+def test_schema_has_no_defaults_and_is_a_valid_2020_12_schema(schema):
+    Draft202012Validator.check_schema(schema)
+    assert schema["$schema"] == Draft202012Validator.META_SCHEMA["$schema"]  # else Snakemake warns
+    assert "default" not in _keys(schema), "defaults belong to the pydantic model only"
+    assert "title" not in _keys(schema)
+    assert "pydantic is the one place for them" in schema["description"]
+    assert schema["additionalProperties"] is False
+
+
+def test_enums_come_from_the_registries(schema):
+    from incofl.config import DATASETS, RESNETS, VITS
+    from incofl.fl.methods import METHODS
+
+    defs = schema["$defs"]
+    assert defs["Dataset"]["enum"] == list(DATASETS)
+    assert defs["Model"]["enum"] == list(RESNETS + VITS)
+    assert defs["Method"]["enum"] == list(METHODS)
+    props = schema["properties"]
+    assert props["datasets"]["items"] == {"$ref": "#/$defs/Dataset"}
+    assert props["models"]["items"] == {"$ref": "#/$defs/Model"}
+    assert props["methods"]["items"] == {"$ref": "#/$defs/Method"}
+    assert props["per_method"]["propertyNames"] == {"$ref": "#/$defs/Method"}
+
+
+BAD = [
+    ({"ratio": 1.5}, "ratio"),
+    ({"ratio": 0}, "ratio"),
+    ({"alphas": [0.5, 0]}, "alphas"),
+    ({"seeds": [0, -1]}, "seeds"),
+    ({"learning_rate": 0.1}, "learning_rate"),  # unknown key
+    ({"methods": ["FedAvg", "NoSuchMethod"]}, "methods"),
+    ({"models": ["resnet10", "resnet99"]}, "models"),
+    ({"datasets": ["imagenet"]}, "datasets"),
+    ({"eval_every": 0}, "eval_every"),
+    ({"lr": -1}, "lr"),
+    ({"momentum": 1.0}, "momentum"),
+    ({"threads": 0}, "threads"),
+    ({"optimizer": "rmsprop"}, "optimizer"),
+    ({"per_method": {"NoSuchMethod": {"rounds": 1}}}, "per_method"),
+    ({"resources": {"gpu": -1}}, "resources"),
+    ({"resources": {"cpus": 4}}, "resources"),  # unknown resource
+]
+
+
+@pytest.mark.parametrize("override,key", BAD, ids=[str(o) for o, _ in BAD])
+def test_schema_and_pydantic_both_refuse_a_bad_config(schema, override, key):
+    base = yaml.safe_load(TINY.read_text())
+    jsonschema.validate(base, schema, cls=Draft202012Validator)  # the base is valid on both sides
+    validate_experiment(base)
+    cfg = {**base, **override}
+    with pytest.raises(jsonschema.ValidationError) as err:
+        jsonschema.validate(cfg, schema, cls=Draft202012Validator)
+    path = list(err.value.absolute_path)
+    assert (path and path[0] == key) or key in err.value.message, (path, err.value.message)
+    with pytest.raises(ConfigError) as err:
+        validate_experiment(cfg, "c.yaml")
+    msg = str(err.value)
+    assert key in msg and "\n" not in msg
+
+
+def test_pydantic_defaults_pass_the_schema(schema):
+    jsonschema.validate(ExperimentConfig().model_dump(mode="json"), schema, cls=Draft202012Validator)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_pass_both(schema, path):
+    raw = yaml.safe_load(path.read_text())
+    jsonschema.validate(raw, schema, cls=Draft202012Validator)
+    validate_experiment(raw, str(path))
+    # as the workflow validates: Snakemake's validate() (its $ref registry, default filling)
+    cfg = copy.deepcopy(raw)
+    snakemake_validate(cfg, str(SCHEMA_FILE))
+    assert cfg == raw, "Snakemake's validate() changed the config: the schema must not hold defaults"
+
+
+def test_snakemake_validate_resolves_refs_and_refuses(tmp_path):
+    """The $defs enums are reached through Snakemake's reference resolution too."""
+    from snakemake.exceptions import WorkflowError
+
+    with pytest.raises(WorkflowError) as err:
+        snakemake_validate({"methods": ["NoSuchMethod"]}, str(SCHEMA_FILE))
+    cause = err.value.__context__
+    assert isinstance(cause, jsonschema.ValidationError) and list(cause.absolute_path) == ["methods", 0]
