@@ -111,13 +111,17 @@ def test_dry_run_plans_exactly_the_grid(tmp_path, path):
         ("clients=1", "clients"),  # 1 client cannot fill the 2 model groups
         ("per_method={InCoAvg: {rounds: 0}}", "per_method"),
         ("learning_rate=0.1", "learning_rate"),
+        ("method_args={clip: 0.2}", "method_args.clip: not a parameter of FedAvg"),
+        ("per_method={InCoAvg: {method_args: {clip: 0}}}", "per_method.InCoAvg.method_args.clip"),
     ],
 )
 def test_bad_config_stops_before_any_job(tmp_path, override, key):
+    """Exit code 2 and one line naming the key, as `incofl train` gives; no traceback."""
     proc = run_snakemake(tmp_path, "--cores", "1", "--config", override)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr
     error = [line for line in proc.stderr.splitlines() if "tiny.yaml" in line]
-    assert error and key in error[0], proc.stderr
+    assert len(error) == 1 and key in error[0] and error[0].startswith("snakemake: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr and 'File "' not in proc.stderr
     assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
 
 

@@ -38,10 +38,16 @@ def _yaml_values(value):
     return value
 
 
+def refuse(message):
+    """A bad config: one line on stderr and exit code 2, before any job (as `incofl` does)."""
+    print(f"snakemake: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def load_config(config):
     """The JSON schema (keys, types, enums, ranges), then the pydantic model (cross-field
     checks: clients per model group, method_args, per_method). Either way a bad config stops
-    the workflow before any job, with one line naming the key."""
+    the workflow before any job, with one line naming the key and exit code 2."""
     source = str(workflow.configfiles[-1]) if workflow.configfiles else "config"
     if workflow.config_settings.config:
         source += " with --config"
@@ -57,16 +63,16 @@ def load_config(config):
         if not isinstance(cause, jsonschema.ValidationError):
             raise
         key = ".".join(str(p) for p in cause.absolute_path) or "config"
-        raise WorkflowError(f"{source}: {key}: {cause.message}") from None
+        refuse(f"{source}: {key}: {cause.message}")
     try:
         exp = validate_experiment(config, source)
     except ConfigError as err:
-        raise WorkflowError(str(err)) from None
+        refuse(str(err))
     for method, overrides in exp.per_method.items():
         shared = sorted(SHARED_SETTINGS & set(overrides))
         if shared:
-            raise WorkflowError(f"{source}: per_method.{method}.{shared[0]}: data and partition settings "
-                                "are shared by all methods, set them at the top level")
+            refuse(f"{source}: per_method.{method}.{shared[0]}: data and partition settings "
+                   "are shared by all methods, set them at the top level")
     return exp
 
 
