@@ -130,6 +130,20 @@ def cmd_figures(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_paired(args: argparse.Namespace) -> int:
+    from incofl.atomic import atomic_path
+    from incofl.report.paired import paired, to_markdown
+
+    exp, summaries = _report_inputs(args)
+    text = to_markdown(paired(summaries, args.method, args.base, ["final_acc", "last10_acc"]), args.method, args.base)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(args.out) as tmp:
+            Path(tmp).write_text(text)
+    print(text)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from incofl.bench import benchmark, format_report
 
@@ -188,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help="leave out the paper's Table 2 columns from table2.md (shown for ResNet runs)",
             )
         p.set_defaults(func=func)
+    p = sub.add_parser("paired", help="a method against a base, paired by seed: difference, standard error, sign test")
+    _add_config(p, sets=False)
+    p.add_argument("--runs", required=True, help="root of the run directories")
+    p.add_argument("--method", required=True)
+    p.add_argument("--base", required=True)
+    p.add_argument("--out", help="also write the Markdown table here")
+    p.set_defaults(func=cmd_paired)
     p = sub.add_parser("bench", help="engine vs plain PyTorch throughput, and aggregation share")
     p.add_argument("--json", action="store_true")
     p.add_argument("--model", default="resnet18")

@@ -1,0 +1,37 @@
+"""Paired comparison over seeds: differences, standard error and the exact sign test."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from incofl.report.paired import paired, sign_test, to_markdown
+
+
+def test_sign_test_is_the_exact_binomial():
+    assert sign_test([1.0] * 5) == pytest.approx(2 / 32)  # 5 of 5 wins: p = 2 * (1/2)^5
+    assert sign_test([1.0, 1.0, 1.0, -1.0, 0.0]) == pytest.approx(2 * (1 + 4) / 16)  # tie dropped: 3/1 of 4
+    assert sign_test([1.0, -1.0]) == 1.0 and sign_test([0.0]) == 1.0
+
+
+def test_paired_differences_by_seed():
+    runs = pd.DataFrame(
+        [
+            {"dataset": "cifar10", "alpha": 0.5, "seed": s, "method": m, "final_acc": acc, "last10_acc": acc - 1}
+            for s, (a, b) in enumerate([(30.0, 28.0), (31.0, 30.0), (29.0, 29.5)])
+            for m, acc in (("InCoAvg", a), ("HeteroAvg", b))
+        ]
+        + [{"dataset": "cifar10", "alpha": 0.5, "seed": 3, "method": "InCoAvg", "final_acc": 99.0, "last10_acc": 9.0}]
+    )  # seed 3 has no HeteroAvg run: not a pair
+    table = paired(runs, "InCoAvg", "HeteroAvg", ["final_acc", "last10_acc"])
+    final = table[table.metric == "final_acc"].iloc[0]
+    diffs = [2.0, 1.0, -0.5]
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    assert (final.n, final.wins, final.losses, final.diffs) == (3, 2, 1, diffs)
+    assert final.mean_diff == pytest.approx(mean) and final.se == pytest.approx(sd / math.sqrt(3))
+    assert final.sign_p == pytest.approx(1.0)
+    assert table[table.metric == "last10_acc"].iloc[0].mean_diff == pytest.approx(mean)
+    assert "| cifar10 | 0.5 | final_acc | 3 | +0.83 ± 0.73 | 2/1 | 1.000 | +2.00, +1.00, -0.50 |" in to_markdown(
+        table, "InCoAvg", "HeteroAvg"
+    )
