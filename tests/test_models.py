@@ -1,5 +1,7 @@
 """The model families: the paper's parameter counts and name-subset nesting."""
 
+import math
+
 import pytest
 import torch
 
@@ -54,3 +56,22 @@ def test_vit_loads_local_pretrained_weights_with_fresh_head(tmp_path):
 def test_unnested_models_are_rejected():
     with pytest.raises(ValueError, match="not nested"):
         check_nested([build_model("resnet10", 10, 3), build_model("resnet10", 5, 3)])
+
+
+@pytest.mark.parametrize("stem,channels,kernel", [("cifar", 3, 3), ("cifar", 1, 3), ("imagenet", 1, 7)])
+def test_a_replaced_first_conv_is_kaiming_initialised_like_the_rest(stem, channels, kernel):
+    """The release (and torchvision) draw every conv kaiming-normal (fan_out, relu): std =
+    sqrt(2 / (64 k^2)). PyTorch's default for a new conv is about 0.19 for a 1-channel 3x3."""
+    torch.manual_seed(0)
+    conv1 = build_model("resnet10", 10, channels, stem=stem).conv1.weight
+    assert conv1.shape[1:] == (channels, kernel, kernel)
+    assert conv1.std().item() == pytest.approx(math.sqrt(2 / (64 * kernel**2)), rel=0.15)
+    assert abs(conv1.mean().item()) < 0.2 * conv1.std().item()  # normal around 0, not uniform in [0, b]
+
+
+def test_vit_takes_grey_images_as_three_channels_with_pretrained_weights(tmp_path):
+    """FMNIST with pretrained ViT weights: grey images are copied to 3 channels (as released)."""
+    torch.save(build_model("vit_d8", 100, 3, image_size=224).state_dict(), tmp_path / "vit.pt")
+    model = build_model("vit_d8", 10, 1, pretrained=str(tmp_path / "vit.pt"), image_size=224).eval()
+    grey = torch.randn(2, 1, 224, 224)
+    assert torch.equal(model(grey), model(grey.expand(-1, 3, -1, -1)))

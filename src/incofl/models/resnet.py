@@ -41,6 +41,8 @@ class FamilyResNet(Projectable, ResNet):
             self.maxpool = nn.Identity()
         elif in_channels != 3:
             self.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
+        if stem == "cifar" or in_channels != 3:  # a replaced stem is initialised like every other conv
+            nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")
         self.add_projection(projection_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:

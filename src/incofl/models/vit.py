@@ -24,6 +24,8 @@ class FamilyViT(Projectable, VisionTransformer):
         self.add_projection(projection_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] == 1:  # grey images as three equal channels, as the authors' code does
+            x = x.expand(-1, 3, -1, -1)
         return self.forward_head(self.forward_features(x), pre_logits=True)
 
 
@@ -36,14 +38,15 @@ def vit(
     projection_dim: int | None = None,
 ) -> FamilyViT:
     """A ViT-S of the named depth; `pretrained` is a local state-dict file (no hub at run time):
-    its blocks beyond this depth and its classifier head are dropped (fresh head)."""
+    its blocks beyond this depth and its classifier head are dropped (fresh head). The patch
+    embedding always takes 3 channels; `in_channels` 1 (grey) is copied to 3 in `features`."""
     model = FamilyViT(
         img_size=img_size,
         patch_size=16,
         embed_dim=384,
         depth=DEPTHS[name],
         num_heads=6,
-        in_chans=in_channels,
+        in_chans=3,  # grey inputs are expanded in `features`, so RGB pretrained weights fit
         num_classes=num_classes,
         projection_dim=projection_dim,
     )

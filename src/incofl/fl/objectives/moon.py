@@ -5,7 +5,8 @@ z the projection of this model, z_glob that of the global (sub-)model the client
 from and z_prev those of its previous local models (a FIFO pool of `pool_size`). The models
 carry MOON's projection head (`projection_dim`, models/projection.py; 0 builds none and z is
 the features, MOON code's `use_project_head=0`); the frozen models run in eval mode, as in
-MOON's code. Defaults: mu = 5 (NIID-Bench's CIFAR-10 choice), T = 0.5, pool 1, 256 dims.
+MOON's code. Defaults: mu = 5 and T = 0.5 (the MOON paper's CIFAR-10 setting; NIID-Bench's
+code defaults to mu = 0.001 without a projection head), pool 1, 256 dims.
 
 A client with no previous model yet (every client in round one, and later a client sampled
 for the first time) uses the global model as its negative. Then both logits are equal and
