@@ -41,3 +41,9 @@ def test_readme_evidence_is_the_committed_table():
     assert (REPO / "results/evidence-cifar10-mini/table2.md").read_text().strip() in evidence
     for link in re.findall(r"\]\((results/[^)]+)\)", evidence):
         assert (REPO / link).is_file(), link
+
+
+def test_readme_paired_comparison_is_the_committed_one():
+    """The README's InCoAvg-vs-HeteroAvg table is `incofl paired`'s output, verbatim."""
+    readme = (REPO / "README.md").read_text()
+    assert (REPO / "results/evidence-inco-vs-heteroavg/paired.md").read_text().strip() in readme
