@@ -85,7 +85,8 @@ class Engine:
         self.aggregator = method.aggregator(hp)
         self.pre = [transform(hp, setup) for transform in method.pre]
         self.post = [transform(hp, setup) for transform in method.post]
-        self.observers = [CostLog(), *(observer() for observer in method.observers)]
+        self.costs = CostLog()  # every method's; its totals go into metrics.csv and summary.json
+        self.observers = [self.costs, *(observer() for observer in method.observers)]
         self.planner = method.planner(cfg.clients, cfg.groups, self.aggregator.federation)
         autocast = cfg.bf16 and device.type == "cuda"
         self.trainer = SerialTrainer(cfg, self.models, self.train_data, self.parts, autocast)
@@ -184,7 +185,7 @@ class Run:
         )
 
     def record(self, round_: int) -> dict[str, float]:
-        costs = self.engine.observers[0].totals()  # the CostLog: upload bytes and compute units so far
+        costs = self.engine.costs.totals()  # upload bytes and compute units so far
         row = {"round": round_, **self.engine.evaluate(), "seconds": round(self.elapsed, 3), **costs}
         accs = [row[f"acc_g{g}"] for g in range(self.cfg.groups)]
         self.rows.append(row)
@@ -249,7 +250,7 @@ class Run:
             "final_loss": final["mean_loss"],
             "wall_s": round(self.elapsed, 3),
             "samples_per_s": round(self.samples / max(self.elapsed, 1e-9), 1),
-            **self.engine.observers[0].totals(),
+            **self.engine.costs.totals(),
             "state_sha256": self.engine.fingerprint(),
             "device": str(self.engine.device),
             "torch": torch.__version__,
