@@ -101,6 +101,25 @@ def test_dry_run_plans_exactly_the_grid(tmp_path, path):
     assert planned_jobs(tmp_path, config=path) == grid_jobs(yaml.safe_load(path.read_text()))
 
 
+def test_release_config_plans_its_grid_from_the_release_partitions(tmp_path):
+    """config/paper-resnet-release.yaml runs from the workflow once the release's partition files
+    are there (every data set x alpha, FMNIST reading CIFAR-10's), and stops naming the first
+    missing file before any job otherwise."""
+    path = REPO / "config" / "paper-resnet-release.yaml"
+    folder = tmp_path / "fix_distribution"
+    folder.mkdir()
+    for prefix in ("", "SVHN_", "cinic10_"):
+        for alpha in ("0.5", "1.0"):
+            (folder / f"{prefix}hetero-fix-100-{alpha}.npy").write_bytes(b"")
+    (folder / "cinic10_hetero-fix-100-1.0.npy").rename(folder / "kept-aside.npy")
+    proc = run_snakemake(tmp_path, "--dry-run", "--config", f"release_partitions={folder}", config=path)
+    assert proc.returncode == 2 and "release_partitions: " in proc.stderr, proc.stderr
+    assert "cinic10_hetero-fix-100-1.0.npy: release partition file not found" in proc.stderr
+    (folder / "kept-aside.npy").rename(folder / "cinic10_hetero-fix-100-1.0.npy")
+    raw = {**yaml.safe_load(path.read_text()), "release_partitions": str(folder)}
+    assert planned_jobs(tmp_path, "--config", f"release_partitions={folder}", config=path) == grid_jobs(raw)
+
+
 @pytest.mark.parametrize(
     "override,key",
     [

@@ -45,12 +45,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
+    from incofl.data.partition import partition_for
     from incofl.data.sources import load_dataset
-    from incofl.fl.simulation import partition_for
 
     cfg = load_run_config(args.config, {**parse_overrides(args.set), "partition_file": None})
-    labels = load_dataset(cfg.dataset, cfg.data_dir, cfg.cache_dir).y_train
-    part = partition_for(cfg, labels)
+    part = partition_for(cfg, load_dataset(cfg.dataset, cfg.data_dir, cfg.cache_dir))
     part.save(args.out)
     sizes = part.histogram.sum(1)
     print(
@@ -227,12 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
 def run(argv: list[str] | None = None) -> int:
     """Parse and dispatch; config and data errors become one line on stderr and exit code 2."""
     from incofl.data.partition import PartitionError
+    from incofl.data.release import ReleasePartitionError
     from incofl.fl.checkpoint import CheckpointMismatch
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, PartitionError, CheckpointMismatch) as err:
+    except (ConfigError, FileNotFoundError, PartitionError, ReleasePartitionError, CheckpointMismatch) as err:
         print(f"incofl {args.command}: error: {err}", file=sys.stderr)
         return 2
 

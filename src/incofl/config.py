@@ -33,12 +33,20 @@ class Settings(BaseModel):
     # data
     data_dir: str | None = None  # else $INCOFL_DATA_DIR, else ./data
     cache_dir: str = "resources/data"
-    partition: Literal["dirichlet", "iid"] = "dirichlet"
+    partition: Literal["dirichlet", "iid", "release"] = "dirichlet"  # release: the authors' .npy files
     partition_seed: int = Field(0, ge=0)
     partition_file: str | None = None  # a saved partition artifact; computed on the fly if unset
+    release_partitions: str | None = None  # folder of the release's fix_distribution/*.npy (partition: release)
+    fmnist_partition: Literal["own", "cifar"] = "own"  # cifar: FMNIST clients get CIFAR-10's partition (release)
     min_size: int = Field(10, ge=1)
     max_retries: int = Field(1000, ge=1)
-    augment: Literal["auto", "none", "crop", "crop_flip"] = "auto"
+    # the input pipeline (README "Fidelity": ours by default, the release's as options)
+    augment: Literal["auto", "none", "crop", "crop_flip", "release"] = "auto"
+    cutout: int | None = Field(None, ge=0)  # Cutout square side; None: as `augment` says (release: 16), 0: off
+    pad_fill: Literal["mean", "black"] = "mean"  # random-crop padding colour (release: black)
+    normalize: Literal["stats", "half", "none"] = "stats"  # training-set mean/std, 0.5/0.5, or [0, 1] pixels
+    resize: int | None = Field(None, ge=8)  # ResNets: resize images to this side (release FMNIST: 32)
+    drop_last: bool = False  # drop incomplete batches: each client's last, and the test set's tail (release)
     # federation
     clients: int = Field(100, ge=1)
     ratio: float = Field(0.1, gt=0.0, le=1.0)
@@ -52,6 +60,7 @@ class Settings(BaseModel):
     lr: float = Field(1e-3, gt=0.0)
     momentum: float = Field(0.0, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    vit_epoch_scale: Literal["inco", "all"] = "inco"  # ViTs: updates / local_epochs for InCo or every method
     method_args: dict[str, Any] = Field(default_factory=dict)  # the method's hyper-parameters
     # evaluation, checkpoints, runtime
     eval_every: int = Field(1, ge=1)
@@ -83,6 +92,12 @@ class Settings(BaseModel):
     def _enough_clients(self) -> Settings:
         if self.clients < self.groups:
             raise ValueError(f"clients: {self.clients} clients cannot fill {self.groups} model groups")
+        return self
+
+    @model_validator(mode="after")
+    def _release_partitions(self) -> Settings:
+        if self.partition == "release" and not self.partition_file and not self.release_partitions:
+            raise ValueError("release_partitions: needed with partition: release (the folder of the .npy files)")
         return self
 
 
@@ -145,6 +160,7 @@ class ExperimentConfig(Settings):
     methods: list[str] = Field(default_factory=lambda: ["InCoAvg"], min_length=1)
     seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
     per_method: dict[str, dict[str, Any]] = Field(default_factory=dict)  # e.g. MOON: {rounds: 100}
+    per_dataset: dict[str, dict[str, Any]] = Field(default_factory=dict)  # e.g. fmnist: {resize: 32}
     table_metric: Literal["final_acc", "best_acc", "last10_acc"] = "final_acc"
     resources: Resources = Field(default_factory=Resources)  # workflow job resources
 
@@ -159,39 +175,59 @@ class ExperimentConfig(Settings):
         return [_check_method(m) for m in v]
 
     @model_validator(mode="after")
-    def _per_method(self) -> ExperimentConfig:
-        """Every method's merged settings and method_args are valid before any job starts."""
+    def _per_dataset_and_method(self) -> ExperimentConfig:
+        """Every data set x method's merged settings and method_args are valid before any job starts."""
         from incofl.fl.methods import METHODS
 
+        for dataset in self.per_dataset:
+            if dataset not in DATASETS:
+                raise ValueError(f"per_dataset.{dataset}: unknown dataset; known: {', '.join(DATASETS)}")
+        datasets = list(dict.fromkeys([*self.datasets, *self.per_dataset]))
         for method in dict.fromkeys([*self.methods, *self.per_method]):
-            overrides = self.per_method.get(method, {})
-            try:
-                settings = Settings.model_validate(self.settings_for(method, validate=False))
-                METHODS[_check_method(method)].parse_args(settings.method_args)
-            except ValidationError as err:
-                raise ValueError(str(_one_line(err, f"per_method.{method}"))) from None
-            except ValueError as err:
-                where = f"per_method.{method}." if "method_args" in overrides or method not in self.methods else ""
-                raise ValueError(f"{where}{err}") from None
+            for dataset in datasets:
+                try:
+                    settings = Settings.model_validate(self.settings_for(method, dataset, validate=False))
+                    METHODS[_check_method(method)].parse_args(settings.method_args)
+                except ValueError as err:  # pydantic's ValidationError too
+                    problem = _key_and_message(err)
+                    where = self._override_key(method, dataset, problem.split(":")[0].split(".")[0])
+                    raise ValueError(f"{where}.{problem}" if where else problem) from None
         return self
 
-    def settings_for(self, method: str, extra: dict[str, Any] | None = None, validate: bool = True) -> dict[str, Any]:
-        """The shared settings with the method's overrides (and `extra`) applied."""
+    def _override_key(self, method: str, dataset: str, key: str) -> str:
+        """Where a bad merged setting came from: per_method.<m>, per_dataset.<d>, or the top level."""
+        if key in self.per_method.get(method, {}) or method not in self.methods:
+            return f"per_method.{method}"
+        if key in self.per_dataset.get(dataset, {}):
+            return f"per_dataset.{dataset}"
+        return ""
+
+    def settings_for(
+        self, method: str, dataset: str | None = None, extra: dict[str, Any] | None = None, validate: bool = True
+    ) -> dict[str, Any]:
+        """The shared settings with the data set's, then the method's overrides (and `extra`) applied."""
         shared = self.model_dump(include=set(Settings.model_fields))
-        merged = {**shared, **self.per_method.get(method, {}), **(extra or {})}
+        by_dataset, by_method = self.per_dataset.get(dataset or "", {}), self.per_method.get(method, {})
+        merged = {**shared, **by_dataset, **by_method, **(extra or {})}
         return Settings.model_validate(merged).model_dump() if validate else merged
 
     def run_config(self, dataset: str, alpha: float, method: str, seed: int, **overrides: Any) -> RunConfig:
-        return RunConfig(dataset=dataset, alpha=alpha, method=method, seed=seed, **self.settings_for(method, overrides))
+        settings = self.settings_for(method, dataset, overrides)
+        return RunConfig(dataset=dataset, alpha=alpha, method=method, seed=seed, **settings)
+
+
+def _key_and_message(err: ValueError) -> str:
+    """`key: message` of a ValidationError's first error (or a ValueError's own text)."""
+    if not isinstance(err, ValidationError):
+        return str(err)
+    first = err.errors()[0]
+    msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    key = ".".join(str(p) for p in first["loc"])
+    return f"{key}: {msg}" if key else msg
 
 
 def _one_line(err: ValidationError, source: str) -> ConfigError:
-    first = err.errors()[0]
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        msg = "unknown key"
-    key = ".".join(str(p) for p in first["loc"])
-    return ConfigError(f"{source}: {key}: {msg}" if key else f"{source}: {msg}")
+    return ConfigError(f"{source}: {_key_and_message(err)}")
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

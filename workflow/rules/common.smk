@@ -21,9 +21,11 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from incofl.config import ConfigError, validate_experiment
+from incofl.data.release import ReleasePartitionError, release_file
 
 # Settings one partition artifact (and the data cache) stands for: no method may override them.
-SHARED_SETTINGS = {"data_dir", "cache_dir", "partition", "min_size", "max_retries", "partition_file"}
+SHARED_SETTINGS = {"data_dir", "cache_dir", "partition", "min_size", "max_retries", "partition_file",
+                   "release_partitions", "fmnist_partition"}
 # Settings the train rule sets itself (from the job), so they are not part of a run's config file.
 JOB_SETTINGS = {"threads", "progress", "partition_file"}
 
@@ -68,6 +70,18 @@ def load_config(config):
         exp = validate_experiment(config, source)
     except ConfigError as err:
         refuse(str(err))
+    for dataset in exp.datasets:  # the release's partition files are there before any job
+        settings = exp.settings_for(exp.methods[0], dataset)
+        for alpha in exp.alphas if settings["partition"] == "release" else []:
+            try:
+                path = release_file(settings["release_partitions"], dataset, settings["clients"], alpha)
+            except ReleasePartitionError as err:
+                refuse(f"{source}: {err}")
+            if not path.is_file():
+                refuse(f"{source}: release_partitions: {path}: release partition file not found")
+    for dataset, overrides in exp.per_dataset.items():
+        if "cache_dir" in overrides:
+            refuse(f"{source}: per_dataset.{dataset}.cache_dir: the data cache is shared, set it at the top level")
     for method, overrides in exp.per_method.items():
         shared = sorted(SHARED_SETTINGS & set(overrides))
         if shared:
@@ -138,12 +152,27 @@ def as_yaml(data):
 
 # --- data and one run --------------------------------------------------------------------
 def data_settings(wc):
-    return {"dataset": wc.dataset, "cache_dir": EXP.cache_dir, "data_dir": EXP.data_dir}
+    return {"dataset": wc.dataset, "cache_dir": EXP.cache_dir, "data_dir": dataset_settings(wc.dataset)["data_dir"]}
+
+
+def dataset_settings(dataset):
+    """The settings of a data set's runs that all its methods share (per_dataset applied)."""
+    return EXP.settings_for(EXP.methods[0], dataset)
 
 
 def partition_settings(wc):
+    shared = dataset_settings(wc.dataset)
+    keys = ("partition", "min_size", "max_retries", "release_partitions", "fmnist_partition")
     return {**data_settings(wc), "alpha": float(wc.alpha), "clients": int(wc.clients),
-            "partition_seed": int(wc.pseed), **{k: getattr(EXP, k) for k in ("partition", "min_size", "max_retries")}}
+            "partition_seed": int(wc.pseed), **{k: shared[k] for k in keys}}
+
+
+def partition_inputs(wc):
+    """The data the partition job reads: the data set's, and CIFAR-10's labels for an FMNIST
+    partition drawn as the release draws it (`fmnist_partition: cifar`)."""
+    shared = dataset_settings(wc.dataset)
+    borrowed = wc.dataset == "fmnist" and shared["fmnist_partition"] == "cifar" and shared["partition"] != "release"
+    return [DATA.format(dataset=wc.dataset)] + ([DATA.format(dataset="cifar10")] if borrowed else [])
 
 
 @functools.cache

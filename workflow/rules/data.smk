@@ -17,7 +17,7 @@ rule prepare:
 
 rule partition:
     input:
-        DATA,
+        partition_inputs,
     output:
         PARTITION,
     log:

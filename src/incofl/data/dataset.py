@@ -16,6 +16,7 @@ class ImageDataset:
     y_train: np.ndarray  # int64 (N,)
     x_test: np.ndarray
     y_test: np.ndarray
+    order: str = "original"  # sample order: as published (torchvision's), "folder" (by class), "unknown"
 
     @property
     def num_classes(self) -> int:

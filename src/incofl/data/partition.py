@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from incofl.atomic import atomic_path
+from incofl.data.release import ReleasePartitionError, read_release_partition, release_file
+
+if TYPE_CHECKING:
+    from incofl.config import RunConfig
+    from incofl.data.dataset import ImageDataset
 
 
 class PartitionError(RuntimeError):
@@ -101,12 +107,15 @@ def make_partition(
     min_size: int = 10,
     max_retries: int = 1000,
     dataset: str = "",
+    draw_labels: np.ndarray | None = None,
 ) -> Partition:
-    """The partition a config asks for, with its class histogram."""
+    """The partition a config asks for, with its class histogram. `draw_labels`: draw the
+    Dirichlet split over another data set's labels (the release's FMNIST reads CIFAR-10's)."""
     if kind == "iid":
         parts = iid_partition(len(labels), num_clients, seed)
     else:
-        parts = dirichlet_partition(labels, num_clients, alpha, seed, min_size, max_retries=max_retries)
+        draw = labels if draw_labels is None else draw_labels
+        parts = dirichlet_partition(draw, num_clients, alpha, seed, min_size, max_retries=max_retries)
     meta = {
         "kind": kind,
         "alpha": alpha,
@@ -116,3 +125,41 @@ def make_partition(
         "min_size": min_size,
     }
     return Partition(parts, class_histogram(labels, parts, int(labels.max()) + 1), meta)
+
+
+def partition_for(cfg: RunConfig, data: ImageDataset) -> Partition:
+    """The config's partition artifact if given, else the partition it describes: drawn here,
+    or read from the release's files (`partition: release`), which index the training set in
+    its published order (torchvision's), not the class-sorted order of an image folder."""
+    labels = data.y_train
+    if cfg.partition_file:
+        return Partition.load(cfg.partition_file)
+    if cfg.partition == "release":
+        path = release_file(cfg.release_partitions or "", cfg.dataset, cfg.clients, cfg.alpha)
+        if data.order != "original":
+            raise ReleasePartitionError(
+                f"partition: release indexes {cfg.dataset} in its published order; these images are in "
+                f"{data.order} order (an image folder, or a cache from before this check: delete it to rebuild)"
+            )
+        parts = read_release_partition(path, len(labels))
+        if len(parts) != cfg.clients:
+            raise ReleasePartitionError(f"{path}: {len(parts)} clients, config has clients={cfg.clients}")
+        meta = {"kind": "release", "file": path.name, "alpha": cfg.alpha, "clients": cfg.clients}
+        meta["dataset"] = cfg.dataset
+        return Partition(parts, class_histogram(labels, parts, int(labels.max()) + 1), meta)
+    draw_labels = None
+    if cfg.dataset == "fmnist" and cfg.fmnist_partition == "cifar":
+        from incofl.data.sources import load_dataset
+
+        draw_labels = load_dataset("cifar10", cfg.data_dir, cfg.cache_dir).y_train
+    return make_partition(
+        labels,
+        kind=cfg.partition,
+        num_clients=cfg.clients,
+        alpha=cfg.alpha,
+        seed=cfg.partition_seed,
+        min_size=cfg.min_size,
+        max_retries=cfg.max_retries,
+        dataset=cfg.dataset,
+        draw_labels=draw_labels,
+    )

@@ -52,7 +52,8 @@ def load_dataset(
     cache = Path(cache_dir) / f"{name}.npz" if cache_dir is not None else None
     if cache is not None and cache.exists():
         with np.load(cache) as f:
-            return ImageDataset(name, f["x_train"], f["y_train"], f["x_test"], f["y_test"])
+            order = str(f["order"]) if "order" in f.files else "unknown"
+            return ImageDataset(name, f["x_train"], f["y_train"], f["x_test"], f["y_test"], order)
     if name == "digits":
         ds = _digits()
     elif name == "synthetic":
@@ -61,7 +62,7 @@ def load_dataset(
         ds = _from_disk(name, resolve_data_dir(data_dir), download)
     if cache is not None:
         with atomic_path(cache) as tmp, open(tmp, "wb") as f:  # a file object: savez adds no suffix
-            np.savez(f, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test, y_test=ds.y_test)
+            np.savez(f, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test, y_test=ds.y_test, order=ds.order)
     return ds
 
 
@@ -165,7 +166,7 @@ def _read_image_folder(name: str, source: Path, splits: tuple[str, str]) -> Imag
             raise ValueError(f"{source}: split {split!r} is empty or has classes not in {splits[0]!r}")
         out.append(np.ascontiguousarray(np.stack([_decode(b) for _, b in part]).transpose(0, 3, 1, 2)))
         out.append(np.array([index[c] for c, _ in part], dtype=np.int64))
-    return ImageDataset(name, *out)
+    return ImageDataset(name, *out, order="folder")
 
 
 # torchvision data sets: (loader(root, train, download) -> arrays, what it looks for in root).

@@ -6,8 +6,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from incofl.data.augment import augment
+from incofl.data.augment import Augmentation, augment
 from incofl.data.dataset import ImageDataset
+
+
+def normalisation(data: ImageDataset, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel (mean, std): `stats` of the training images (ours), `half` (0.5, 0.5: the
+    release's SVHN and ViT) or `none` (pixels in [0, 1]: the release's FMNIST)."""
+    if mode == "stats":
+        return data.channel_stats()
+    mean, std = (0.5, 0.5) if mode == "half" else (0.0, 1.0)
+    return np.full(data.channels, mean), np.full(data.channels, std)
 
 
 class TensorSplit:
@@ -21,14 +30,14 @@ class TensorSplit:
         std: np.ndarray,
         device: torch.device,
         input_size: int,
-        augment_mode: str = "none",
+        augmentation: Augmentation | None = None,
     ):
         self.x = torch.from_numpy(x).to(device)
         self.y = torch.from_numpy(y).long().to(device)
         self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
         self.input_size = input_size
-        self.augment_mode = augment_mode
+        self.augmentation = augmentation or Augmentation()
 
     def __len__(self) -> int:
         return len(self.y)
@@ -36,18 +45,22 @@ class TensorSplit:
     def batch(self, idx: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = idx.to(self.x.device)
         x = (self.x[idx].float() / 255.0 - self.mean) / self.std
-        if gen is not None and self.augment_mode != "none":
-            x = augment(x, self.augment_mode, gen)
-        if x.shape[-1] != self.input_size:  # e.g. 32x32 images into a 224x224 ViT
+        if gen is not None and self.augmentation.active:
+            x = augment(x, self.augmentation, gen, fill=-self.mean / self.std)  # pixel 0 (black), normalised
+        if x.shape[-1] != self.input_size:  # e.g. 32x32 images into a 224x224 ViT, FMNIST's 28 to 32
             x = F.interpolate(x, size=self.input_size, mode="bilinear", align_corners=False)
         return x, self.y[idx]
 
 
 def to_device(
-    data: ImageDataset, device: torch.device, input_size: int, augment_mode: str
+    data: ImageDataset,
+    device: torch.device,
+    input_size: int,
+    augmentation: Augmentation | None = None,
+    normalize: str = "stats",
 ) -> tuple[TensorSplit, TensorSplit]:
-    """Train split (augmented) and test split, normalised with the training set's channel stats."""
-    mean, std = data.channel_stats()
-    train = TensorSplit(data.x_train, data.y_train, mean, std, device, input_size, augment_mode)
+    """Train split (augmented) and test split, both normalised alike."""
+    mean, std = normalisation(data, normalize)
+    train = TensorSplit(data.x_train, data.y_train, mean, std, device, input_size, augmentation)
     test = TensorSplit(data.x_test, data.y_test, mean, std, device, input_size)
     return train, test

@@ -89,6 +89,9 @@ class Objective:
     def __init__(self, hp: Params):
         self.hp = hp
 
+    def begin(self, initial: dict[str, torch.Tensor]) -> None:
+        """Once before training (again on resume): the server model's initial weights (read-only)."""
+
     def session(self, ctx: ClientContext) -> Session:
         return self.session_type(self, ctx)
 
@@ -111,14 +114,22 @@ def make_optimizer(
 
 
 def client_batches(
-    data: TensorSplit, indices: np.ndarray, epochs: int, batch_size: int, gen: torch.Generator
+    data: TensorSplit,
+    indices: np.ndarray,
+    epochs: int,
+    batch_size: int,
+    gen: torch.Generator,
+    drop_last: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """E epochs of shuffled (augmented) mini-batches over the client's samples. A trailing
-    batch of one sample is skipped (BatchNorm cannot train on it)."""
+    batch of one sample is skipped (BatchNorm cannot train on it); with `drop_last` every
+    incomplete batch is (the release's loaders: a client with fewer samples than a batch
+    does not train)."""
     idx = torch.from_numpy(indices)
+    smallest = batch_size if drop_last else 2
     for _ in range(epochs):
         for batch in idx[torch.randperm(len(idx), generator=gen)].split(batch_size):
-            if len(batch) >= 2:
+            if len(batch) >= smallest:
                 yield data.batch(batch, gen)
 
 
@@ -152,13 +163,15 @@ def local_train(
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, data: TensorSplit, batch_size: int) -> tuple[float, float]:
-    """(accuracy in percent, mean cross-entropy) on a whole split."""
+def evaluate(model: nn.Module, data: TensorSplit, batch_size: int, drop_last: bool = False) -> tuple[float, float]:
+    """(accuracy in percent, mean cross-entropy) on a split; with `drop_last` on its full
+    batches only (as released: 9,728 of CIFAR-10's 10,000 test images in batches of 512)."""
     model.eval()
+    n = len(data) // batch_size * batch_size if drop_last and len(data) >= batch_size else len(data)
     correct, loss = 0, 0.0
-    for batch in torch.arange(len(data)).split(batch_size):
+    for batch in torch.arange(n).split(batch_size):
         x, y = data.batch(batch)
         logits = model(x).float()
         loss += F.cross_entropy(logits, y, reduction="sum").item()
         correct += (logits.argmax(1) == y).sum().item()
-    return 100.0 * correct / len(data), loss / len(data)
+    return 100.0 * correct / n, loss / n

@@ -9,6 +9,8 @@ every method.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,12 @@ class Observer:
         self.rows = list(state["rows"])
 
 
+def mean_trained(losses: Iterable[float]) -> float:
+    """The mean loss of the clients that took a step (one without, under drop_last, has NaN)."""
+    trained = [loss for loss in losses if not math.isnan(loss)]
+    return float(np.mean(trained)) if trained else math.nan
+
+
 class CostLog(Observer):
     """rounds.csv: per round its training time, samples, upload bytes, compute units and mean
     training loss; totals for metrics.csv and summary.json."""
@@ -73,7 +81,7 @@ class CostLog(Observer):
     def observe(self, report: RoundReport) -> None:
         self.rows.append({"round": report.round, "seconds": round(report.seconds, 3), "samples": report.samples,
                           "upload_bytes": report.upload_bytes, "compute_units": report.compute_units,
-                          "train_loss": float(np.mean(list(report.losses.values())))})  # fmt: skip
+                          "train_loss": mean_trained(report.losses.values())})  # fmt: skip
 
     def totals(self) -> dict[str, int]:
         return {key: int(sum(r[key] for r in self.rows)) for key in ("upload_bytes", "compute_units")}

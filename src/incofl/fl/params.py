@@ -26,6 +26,7 @@ class AggregationParams(Params):
 
 class ProxParams(Params):
     mu: float = Field(0.1, ge=0.0, allow_inf_nan=False)  # proximal weight (the loss term is mu/2 ||w - w_g||^2)
+    anchor: Literal["round", "initial"] = "round"  # w_g: this round's global model, or the initial one
 
 
 class ScaffoldParams(Params):

@@ -21,10 +21,10 @@ import torch
 from tqdm import tqdm
 
 from incofl.atomic import atomic_path, write_json
-from incofl.config import RunConfig
+from incofl.config import VITS, RunConfig
 from incofl.data.augment import resolve_augment
 from incofl.data.dataset import ImageDataset
-from incofl.data.partition import Partition, make_partition
+from incofl.data.partition import Partition, partition_for
 from incofl.data.tensors import to_device
 from incofl.fl import checkpoint
 from incofl.fl.evaluation import GroupEvaluator
@@ -33,7 +33,7 @@ from incofl.fl.observers import CostLog, RoundReport
 from incofl.fl.sampling import sample_schedule
 from incofl.fl.server import apply_update
 from incofl.fl.trainer import SerialTrainer
-from incofl.fl.transforms import Setup
+from incofl.fl.transforms import EpochScale, Setup
 from incofl.models.family import build_model, check_nested, input_size
 
 
@@ -66,8 +66,10 @@ class Engine:
         self.cfg, self.device, self.parts = cfg, device, partition.parts
         if len(self.parts) != cfg.clients:
             raise ValueError(f"partition has {len(self.parts)} clients, config has clients={cfg.clients}")
-        size = input_size(cfg.models[0], data.image_size)
-        self.train_data, self.test_data = to_device(data, device, size, resolve_augment(cfg.augment, cfg.dataset))
+        size = input_size(cfg.models[0], cfg.resize or data.image_size)
+        aug = resolve_augment(cfg.augment, cfg.dataset, vit=cfg.models[0] in VITS, cutout=cfg.cutout,
+                              pad_fill=cfg.pad_fill)  # fmt: skip
+        self.train_data, self.test_data = to_device(data, device, size, aug, cfg.normalize)
         torch.manual_seed(cfg.seed)
         method = METHODS[cfg.method]
         hp = method.parse_args(cfg.method_args)
@@ -84,18 +86,19 @@ class Engine:
         self.objective = method.objective(hp)
         self.aggregator = method.aggregator(hp)
         self.pre = [transform(hp, setup) for transform in method.pre]
-        self.post = [transform(hp, setup) for transform in method.post]
+        self.post = [EpochScale(hp, setup), *(transform(hp, setup) for transform in method.post)]
         self.costs = CostLog()  # every method's; its totals go into metrics.csv and summary.json
         self.observers = [self.costs, *(observer() for observer in method.observers)]
         self.planner = method.planner(cfg.clients, cfg.groups, self.aggregator.federation)
         autocast = cfg.bf16 and device.type == "cuda"
         self.trainer = SerialTrainer(cfg, self.models, self.train_data, self.parts, autocast)
-        self.evaluator = GroupEvaluator(self.models, self.test_data, cfg.eval_batch_size)
+        self.evaluator = GroupEvaluator(self.models, self.test_data, cfg.eval_batch_size, cfg.drop_last)
         if self.aggregator.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
             self.states = [{k: server[k].detach().clone() for k in names} for names in self.names]
         self.schedule = sample_schedule(cfg.seed, cfg.clients, cfg.ratio, cfg.rounds)
+        self.objective.begin({k: v.detach().clone() for k, v in server.items()})
 
     def sub_state(self, group: int) -> dict[str, torch.Tensor]:
         """The global weights a group's model trains from and is evaluated with."""
@@ -272,22 +275,6 @@ class Run:
         return summary
 
 
-def partition_for(cfg: RunConfig, labels: np.ndarray) -> Partition:
-    """The config's partition artifact if given, else the same partition computed in memory."""
-    if cfg.partition_file:
-        return Partition.load(cfg.partition_file)
-    return make_partition(
-        labels,
-        kind=cfg.partition,
-        num_clients=cfg.clients,
-        alpha=cfg.alpha,
-        seed=cfg.partition_seed,
-        min_size=cfg.min_size,
-        max_retries=cfg.max_retries,
-        dataset=cfg.dataset,
-    )
-
-
 def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:
     """Run (or resume) one configured training run and return its summary."""
     from incofl.data.sources import load_dataset
@@ -297,5 +284,5 @@ def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = data or load_dataset(cfg.dataset, cfg.data_dir, cfg.cache_dir)
-    engine = Engine(cfg, data, partition_for(cfg, data.y_train), resolve_device(cfg.device))
+    engine = Engine(cfg, data, partition_for(cfg, data), resolve_device(cfg.device))
     return Run(cfg, engine, out).execute()

@@ -57,7 +57,7 @@ class SerialTrainer:
         session = objective.session(ctx)
         gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, plan.client))
         indices = self.parts[plan.client]
-        batches = client_batches(self.data, indices, cfg.local_epochs, cfg.batch_size, gen)
+        batches = client_batches(self.data, indices, cfg.local_epochs, cfg.batch_size, gen, cfg.drop_last)
         loss = local_train(session, optimizer, batches, self.autocast)
         delta = {
             k: v.detach() - start[k] for k, v in model.state_dict().items() if v.is_floating_point() and plan.uploads(k)

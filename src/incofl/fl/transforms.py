@@ -2,8 +2,9 @@
 
 Before aggregation a transform sees every client update of the round (`UpdateTransform`:
 FedNova's normalisation); after it, one federation's averaged update (`AverageTransform`: the
-ViT epoch scale, the InCo step). A method lists them in its registry entry; each takes the
-method's typed parameters and a `Setup` (the run's config and the server state's names).
+InCo step; the engine runs the ViT epoch scale first, for every method). A method lists them
+in its registry entry; each takes the method's typed parameters and a `Setup` (the run's
+config and the server state's names).
 
 FedNova (Wang et al., NeurIPS 2020), normalised averaging of local updates:
 Client i ran tau_i local steps with heavy-ball momentum rho, so its update g_i accumulated
@@ -103,16 +104,17 @@ class NovaNormalize(UpdateTransform):
 
 
 class EpochScale(AverageTransform):
-    """The authors' code divides every ViT client update by the number of local epochs before
-    averaging; the official InCo variant on ViT pairs does the same (on the average: the mean
-    is linear)."""
-
-    params = InCoParams
+    """ViTs: every client update divided by the number of local epochs before averaging (done
+    on the average: the mean is linear). The release does it for every method on ViTs
+    (`vit_epoch_scale: all`); by default only InCo's official variant does, as the InCo step's
+    ViT form. The engine runs it first after aggregation, for every method."""
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        vit = vit_pairs(find_pairs(setup.state_names))
-        self.scale = 1.0 / setup.cfg.local_epochs if hp.variant == "official" and vit else 1.0
+        vit = bool(vit_pairs(find_pairs(setup.state_names)))
+        inco_official = getattr(hp, "variant", None) == "official"
+        scaled = vit and (setup.cfg.vit_epoch_scale == "all" or inco_official)
+        self.scale = 1.0 / setup.cfg.local_epochs if scaled else 1.0
 
     def __call__(self, average: Average) -> Average:
         return {k: v.mul_(self.scale) for k, v in average.items()} if self.scale != 1.0 else average
@@ -138,4 +140,4 @@ class InCoStep(AverageTransform):
         return stats
 
 
-INCO = (EpochScale, InCoStep)  # the post-aggregation stages of every InCo method
+INCO = (InCoStep,)  # the post-aggregation stage of every InCo method (after the engine's EpochScale)

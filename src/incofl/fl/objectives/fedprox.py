@@ -1,4 +1,8 @@
-"""FedProx (Li et al., MLSys 2020): local loss + (mu/2) * ||w - w_global||^2."""
+"""FedProx (Li et al., MLSys 2020): local loss + (mu/2) * ||w - w_global||^2.
+
+`anchor: initial` pulls towards the initial model instead of this round's global model: a
+proximal anchor that never moves, one hypothesis for the paper's FedProx collapse (METHODS.md
+section 8, item 6; README "Fidelity")."""
 
 from __future__ import annotations
 
@@ -13,11 +17,12 @@ class ProxSession(Session):
     backward (as FL-bench does): no autograd graph over every weight, and with mu = 0 the
     step is bit-identical to FedAvg's. Over the trainable parameters, like NIID-Bench."""
 
-    def __init__(self, objective: Objective, ctx: ClientContext):
+    def __init__(self, objective: FedProx, ctx: ClientContext):
         super().__init__(objective, ctx)
         # (trainable weight, its global value) of this client
+        anchor = objective.initial if objective.hp.anchor == "initial" else ctx.global_state
         self.anchors: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (p, ctx.global_state[name]) for name, p in ctx.model.named_parameters() if p.requires_grad
+            (p, anchor[name]) for name, p in ctx.model.named_parameters() if p.requires_grad
         ]
 
     def after_backward(self) -> None:
@@ -30,3 +35,7 @@ class ProxSession(Session):
 class FedProx(Objective):
     session_type = ProxSession
     params = ProxParams  # mu = 0.1: the paper's mu/2 = 0.05
+    initial: dict[str, torch.Tensor]
+
+    def begin(self, initial: dict[str, torch.Tensor]) -> None:
+        self.initial = initial
