@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `incofl methods | head` ends quietly
     if any(k not in os.environ for k in MALLOC_ENV):
         os.execve(sys.executable, [sys.executable, "-m", "incofl.cli", *sys.argv[1:]], {**os.environ, **MALLOC_ENV})
     sys.exit(run())
