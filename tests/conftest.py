@@ -23,3 +23,27 @@ def data_dir() -> Path:
 def cache_dir(tmp_path_factory) -> Path:
     """One decoded-data cache per test session, so CIFAR-10 is decoded once."""
     return tmp_path_factory.mktemp("cache")
+
+
+# Directories that may change while the tests run: caches of tools, and evidence runs that a
+# person may be running beside the suite (results/runs-*, never written by a test).
+_NOT_WATCHED = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".snakemake"}
+
+
+def _repo_files() -> set[Path]:
+    files = set()
+    for root, dirs, names in os.walk(REPO):
+        rel = Path(root).relative_to(REPO)
+        dirs[:] = [d for d in dirs if d not in _NOT_WATCHED and not d.endswith(".egg-info")
+                   and not (rel == Path("results") and d.startswith("runs-"))]  # fmt: skip
+        files.update(rel / n for n in names)
+    return files
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_written_into_the_repository():
+    """Every test writes under a temporary directory, never into the checkout."""
+    before = _repo_files()
+    yield
+    new = sorted(map(str, _repo_files() - before))
+    assert not new, f"tests wrote into the repository: {new[:10]}"

@@ -102,7 +102,7 @@ def test_collect(runs_root: Path) -> None:
     assert list(s.columns[:4]) == ["method", "dataset", "alpha", "seed"]
     assert set(s["alpha"]) == {0.5, 1.0}
     c = collect_curves(runs_root)
-    assert list(c.columns) == ["method", "dataset", "alpha", "seed", "round", "mean_acc", "mean_loss"]
+    assert list(c.columns) == ["method", "dataset", "alpha", "seed", "status", "round", "mean_acc", "mean_loss"]
     assert len(c) == 3 * len(s)
 
 
@@ -226,14 +226,30 @@ def test_latex(runs_root: Path, tmp_path: Path) -> None:
 def test_csv_round_trip(table: pd.DataFrame, tmp_path: Path) -> None:
     write_tables(table, tmp_path, metric="final_acc")
     back = pd.read_csv(tmp_path / "table2.csv")
-    assert list(back.columns) == ["method", "dataset", "alpha", "mean", "std", "n_seeds", "base", "improvement"]
+    assert list(back.columns) == [
+        "method",
+        "dataset",
+        "alpha",
+        "mean",
+        "std",
+        "n_seeds",
+        "n_diverged",
+        "base",
+        "improvement",
+    ]
     pd.testing.assert_frame_equal(back, table, check_dtype=False)
 
 
 def test_metrics_json(table: pd.DataFrame, tmp_path: Path) -> None:
     m = metrics_json(table)
     json.dumps(m, allow_nan=False)
-    assert m["cifar10"]["a0.5"]["InCoAvg"] == {"mean": 64.0, "std": 4.0, "n_seeds": 3, "improvement": 12.0}
+    assert m["cifar10"]["a0.5"]["InCoAvg"] == {
+        "mean": 64.0,
+        "std": 4.0,
+        "n_seeds": 3,
+        "n_diverged": 0,
+        "improvement": 12.0,
+    }
     assert m["cifar10"]["a1.0"]["FedAvg"]["std"] is None
     assert "FedNova" not in m["cifar10"]["a0.5"]  # no runs, no entry
     write_metrics_json(table, tmp_path / "metrics.json")

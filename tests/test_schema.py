@@ -68,12 +68,12 @@ def test_schema_has_no_defaults_and_is_a_valid_2020_12_schema(schema):
 
 
 def test_enums_come_from_the_registries(schema):
-    from incofl.config import DATASETS, RESNETS, VITS
+    from incofl.config import DATASETS, MODELS
     from incofl.fl.methods import METHODS
 
     defs = schema["$defs"]
     assert defs["Dataset"]["enum"] == list(DATASETS)
-    assert defs["Model"]["enum"] == list(RESNETS + VITS)
+    assert defs["Model"]["enum"] == list(MODELS)
     assert defs["Method"]["enum"] == list(METHODS)
     props = schema["properties"]
     assert props["datasets"]["items"] == {"$ref": "#/$defs/Dataset"}

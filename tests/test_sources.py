@@ -84,7 +84,7 @@ def test_synthetic_shapes_classes_and_learnable():
 def test_cache_is_written_once_then_read(tmp_path, monkeypatch):
     first = load_dataset("digits", cache_dir=tmp_path)
     with np.load(tmp_path / "digits.npz") as f:
-        assert sorted(f.files) == sorted(ARRAYS)
+        assert sorted(f.files) == sorted([*ARRAYS, "order", "sha256"])  # the arrays, their order and hash
     assert [p.name for p in tmp_path.iterdir()] == ["digits.npz"]  # no temporary left behind
 
     def boom():

@@ -225,17 +225,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str] | None = None) -> int:
-    """Parse and dispatch; config and data errors become one line on stderr and exit code 2."""
-    from incofl.data.partition import PartitionError
-    from incofl.data.release import ReleasePartitionError
-    from incofl.fl.checkpoint import CheckpointMismatch
+    """Parse and dispatch. Bad input (config, data, files) is one line on stderr and exit code
+    2; a diverged run one line and 3; Ctrl-C one line and 130. No traceback for any of them."""
+    from incofl.fl.divergence import EXIT_DIVERGED, Diverged
 
     args = build_parser().parse_args(argv)
+    say = f"incofl {args.command}"
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, PartitionError, ReleasePartitionError, CheckpointMismatch) as err:
-        print(f"incofl {args.command}: error: {err}", file=sys.stderr)
+    except Diverged as err:
+        print(f"{say}: {err} (summary.json records status: diverged)", file=sys.stderr)
+        return EXIT_DIVERGED
+    except KeyboardInterrupt:
+        print(f"{say}: interrupted; the last checkpoint is kept: rerun the same command to resume", file=sys.stderr)
+        return 130
+    except user_errors() as err:
+        print(f"{say}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk, a read-only or missing directory, an --out that is a file
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"{say}: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The exceptions that mean bad input, each phrased as one line naming the key or file."""
+    from incofl.data.partition import PartitionError
+    from incofl.data.release import ReleasePartitionError
+    from incofl.data.sources import DataNotFoundError
+    from incofl.fl.checkpoint import CheckpointMismatch
+    from incofl.fl.rundir import RunDirError
+
+    return (ConfigError, FileNotFoundError, DataNotFoundError, PartitionError, ReleasePartitionError,
+            CheckpointMismatch, RunDirError)  # fmt: skip
 
 
 def main() -> None:

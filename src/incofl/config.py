@@ -18,6 +18,7 @@ from typing_extensions import TypedDict  # pydantic needs this one, not typing's
 DATASETS = ("digits", "synthetic", "cifar10", "cinic10", "fmnist", "svhn")
 RESNETS = ("resnet10", "resnet14", "resnet18", "resnet22", "resnet26")
 VITS = ("vit_d8", "vit_d9", "vit_d10", "vit_d11", "vit_d12")
+MODELS = ("resnet8", *RESNETS, *VITS)  # resnet8: FedPart's poster model (3 stages), not in the nested family
 GRID_KEYS = {"dataset": "datasets", "alpha": "alphas", "method": "methods", "seed": "seeds"}
 
 
@@ -28,7 +29,7 @@ class ConfigError(ValueError):
 class Settings(BaseModel):
     """What every run of an experiment shares (overridable per method and with --set)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     # data
     data_dir: str | None = None  # else $INCOFL_DATA_DIR, else ./data
@@ -78,10 +79,13 @@ class Settings(BaseModel):
     @classmethod
     def _known_models(cls, models: list[str]) -> list[str]:
         for name in models:
-            if name not in RESNETS + VITS:
-                raise ValueError(f"unknown model {name!r}; known: {', '.join(RESNETS + VITS)}")
+            if name not in MODELS:
+                raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
         if len({m[:3] for m in models}) > 1:
             raise ValueError("all models must come from one family (resnet* or vit_d*)")
+        _unique(models)
+        if models != sorted(models, key=MODELS.index):
+            raise ValueError(f"one group per model, smallest first: {', '.join(sorted(models, key=MODELS.index))}")
         return models
 
     @property
@@ -99,6 +103,14 @@ class Settings(BaseModel):
         if self.partition == "release" and not self.partition_file and not self.release_partitions:
             raise ValueError("release_partitions: needed with partition: release (the folder of the .npy files)")
         return self
+
+
+def _unique(values: list[Any]) -> list[Any]:
+    """A grid list without repeats (a repeated seed would train the same run twice)."""
+    seen = [v for i, v in enumerate(values) if v in values[:i]]
+    if seen:
+        raise ValueError(f"{seen[0]!r} is listed twice")
+    return values
 
 
 def _check_method(name: str) -> str:
@@ -167,12 +179,17 @@ class ExperimentConfig(Settings):
     @field_validator("datasets")
     @classmethod
     def _datasets(cls, v: list[str]) -> list[str]:
-        return [_check_dataset(d) for d in v]
+        return _unique([_check_dataset(d) for d in v])
+
+    @field_validator("alphas", "seeds")
+    @classmethod
+    def _no_repeats(cls, v: list[Any]) -> list[Any]:
+        return _unique(v)
 
     @field_validator("methods")
     @classmethod
     def _methods(cls, v: list[str]) -> list[str]:
-        return [_check_method(m) for m in v]
+        return _unique([_check_method(m) for m in v])
 
     @model_validator(mode="after")
     def _per_dataset_and_method(self) -> ExperimentConfig:
@@ -237,7 +254,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {pair!r}: expected key=value")
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {pair!r}: the value is not valid YAML") from None
     return out
 
 
@@ -248,7 +268,14 @@ def load_experiment(path: str | os.PathLike | None) -> ExperimentConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
-        raw = yaml.safe_load(path.read_text()) or {}
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            raise ConfigError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path}: cannot read the config ({err.__class__.__name__})") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of keys to values")
     return validate_experiment(raw, str(path or "config"))

@@ -11,7 +11,7 @@ What `ExperimentConfig.model_json_schema()` gives is post-processed:
 - no `title`s (pydantic's "Clients", "Eval Every", ...: noise in the file); descriptions
   (docstrings of nested models) on one line;
 - enums for the names pydantic checks with functions, not types: data sets
-  (`incofl.config.DATASETS`), models (`RESNETS + VITS`) and methods (the keys of
+  (`incofl.config.DATASETS`), models (`MODELS`) and methods (the keys of
   `incofl.fl.methods.METHODS`, also the keys of `per_method`), read from those registries;
 - a `$schema` line and a header description.
 Types, enums of `Literal` fields, bounds (`ge`, `gt`, `le`, `lt`, `min_length`) and
@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from incofl.config import DATASETS, RESNETS, VITS, ExperimentConfig
+from incofl.config import DATASETS, MODELS, ExperimentConfig
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
@@ -52,7 +52,7 @@ def _names() -> dict[str, tuple[str, tuple[str, ...], list[str]]]:
 
     return {
         "Dataset": ("a data set (incofl.config.DATASETS)", DATASETS, ["datasets"]),
-        "Model": ("a model (incofl.config.RESNETS + VITS)", RESNETS + VITS, ["models"]),
+        "Model": ("a model (incofl.config.MODELS)", MODELS, ["models"]),
         "Method": ("a method (incofl.fl.methods.METHODS, `incofl methods`)", tuple(METHODS), ["methods"]),
     }
 

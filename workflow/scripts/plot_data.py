@@ -1,5 +1,6 @@
 """Seed-mean test accuracy per round of every run in the grid, long form (dataset, alpha,
-method, round, accuracy, std, seeds), for `dvc plots` (template workflow/dvc/curves.json)."""
+method, round, accuracy, std, seeds), for `dvc plots` (template workflow/dvc/curves.json).
+Diverged runs are left out (the tables and figures count them)."""
 
 import json
 import sys
@@ -14,10 +15,14 @@ def curves(summaries: list[str]) -> pd.DataFrame:
     frames = []
     for path in map(Path, summaries):
         s = json.loads(path.read_text())
+        if s.get("status", "completed") != "completed":  # a diverged run is not averaged in
+            continue
         m = pd.read_csv(path.with_name("metrics.csv"), usecols=["round", "mean_acc"])
         frames.append(m.assign(dataset=s["dataset"], alpha=float(s["alpha"]), method=s["method"]))
-    runs = pd.concat(frames, ignore_index=True)
     keys = ["dataset", "alpha", "method", "round"]
+    if not frames:
+        return pd.DataFrame(columns=[*keys, "accuracy", "std", "seeds"])
+    runs = pd.concat(frames, ignore_index=True)
     out = runs.groupby(keys, sort=False)["mean_acc"].agg(accuracy="mean", std="std", seeds="count")
     return out.reset_index().round({"accuracy": 3, "std": 3}).fillna({"std": 0.0})
 

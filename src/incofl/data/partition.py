@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,10 +93,15 @@ class Partition:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Partition:
-        with np.load(Path(path)) as z:
-            idx, off = z["indices"], z["offsets"]
-            meta = {k[5:]: z[k].item() for k in z.files if k.startswith("meta_")}
-            return cls([idx[a:b] for a, b in zip(off[:-1], off[1:], strict=True)], z["histogram"], meta)
+        try:
+            with np.load(Path(path)) as z:
+                idx, off = z["indices"], z["offsets"]
+                meta = {k[5:]: z[k].item() for k in z.files if k.startswith("meta_")}
+                return cls([idx[a:b] for a, b in zip(off[:-1], off[1:], strict=True)], z["histogram"], meta)
+        except FileNotFoundError:
+            raise PartitionError(f"{path}: partition file not found") from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+            raise PartitionError(f"{path}: not a partition artifact ({type(err).__name__}); make it again") from None
 
 
 def make_partition(
@@ -123,8 +130,40 @@ def make_partition(
         "clients": num_clients,
         "dataset": dataset,
         "min_size": min_size,
+        "labels_sha256": labels_hash(labels),
     }
     return Partition(parts, class_histogram(labels, parts, int(labels.max()) + 1), meta)
+
+
+def labels_hash(labels: np.ndarray) -> str:
+    """What a partition indexes: the training labels, in order."""
+    return hashlib.sha256(np.ascontiguousarray(labels, dtype=np.int64).tobytes()).hexdigest()
+
+
+def _differs(key: str, made: object, ours: object) -> str:
+    if key == "labels_sha256":
+        return "made for other training labels than this run's data"
+    name = {"seed": "partition_seed", "kind": "partition"}.get(key, key)
+    return f"made for {name}={made!r}, this run has {name}={ours!r}"
+
+
+def check_provenance(part: Partition, cfg: RunConfig, labels: np.ndarray, path: str) -> Partition:
+    """Refuse a partition artifact made for another run: data set, its labels, client count,
+    kind, alpha, seed or min_size (each checked where the artifact records it)."""
+    want: dict[str, object] = {"dataset": cfg.dataset, "clients": cfg.clients, "kind": cfg.partition,
+                               "labels_sha256": labels_hash(labels)}  # fmt: skip
+    if cfg.partition != "iid":
+        want["alpha"] = float(cfg.alpha)
+    if cfg.partition != "release":
+        want |= {"seed": cfg.partition_seed, "min_size": cfg.min_size}
+    if cfg.dataset == "fmnist":
+        want["fmnist_partition"] = cfg.fmnist_partition
+    for key, value in want.items():
+        if key in part.meta and part.meta[key] != value:
+            raise PartitionError(f"{path}: {_differs(key, part.meta[key], value)}; delete it to make it again")
+    if len(part.parts) != cfg.clients:
+        raise PartitionError(f"{path}: holds {len(part.parts)} clients, this run has clients={cfg.clients}")
+    return part
 
 
 def partition_for(cfg: RunConfig, data: ImageDataset) -> Partition:
@@ -133,7 +172,7 @@ def partition_for(cfg: RunConfig, data: ImageDataset) -> Partition:
     its published order (torchvision's), not the class-sorted order of an image folder."""
     labels = data.y_train
     if cfg.partition_file:
-        return Partition.load(cfg.partition_file)
+        return check_provenance(Partition.load(cfg.partition_file), cfg, labels, cfg.partition_file)
     if cfg.partition == "release":
         path = release_file(cfg.release_partitions or "", cfg.dataset, cfg.clients, cfg.alpha)
         if data.order != "original":
@@ -145,14 +184,14 @@ def partition_for(cfg: RunConfig, data: ImageDataset) -> Partition:
         if len(parts) != cfg.clients:
             raise ReleasePartitionError(f"{path}: {len(parts)} clients, config has clients={cfg.clients}")
         meta = {"kind": "release", "file": path.name, "alpha": cfg.alpha, "clients": cfg.clients}
-        meta["dataset"] = cfg.dataset
+        meta |= {"dataset": cfg.dataset, "labels_sha256": labels_hash(labels)}
         return Partition(parts, class_histogram(labels, parts, int(labels.max()) + 1), meta)
     draw_labels = None
     if cfg.dataset == "fmnist" and cfg.fmnist_partition == "cifar":
         from incofl.data.sources import load_dataset
 
         draw_labels = load_dataset("cifar10", cfg.data_dir, cfg.cache_dir).y_train
-    return make_partition(
+    part = make_partition(
         labels,
         kind=cfg.partition,
         num_clients=cfg.clients,
@@ -163,3 +202,6 @@ def partition_for(cfg: RunConfig, data: ImageDataset) -> Partition:
         dataset=cfg.dataset,
         draw_labels=draw_labels,
     )
+    if cfg.dataset == "fmnist":
+        part.meta["fmnist_partition"] = cfg.fmnist_partition
+    return part

@@ -7,9 +7,12 @@ files (CIFAR-10 batches, FashionMNIST, SVHN), downloaded by torchvision when all
 
 from __future__ import annotations
 
+import hashlib
 import io
+import logging
 import os
 import tarfile
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,11 +21,12 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from incofl.atomic import atomic_path
+from incofl.atomic import atomic_path, remove_stale_temporaries
 from incofl.config import DATASETS
 from incofl.data.dataset import ImageDataset
 
 ENV_DATA_DIR = "INCOFL_DATA_DIR"
+log = logging.getLogger(__name__)
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 _ARCHIVE_SUFFIXES = (".tar.xz", ".tar.gz", ".tgz", ".tar")
 # Names an image-folder tree (or, with an archive suffix, an archive of one) may have.
@@ -51,9 +55,9 @@ def load_dataset(
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     cache = Path(cache_dir) / f"{name}.npz" if cache_dir is not None else None
     if cache is not None and cache.exists():
-        with np.load(cache) as f:
-            order = str(f["order"]) if "order" in f.files else "unknown"
-            return ImageDataset(name, f["x_train"], f["y_train"], f["x_test"], f["y_test"], order)
+        cached = _read_cache(cache, name)
+        if cached is not None:
+            return cached
     if name == "digits":
         ds = _digits()
     elif name == "synthetic":
@@ -61,9 +65,38 @@ def load_dataset(
     else:
         ds = _from_disk(name, resolve_data_dir(data_dir), download)
     if cache is not None:
+        remove_stale_temporaries(cache.parent)
+        arrays = {k: getattr(ds, k) for k in ARRAYS}
         with atomic_path(cache) as tmp, open(tmp, "wb") as f:  # a file object: savez adds no suffix
-            np.savez(f, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test, y_test=ds.y_test, order=ds.order)
+            np.savez(f, **arrays, order=ds.order, sha256=content_hash(arrays))
     return ds
+
+
+ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def content_hash(arrays: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for key in ARRAYS:
+        digest.update(key.encode() + str(arrays[key].shape).encode() + np.ascontiguousarray(arrays[key]).tobytes())
+    return digest.hexdigest()
+
+
+def _read_cache(path: Path, name: str) -> ImageDataset | None:
+    """The cached data set, or None (with a warning) if the file is truncated or its content
+    does not match the hash it was written with: the caller then decodes the source again."""
+    try:
+        with np.load(path) as f:
+            arrays = {k: f[k] for k in ARRAYS}
+            order = str(f["order"]) if "order" in f.files else "unknown"
+            expected = str(f["sha256"]) if "sha256" in f.files else None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        log.warning("%s: unreadable data cache (%s); decoding %s again", path, type(err).__name__, name)
+        return None
+    if expected is not None and content_hash(arrays) != expected:
+        log.warning("%s: data cache does not match its hash; decoding %s again", path, name)
+        return None
+    return ImageDataset(name, arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], order)
 
 
 # --- offline data sets -------------------------------------------------------------------

@@ -25,7 +25,7 @@ NON_SEMANTIC = {
 
 
 class CheckpointMismatch(RuntimeError):
-    """The checkpoint on disk was made by a run with different settings."""
+    """The checkpoint (or finished run) on disk was made with different settings, or cannot be read."""
 
 
 def semantic_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -42,12 +42,23 @@ def load(path: str | os.PathLike, config: dict[str, Any]) -> dict[str, Any] | No
     path = Path(path)
     if not path.exists():
         return None
-    payload = torch.load(path, map_location="cpu", weights_only=False)
-    theirs, ours = payload["config"], semantic_config(config)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+        theirs = payload["config"]
+    except Exception as err:  # truncated or corrupt (writes are atomic, so not by us): say which file
+        raise CheckpointMismatch(
+            f"{path}: unreadable checkpoint ({type(err).__name__}); delete it to start the run over"
+        ) from None
+    check_same(path, theirs, config, "delete the checkpoint or use another --out")
+    return payload
+
+
+def check_same(path: Path, theirs: dict[str, Any], config: dict[str, Any], remedy: str) -> None:
+    """Refuse, naming the first differing key, a file made with other semantic settings."""
+    ours = semantic_config(config)
+    theirs = semantic_config(theirs)
     if theirs != ours:
         key = next(k for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k))
         raise CheckpointMismatch(
-            f"{path}: made with {key}={theirs.get(key)!r}, this run has {key}={ours.get(key)!r}; "
-            "delete the checkpoint or use another --out"
+            f"{path}: made with {key}={theirs.get(key)!r}, this run has {key}={ours.get(key)!r}; {remedy}"
         )
-    return payload

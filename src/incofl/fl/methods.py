@@ -16,7 +16,7 @@ from incofl.fl.client import Objective
 from incofl.fl.objectives import FedProx, Moon, Scaffold
 from incofl.fl.observers import InCoLog, Observer
 from incofl.fl.params import Params, combine, parse
-from incofl.fl.plan import FullPlanner
+from incofl.fl.plan import FullPlanner, PartPlanner
 from incofl.fl.server import GroupWise, Shared
 from incofl.fl.transforms import INCO, AverageTransform, NovaNormalize, UpdateTransform
 
@@ -37,7 +37,7 @@ class Method:
     @cached_property
     def params(self) -> type[Params]:
         """The typed model of this method's `method_args`: every component's parameters."""
-        components = [self.objective, self.aggregator, *self.pre, *self.post]
+        components = [self.objective, self.aggregator, *self.pre, *self.post, self.planner]
         return combine(self.name, [c.params for c in components], self.defaults)
 
     def parse_args(self, args: dict[str, Any]) -> Params:
@@ -60,6 +60,7 @@ _PROX = "Li et al., MLSys 2020 (FedProx)"
 _SCAFFOLD = "Karimireddy et al., ICML 2020 (SCAFFOLD, option II)"  # plain mean over S, its Algorithm 1
 _NOVA = "Wang et al., NeurIPS 2020 (FedNova)"  # sample-weighted: p_i = n_i / sum n (METHODS.md 3)
 _MOON = "Li, He & Song, CVPR 2021 (MOON)"
+_PART = "Wang et al., NeurIPS 2024 (FedPart, partial network updates)"
 _REGISTRY = [
     Method("FedAvg", source="McMahan et al. 2017" + _GROUPWISE),
     Method("FedProx", FedProx, source=_PROX + _GROUPWISE),
@@ -79,6 +80,11 @@ _REGISTRY = [
     _inco(
         "InCoAvg-projection", "FedAvg", _PAPER + ", Theorem 3.1", defaults={"variant": "paper", "mode": "projection"}
     ),  # noqa: E501
+    # compared with full updates of the same objective over the same rounds (the poster's "FNU")
+    Method("FedPart", planner=PartPlanner, base="FedAvg", source=_PART + "; groupwise"),
+    Method("FedPartProx", FedProx, planner=PartPlanner, base="FedProx", source=_PART + "; " + _PROX),
+    Method("FedPartMOON", Moon, planner=PartPlanner, base="MOON", source=_PART + "; " + _MOON),
+    _inco("InCoPart", "FedPart", _PAPER + "; " + _PART, planner=PartPlanner),
 ]
 METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}
 

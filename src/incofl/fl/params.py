@@ -54,6 +54,17 @@ class InCoParams(Params):
     clip: float = Field(0.1, gt=0.0, allow_inf_nan=False)  # official: elementwise bound of T'
 
 
+class PartParams(Params):
+    """FedPart's schedule (METHODS.md 5.1): W full rounds, then R rounds for each layer group in turn."""
+
+    order: Literal["sequential", "reverse", "random"] = "sequential"  # random: a fresh permutation per cycle
+    warmup: int = Field(5, ge=0)  # W: full rounds at the start of a cycle
+    rounds_per_group: int = Field(2, ge=1)  # R
+    # cycles: W + R*G rounds, repeated; once: one warm-up, then partial rounds for ever. Not
+    # `variant`, which InCo's parameters already name (InCoPart takes both).
+    schedule: Literal["cycles", "once"] = "cycles"
+
+
 def combine(name: str, models: list[type[Params]], defaults: dict[str, Any]) -> type[Params]:
     """One model with every field of `models` (later ones win a name clash), with the method's
     own `defaults` in place of the components'."""

@@ -10,6 +10,7 @@ train.log, and ckpt.pt while the run is unfinished.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -21,15 +22,17 @@ import torch
 from tqdm import tqdm
 
 from incofl.atomic import atomic_path, write_json
-from incofl.config import VITS, RunConfig
+from incofl.config import VITS, ConfigError, RunConfig
 from incofl.data.augment import resolve_augment
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, partition_for
 from incofl.data.tensors import to_device
 from incofl.fl import checkpoint
+from incofl.fl.divergence import Diverged, check_states, check_updates
 from incofl.fl.evaluation import GroupEvaluator
 from incofl.fl.methods import METHODS
 from incofl.fl.observers import CostLog, RoundReport
+from incofl.fl.rundir import claimed
 from incofl.fl.sampling import sample_schedule
 from incofl.fl.server import apply_update
 from incofl.fl.trainer import SerialTrainer
@@ -40,6 +43,8 @@ from incofl.models.family import build_model, check_nested, input_size
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda, but this machine has no CUDA device (device: auto uses the CPU then)")
     return torch.device(name)
 
 
@@ -89,7 +94,7 @@ class Engine:
         self.post = [EpochScale(hp, setup), *(transform(hp, setup) for transform in method.post)]
         self.costs = CostLog()  # every method's; its totals go into metrics.csv and summary.json
         self.observers = [self.costs, *(observer() for observer in method.observers)]
-        self.planner = method.planner(cfg.clients, cfg.groups, self.aggregator.federation)
+        self.planner = method.planner(hp, cfg, self.models, self.aggregator.federation)
         autocast = cfg.bf16 and device.type == "cuda"
         self.trainer = SerialTrainer(cfg, self.models, self.train_data, self.parts, autocast)
         self.evaluator = GroupEvaluator(self.models, self.test_data, cfg.eval_batch_size, cfg.drop_last)
@@ -109,12 +114,14 @@ class Engine:
         """plan -> train -> transform -> aggregate (-> transform) -> apply; the round's report."""
         plans = [self.planner.plan(round_, int(c)) for c in self.schedule[round_]]
         updates = self.trainer.train(round_, plans, lambda plan: self.sub_state(plan.group), self.objective)
+        check_updates(round_ + 1, updates)
         for transform in self.pre:
             updates = transform(updates)
         for federation, average in self.aggregator.aggregate(updates).items():
             for post in self.post:
                 average = post(average)
             apply_update(self.states[federation], average)
+        check_states(round_ + 1, self.states)
         self.objective.server_round_end(updates)
         diagnostics = {k: v for post in self.post for k, v in post.diagnostics().items()}
         return RoundReport.of(round_ + 1, updates, self.cfg.local_epochs, diagnostics)
@@ -203,8 +210,23 @@ class Run:
         )
         return row
 
+    def finished(self) -> dict[str, Any] | None:
+        """The summary of this run if it already finished (with these settings; others are refused)."""
+        path = self.out / "summary.json"
+        if not path.exists() or self.ckpt.exists():
+            return None
+        summary = json.loads(path.read_text())
+        checkpoint.check_same(path, summary["config"], self.cfg.model_dump(), f"delete {self.out} or use another --out")
+        return summary
+
     def execute(self) -> dict[str, Any]:
         cfg = self.cfg
+        done = self.finished()
+        if done is not None:
+            self.log.info("already finished: %s", self.out / "summary.json")
+            if done.get("status") == "diverged":
+                raise Diverged(done["diverged_round"], done["diverged"])
+            return done
         self.resume()
         self.log.info(
             "run %s %s alpha=%s seed=%d: rounds %d..%d",
@@ -225,7 +247,11 @@ class Run:
         )
         for t in bar:
             start = time.perf_counter()
-            report = self.engine.run_round(t)
+            try:
+                report = self.engine.run_round(t)
+            except Diverged as err:
+                self.finish(diverged=err)
+                raise
             report.seconds = time.perf_counter() - start
             self.engine.observe(report)
             self.elapsed, self.samples, self.round = self.elapsed + report.seconds, self.samples + report.samples, t + 1
@@ -236,53 +262,62 @@ class Run:
                 self.save()
         return self.finish()
 
-    def finish(self) -> dict[str, Any]:
-        cfg, accs = self.cfg, [r["mean_acc"] for r in self.rows]
-        final = self.rows[-1]
+    def finish(self, diverged: Diverged | None = None) -> dict[str, Any]:
+        """summary.json (last, atomically: it marks a finished run). A diverged run reports
+        where it diverged and no accuracy."""
+        cfg = self.cfg
         summary = {
             "method": cfg.method,
             "dataset": cfg.dataset,
             "alpha": cfg.alpha,
             "seed": cfg.seed,
             "rounds": cfg.rounds,
-            "final_acc": final["mean_acc"],
-            "best_acc": max(accs),
-            "best_round": int(self.rows[int(np.argmax(accs))]["round"]),
-            "last10_acc": float(np.mean([r["mean_acc"] for r in self.rows if r["round"] > cfg.rounds - 10])),
-            "group_final_acc": [final[f"acc_g{g}"] for g in range(cfg.groups)],
-            "final_loss": final["mean_loss"],
+            "status": "completed" if diverged is None else "diverged",
+            **(self.accuracy() if diverged is None else {"diverged_round": diverged.round, "diverged": diverged.where}),
             "wall_s": round(self.elapsed, 3),
             "samples_per_s": round(self.samples / max(self.elapsed, 1e-9), 1),
             **self.engine.costs.totals(),
-            "state_sha256": self.engine.fingerprint(),
             "device": str(self.engine.device),
             "torch": torch.__version__,
             "config": cfg.model_dump(),
         }
         for observer in self.engine.observers:
             observer.write(self.out)
-        write_json(self.out / "summary.json", summary)
-        if cfg.keep_checkpoint:
+        write_json(self.out / "summary.json", summary, strict=True)
+        if cfg.keep_checkpoint and diverged is None:
             self.save()
         else:
             self.ckpt.unlink(missing_ok=True)
-        self.log.info(
-            "done: final %.2f%% best %.2f%% last10 %.2f%%",
-            summary["final_acc"],
-            summary["best_acc"],
-            summary["last10_acc"],
-        )
+        if diverged is None:
+            self.log.info("done: final %.2f%% best %.2f%% last10 %.2f%%",
+                          summary["final_acc"], summary["best_acc"], summary["last10_acc"])  # fmt: skip
+        else:
+            self.log.error("%s", diverged)
         return summary
+
+    def accuracy(self) -> dict[str, Any]:
+        """The completed run's accuracies (final, best, mean of the last 10 rounds) and weights' hash."""
+        cfg, accs = self.cfg, [r["mean_acc"] for r in self.rows]
+        final = self.rows[-1]
+        return {
+            "final_acc": final["mean_acc"],
+            "best_acc": max(accs),
+            "best_round": int(self.rows[int(np.argmax(accs))]["round"]),
+            "last10_acc": float(np.mean([r["mean_acc"] for r in self.rows if r["round"] > cfg.rounds - 10])),
+            "group_final_acc": [final[f"acc_g{g}"] for g in range(cfg.groups)],
+            "final_loss": final["mean_loss"],
+            "state_sha256": self.engine.fingerprint(),
+        }
 
 
 def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:
     """Run (or resume) one configured training run and return its summary."""
     from incofl.data.sources import load_dataset
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
     data = data or load_dataset(cfg.dataset, cfg.data_dir, cfg.cache_dir)
-    engine = Engine(cfg, data, partition_for(cfg, data), resolve_device(cfg.device))
-    return Run(cfg, engine, out).execute()
+    engine = Engine(cfg, data, partition_for(cfg, data), device)  # every input checked before --out is touched
+    with claimed(Path(out_dir)):
+        return Run(cfg, engine, Path(out_dir)).execute()

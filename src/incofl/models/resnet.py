@@ -2,6 +2,8 @@
 
 Smaller members are name-subsets of larger ones: ResNet10/14/18/22/26 differ only in the
 number of BasicBlocks per stage, so `layer3.2.conv1.weight` exists only from ResNet22 up.
+ResNet-8 (FedPart's poster model, METHODS.md 5.1) has three stages, 64-128-256, and a
+classifier on 256 features: it is not nested with the others (its `fc` is narrower).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torchvision.models.resnet import BasicBlock, ResNet
 from incofl.models.projection import Projectable
 
 BLOCKS = {
+    "resnet8": [1, 1, 1],
     "resnet10": [1, 1, 1, 1],
     "resnet14": [1, 1, 2, 2],
     "resnet18": [2, 2, 2, 2],
@@ -35,7 +38,11 @@ class FamilyResNet(Projectable, ResNet):
         stem: str = "imagenet",
         projection_dim: int | None = None,
     ):
-        super().__init__(BasicBlock, blocks, num_classes=num_classes)
+        # torchvision always builds four stages: a three-stage model drops a one-block fourth
+        super().__init__(BasicBlock, [*blocks, 1][:4], num_classes=num_classes)
+        if len(blocks) == 3:  # the classifier reads layer3's 256 channels
+            self.layer4 = nn.Identity()
+            self.fc = nn.Linear(256, num_classes)
         if stem == "cifar":  # 3x3 stride-1 stem without max-pool, for 32x32 inputs
             self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
             self.maxpool = nn.Identity()

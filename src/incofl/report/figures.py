@@ -82,11 +82,15 @@ def _curve_figure(cell: pd.DataFrame, colors: dict[str, tuple], title: str) -> F
     ax = fig.add_subplot()
     for method, color in colors.items():
         runs = cell[cell["method"] == method]
-        if runs.empty:
-            continue
-        s = _seed_band(runs)
-        ax.plot(s.index, s["mean"], color=color, lw=1.4, label=method)
-        ax.fill_between(s.index, s["mean"] - s["std"], s["mean"] + s["std"], color=color, alpha=0.18, lw=0)
+        done, diverged = runs[runs["status"] == "completed"], runs[runs["status"] == "diverged"]
+        label = method + (f" ({diverged['seed'].nunique()} diverged)" if not diverged.empty else "")
+        if not done.empty:
+            s = _seed_band(done)
+            ax.plot(s.index, s["mean"], color=color, lw=1.4, label=label)
+            ax.fill_between(s.index, s["mean"] - s["std"], s["mean"] + s["std"], color=color, alpha=0.18, lw=0)
+        for i, (_, run) in enumerate(diverged.groupby("seed")):  # dotted up to the divergence, x where it ended
+            ax.plot(run["round"], run["mean_acc"], color=color, ls=":", lw=1.0, marker="x", markevery=[-1],
+                    label=label if done.empty and i == 0 else None)  # fmt: skip
     ax.set(xlabel="Communication rounds", ylabel=ACC_LABEL, title=title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))

@@ -39,8 +39,14 @@ def _summary_files(runs_root: str | os.PathLike) -> list[Path]:
 
 
 def _read_summary(path: Path) -> dict:
+    """A run's summary; `status` is completed or diverged (runs from before it: completed)."""
     s = json.loads(path.read_text())
-    return s | {"alpha": float(s["alpha"]), "seed": int(s["seed"])}
+    return {"status": "completed"} | s | {"alpha": float(s["alpha"]), "seed": int(s["seed"])}
+
+
+def completed(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that finished training (a diverged run has no accuracy to average)."""
+    return runs[runs["status"] == "completed"]
 
 
 def collect_summaries(runs_root: str | os.PathLike) -> pd.DataFrame:
@@ -56,11 +62,13 @@ def collect_summaries(runs_root: str | os.PathLike) -> pd.DataFrame:
 
 
 def collect_curves(runs_root: str | os.PathLike) -> pd.DataFrame:
-    """Long form, one row per (run, evaluated round): method, dataset, alpha, seed, round,
-    mean_acc, mean_loss."""
+    """Long form, one row per (run, evaluated round): method, dataset, alpha, seed, status,
+    round, mean_acc, mean_loss (a diverged run's rows stop before it diverged)."""
     frames = []
+    columns = KEYS + ["status", "round", "mean_acc", "mean_loss"]
     for path in _summary_files(runs_root):
         s = _read_summary(path)
-        m = pd.read_csv(path.with_name("metrics.csv"), usecols=["round", "mean_acc", "mean_loss"])
-        frames.append(m.assign(**{k: s[k] for k in KEYS}))
-    return pd.concat(frames, ignore_index=True)[KEYS + ["round", "mean_acc", "mean_loss"]]
+        metrics = path.with_name("metrics.csv")
+        m = pd.read_csv(metrics, usecols=columns[-3:]) if metrics.exists() else pd.DataFrame(columns=columns[-3:])
+        frames.append(m.assign(**{k: s[k] for k in KEYS + ["status"]}))
+    return pd.concat(frames, ignore_index=True)[columns]

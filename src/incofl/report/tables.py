@@ -12,7 +12,7 @@ import pandas as pd
 
 from incofl.atomic import write_json, write_text
 from incofl.report.published import PAPER_SETTING
-from incofl.report.runs import alpha_tag, dataset_label
+from incofl.report.runs import alpha_tag, completed, dataset_label
 
 METRIC_LABELS = {
     "final_acc": "final-round accuracy",
@@ -20,7 +20,7 @@ METRIC_LABELS = {
     "last10_acc": "mean accuracy of the last 10 rounds",
 }
 CELL = ["method", "dataset", "alpha"]
-TIDY = CELL + ["mean", "std", "n_seeds", "base", "improvement"]
+TIDY = CELL + ["mean", "std", "n_seeds", "n_diverged", "base", "improvement"]
 
 
 def row_order(methods: Sequence[str], base_of: Mapping[str, str | None]) -> list[str]:
@@ -52,10 +52,13 @@ def table2(
     shown = summaries[summaries["method"].isin(methods)]
     datasets = list(pd.unique(shown["dataset"]) if datasets is None else datasets)
     alphas = sorted(float(a) for a in (shown["alpha"].unique() if alphas is None else alphas))
-    stats = summaries.groupby(CELL)[metric].agg(["mean", "std", "count"]).rename(columns={"count": "n_seeds"})
+    done = completed(summaries)
+    stats = done.groupby(CELL)[metric].agg(["mean", "std", "count"]).rename(columns={"count": "n_seeds"})
     grid = pd.MultiIndex.from_product([row_order(methods, base_of), datasets, alphas], names=CELL)
     t = stats.reindex(grid).reset_index()
     t["n_seeds"] = t["n_seeds"].fillna(0).astype(int)
+    diverged = summaries[summaries["status"] == "diverged"].groupby(CELL).size()
+    t["n_diverged"] = diverged.reindex(grid).fillna(0).astype(int).to_numpy()
     t["base"] = [base_of.get(m) for m in t["method"]]
     base_keys = pd.MultiIndex.from_arrays([t["base"], t["dataset"], t["alpha"]])
     t["improvement"] = t["mean"] - stats["mean"].reindex(base_keys).to_numpy()
@@ -63,15 +66,17 @@ def table2(
 
 
 def _cell(row, tex: bool, full_n: int) -> str:
-    """`mean ± std (+improvement)`; a cell with fewer seeds than the table's fullest says so."""
+    """`mean ± std (+improvement)`; a cell with fewer seeds than the table's fullest says so,
+    and so does one with diverged runs (never averaged in)."""
     if row.n_seeds == 0:
-        return "--" if tex else "–"
+        return "diverged" if row.n_diverged else "--" if tex else "–"
     pm, up, down = (r"$\pm$", r"$\uparrow$", r"$\downarrow$") if tex else ("±", "+", "-")
     text = f"{row.mean:.1f}" + ("" if math.isnan(row.std) else f" {pm} {row.std:.1f}")
     if not math.isnan(row.improvement):
         imp = round(row.improvement, 1) + 0.0  # + 0.0 turns -0.0 into 0.0
         text += f" ({up if imp >= 0 else down}{abs(imp):.1f})"
-    return text + (f" [n={row.n_seeds}]" if row.n_seeds < full_n else "")
+    text += f" [n={row.n_seeds}]" if row.n_seeds < full_n else ""
+    return text + (f" [{row.n_diverged} diverged]" if row.n_diverged else "")
 
 
 def _wide(table: pd.DataFrame, tex: bool) -> pd.DataFrame:
@@ -188,14 +193,15 @@ def _num(x: float) -> float | None:
 
 
 def metrics_json(table: pd.DataFrame) -> dict:
-    """{dataset: {"a0.5": {method: {mean, std, n_seeds, improvement}}}} for `dvc metrics`;
-    cells without runs are left out, NaN becomes null."""
+    """{dataset: {"a0.5": {method: {mean, std, n_seeds, n_diverged, improvement}}}} for `dvc
+    metrics`; cells without runs are left out, NaN becomes null."""
     out: dict = {}
-    for r in table[table["n_seeds"] > 0].itertuples():
+    for r in table[(table["n_seeds"] > 0) | (table["n_diverged"] > 0)].itertuples():
         out.setdefault(r.dataset, {}).setdefault(alpha_tag(r.alpha), {})[r.method] = {
             "mean": _num(r.mean),
             "std": _num(r.std),
             "n_seeds": int(r.n_seeds),
+            "n_diverged": int(r.n_diverged),
             "improvement": _num(r.improvement),
         }
     return out
