@@ -372,3 +372,10 @@ def test_resumed_engine_equals_uninterrupted(data):
     for t in (2, 3):
         resumed.observe(resumed.run_round(t))
     assert _same_states(straight, resumed) and straight.costs.rows == resumed.costs.rows
+
+
+def test_fedpart_on_vits_is_refused_when_the_config_is_validated():
+    from incofl.config import ConfigError, validate_experiment
+
+    with pytest.raises(ConfigError, match="models: FedPart's layer groups are defined for ResNets"):
+        validate_experiment({"methods": ["FedPart"], "models": ["vit_d8", "vit_d9"]})

@@ -163,9 +163,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_methods(args: argparse.Namespace) -> int:
     from incofl.fl.methods import METHODS
     from incofl.fl.params import describe
+    from incofl.fl.plan import FullPlanner
 
     for m in METHODS.values():
-        stages = [m.objective.__name__, m.aggregator.__name__, *(t.__name__ for t in m.pre + m.post)]
+        planner = [] if m.planner is FullPlanner else [m.planner.__name__]  # a partial plan is named
+        stages = [*planner, m.objective.__name__, m.aggregator.__name__, *(t.__name__ for t in m.pre + m.post)]
         print(f"{m.name:20s} base={m.base or '-':9s} stages={'+'.join(stages)}")
         print(f"{'':20s} method_args: {describe(m.params)}")
     return 0

@@ -113,6 +113,14 @@ def _unique(values: list[Any]) -> list[Any]:
     return values
 
 
+def _check_family(method: str, models: list[str]) -> None:
+    """Partial methods plan over ResNet layer groups (models/groups.py)."""
+    from incofl.fl.methods import METHODS
+
+    if METHODS[method].planner.__name__ == "PartPlanner" and models[0] in VITS:
+        raise ValueError(f"models: {method}'s layer groups are defined for ResNets, not ViTs")
+
+
 def _check_method(name: str) -> str:
     from incofl.fl.methods import METHODS  # late import: the registry imports the engine
 
@@ -151,6 +159,7 @@ class RunConfig(Settings):
         from incofl.fl.methods import METHODS
 
         METHODS[self.method].parse_args(self.method_args)  # a ValueError naming method_args.<key>
+        _check_family(self.method, self.models)
         return self
 
     @field_validator("dataset")
@@ -205,6 +214,7 @@ class ExperimentConfig(Settings):
                 try:
                     settings = Settings.model_validate(self.settings_for(method, dataset, validate=False))
                     METHODS[_check_method(method)].parse_args(settings.method_args)
+                    _check_family(method, settings.models)
                 except ValueError as err:  # pydantic's ValidationError too
                     problem = _key_and_message(err)
                     where = self._override_key(method, dataset, problem.split(":")[0].split(".")[0])
