@@ -78,7 +78,9 @@ def test_enums_come_from_the_registries(schema):
     props = schema["properties"]
     assert props["datasets"]["items"] == {"$ref": "#/$defs/Dataset"}
     assert props["models"]["items"] == {"$ref": "#/$defs/Model"}
-    assert props["methods"]["items"] == {"$ref": "#/$defs/Method"}
+    # a method, or a variant's name where the config has variants (tests/test_variants.py)
+    assert props["methods"]["items"] == {"anyOf": [{"$ref": "#/$defs/Method"}, {"$ref": "#/$defs/Variant"}]}
+    assert schema["else"] == {"properties": {"methods": {"items": {"$ref": "#/$defs/Method"}}}}
     assert props["per_method"]["propertyNames"] == {"$ref": "#/$defs/Method"}
 
 

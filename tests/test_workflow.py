@@ -21,6 +21,8 @@ import pytest
 import yaml
 
 from incofl.config import validate_experiment
+from incofl.fl.methods import METHODS
+from incofl.fl.plan import PartPlanner
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -79,7 +81,7 @@ def grid_jobs(cfg: dict) -> dict[str, int]:
         "figures": 1,
         "plot_data": 1,
         "all": 1,
-    }
+    } | ({"fedpart_table": 1} if any(METHODS[exp.method_of(m)].planner is PartPlanner for m in exp.methods) else {})
 
 
 # --- schema and configs (fast) -----------------------------------------------------------
@@ -95,7 +97,9 @@ def test_shipped_configs_are_valid(path):
 
 
 @pytest.mark.parametrize(
-    "path", [REPO / "config" / "config.yaml", REPO / "config" / "paper-resnet.yaml"], ids=lambda p: p.name
+    "path",
+    [REPO / "config" / f"{name}.yaml" for name in ("config", "paper-resnet", "fedpart", "fedpart-cpu")],
+    ids=lambda p: p.name,
 )
 def test_dry_run_plans_exactly_the_grid(tmp_path, path):
     assert planned_jobs(tmp_path, config=path) == grid_jobs(yaml.safe_load(path.read_text()))

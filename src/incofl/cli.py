@@ -1,4 +1,4 @@
-"""Command-line interface: `incofl prepare | partition | train | table | figures | bench | methods`."""
+"""Command-line interface: `incofl prepare | partition | train | table | figures | paired | fedpart | bench | methods`."""
 
 from __future__ import annotations
 
@@ -67,18 +67,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, parse_overrides(args.set))
     summary = train(cfg, args.out)
     print(
-        f"{cfg.method} {cfg.dataset} alpha={cfg.alpha} seed={cfg.seed}: final {summary['final_acc']:.2f}% "
+        f"{cfg.name} {cfg.dataset} alpha={cfg.alpha} seed={cfg.seed}: final {summary['final_acc']:.2f}% "
         f"best {summary['best_acc']:.2f}% last10 {summary['last10_acc']:.2f}% ({summary['wall_s']:.0f} s) -> {args.out}"
     )
     return 0
 
 
 def _in_grid(runs: Any, exp: Any) -> Any:
-    """Only the runs of the config's grid: a shared --runs root may hold other experiments' runs."""
+    """Only the runs of the config's grid: a shared --runs root may hold other experiments' runs.
+    A run's `method` is the name it is shown under (a variant's name)."""
     return runs[
         runs["dataset"].isin(exp.datasets)
         & runs["alpha"].isin(exp.alphas)
-        & runs["method"].isin(exp.methods)
+        & runs["method"].isin(exp.names)
         & runs["seed"].isin(exp.seeds)
     ]
 
@@ -90,11 +91,13 @@ def _report_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     return exp, _in_grid(collect_summaries(args.runs), exp)
 
 
-def _bases(methods: list[str]) -> dict[str, str | None]:
-    """Method -> the base method its table row and figure colour are paired with."""
+def _bases(exp: Any) -> dict[str, str | None]:
+    """Name shown -> the base method its table row and figure colour are paired with. A variant
+    has its method's base (FedPart-W0: FedAvg, as FedPart), so that every setting of a method
+    is compared with the same baseline; `incofl paired` compares a variant with its method."""
     from incofl.fl.methods import base_of
 
-    return {m: base_of(m) for m in methods}
+    return {name: base_of(exp.method_of(m)) for m, name in zip(exp.methods, exp.names, strict=True)}
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -106,8 +109,8 @@ def cmd_table(args: argparse.Namespace) -> int:
     table = table2(
         summaries,
         metric=metric,
-        methods=exp.methods,
-        base_of=_bases(exp.methods),
+        methods=exp.names,
+        base_of=_bases(exp),
         datasets=exp.datasets,
         alphas=exp.alphas,
     )
@@ -123,9 +126,9 @@ def cmd_figures(args: argparse.Namespace) -> int:
     from incofl.report.runs import collect_curves
 
     exp, summaries = _report_inputs(args)
-    bases = _bases(exp.methods)
-    paths = plot_curves(_in_grid(collect_curves(args.runs), exp), args.out, methods=exp.methods, base_of=bases)
-    paths += plot_ablation(summaries, args.out, metric=exp.table_metric, methods=exp.methods, base_of=bases)
+    bases = _bases(exp)
+    paths = plot_curves(_in_grid(collect_curves(args.runs), exp), args.out, methods=exp.names, base_of=bases)
+    paths += plot_ablation(summaries, args.out, metric=exp.table_metric, methods=exp.names, base_of=bases)
     print("\n".join(str(p) for p in paths))
     return 0
 
@@ -140,6 +143,19 @@ def cmd_paired(args: argparse.Namespace) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(args.out) as tmp:
             Path(tmp).write_text(text)
+    print(text)
+    return 0
+
+
+def cmd_fedpart(args: argparse.Namespace) -> int:
+    from incofl.atomic import atomic_path
+    from incofl.report.fedpart import fedpart_report
+
+    exp = load_experiment(args.config)
+    text = fedpart_report(args.runs, exp.names, {"dataset": exp.datasets, "alpha": exp.alphas, "seed": exp.seeds})
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(args.out) as tmp:
+        Path(tmp).write_text(text)
     print(text)
     return 0
 
@@ -211,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", required=True)
     p.add_argument("--out", help="also write the Markdown table here")
     p.set_defaults(func=cmd_paired)
+    p = sub.add_parser("fedpart", help="FedPart's poster table: full vs partial updates per cycle, costs, warm-up")
+    _add_config(p, sets=False)
+    p.add_argument("--runs", required=True, help="root of the run directories")
+    p.add_argument("--out", required=True, help="the Markdown file to write")
+    p.set_defaults(func=cmd_fedpart)
     p = sub.add_parser("bench", help="engine vs plain PyTorch throughput, and aggregation share")
     p.add_argument("--json", action="store_true")
     p.add_argument("--model", default="resnet18")

@@ -3,11 +3,16 @@
 A config file is an *experiment*: the grid (datasets x alphas x methods x seeds) plus the
 settings every run shares. `incofl train` picks one grid point (`--set dataset=... alpha=...`,
 default: the first of each list); the workflow expands the whole grid. Errors name the key.
+
+A grid's `methods` are registered methods (`incofl methods`) or *variants*: named settings of
+one registered method (`variants: {FedPart-W0: {method: FedPart, method_args: {warmup: 0}}}`),
+each a run directory, table row and figure curve of its own, under its name (a run's `label`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +25,13 @@ RESNETS = ("resnet10", "resnet14", "resnet18", "resnet22", "resnet26")
 VITS = ("vit_d8", "vit_d9", "vit_d10", "vit_d11", "vit_d12")
 MODELS = ("resnet8", *RESNETS, *VITS)  # resnet8: FedPart's poster model (3 stages), not in the nested family
 GRID_KEYS = {"dataset": "datasets", "alpha": "alphas", "method": "methods", "seed": "seeds"}
+# What a run is shown under (a method, variant or label name): it names run directories, so the
+# workflow's {method} wildcard is this pattern too.
+NAME = r"[A-Za-z0-9-]+"
+# Settings one partition artifact (and the data cache) stands for: per_method and variants may not
+# override them (every method of a grid trains on the same clients).
+SHARED_SETTINGS = frozenset({"data_dir", "cache_dir", "partition", "client_samples", "min_size", "max_retries",
+                             "partition_file", "release_partitions", "fmnist_partition"})  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -34,7 +46,8 @@ class Settings(BaseModel):
     # data
     data_dir: str | None = None  # else $INCOFL_DATA_DIR, else ./data
     cache_dir: str = "resources/data"
-    partition: Literal["dirichlet", "iid", "release"] = "dirichlet"  # release: the authors' .npy files
+    partition: Literal["dirichlet", "iid", "iid_draw", "release"] = "dirichlet"  # release: the authors' .npy files
+    client_samples: int | None = Field(None, ge=1)  # partition: iid_draw: images each client draws (FedPart: 500)
     partition_seed: int = Field(0, ge=0)
     partition_file: str | None = None  # a saved partition artifact; computed on the fly if unset
     release_partitions: str | None = None  # folder of the release's fix_distribution/*.npy (partition: release)
@@ -61,8 +74,10 @@ class Settings(BaseModel):
     lr: float = Field(1e-3, gt=0.0)
     momentum: float = Field(0.0, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    bn_stats: Literal["averaged", "local"] = "averaged"  # local: each client keeps its BN statistics (FedPart release)
     vit_epoch_scale: Literal["inco", "all"] = "inco"  # ViTs: updates / local_epochs for InCo or every method
     method_args: dict[str, Any] = Field(default_factory=dict)  # the method's hyper-parameters
+    label: str | None = Field(None, pattern=f"^{NAME}$")  # shown under in tables, figures (default: the method)
     # evaluation, checkpoints, runtime
     eval_every: int = Field(1, ge=1)
     eval_last: int = Field(10, ge=0)  # also evaluate every one of the last N rounds (last10_acc reads them)
@@ -99,6 +114,12 @@ class Settings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _client_samples(self) -> Settings:
+        if (self.partition == "iid_draw") != (self.client_samples is not None):
+            raise ValueError("client_samples: set it exactly when partition is iid_draw (images each client draws)")
+        return self
+
+    @model_validator(mode="after")
     def _release_partitions(self) -> Settings:
         if self.partition == "release" and not self.partition_file and not self.release_partitions:
             raise ValueError("release_partitions: needed with partition: release (the folder of the .npy files)")
@@ -129,6 +150,34 @@ def _check_method(name: str) -> str:
     return name
 
 
+def _check_label(label: str | None, method: str) -> None:
+    """A label must not pass a run off as another registered method."""
+    from incofl.fl.methods import METHODS
+
+    if label is not None and label != method and label in METHODS:
+        raise ValueError(f"label: {label!r} is a registered method, not a name for runs of {method}")
+
+
+def _check_variant(name: str, spec: dict[str, Any], variants: dict[str, Any]) -> None:
+    """A variant's name and `method` (its settings are checked merged, with every other method's)."""
+    from incofl.fl.methods import METHODS
+
+    where = f"variants.{name}"
+    if not re.fullmatch(NAME, name):
+        raise ValueError(f"{where}: a variant name is letters, digits and '-' only (it names run directories)")
+    if name in METHODS:
+        raise ValueError(f"{where}: {name!r} is a registered method; give the variant a name of its own")
+    if "method" not in spec:
+        raise ValueError(f"{where}.method: missing (the registered method the variant sets up)")
+    base = spec["method"]
+    if isinstance(base, str) and base in variants:
+        raise ValueError(f"{where}.method: {base!r} is a variant; a variant's method must be a registered method")
+    if not isinstance(base, str) or base not in METHODS:
+        raise ValueError(f"{where}.method: unknown method {base!r}; known: {', '.join(METHODS)}")
+    if "label" in spec:
+        raise ValueError(f"{where}.label: a variant's runs are shown under its name, {name!r}")
+
+
 def _check_dataset(name: str) -> str:
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
@@ -151,8 +200,13 @@ class RunConfig(Settings):
 
     dataset: str = "digits"
     alpha: float = Field(0.5, gt=0.0)
-    method: str = "InCoAvg"
+    method: str = "InCoAvg"  # a registered method (a variant's run: its method, and `label` its name)
     seed: int = Field(0, ge=0)
+
+    @property
+    def name(self) -> str:
+        """What the run is shown under: summary.json's `method`, its table row and figure curve."""
+        return self.label or self.method
 
     @model_validator(mode="after")
     def _method_args(self) -> RunConfig:
@@ -160,6 +214,7 @@ class RunConfig(Settings):
 
         METHODS[self.method].parse_args(self.method_args)  # a ValueError naming method_args.<key>
         _check_family(self.method, self.models)
+        _check_label(self.label, self.method)
         return self
 
     @field_validator("dataset")
@@ -174,7 +229,7 @@ class RunConfig(Settings):
 
 
 class ExperimentConfig(Settings):
-    """A config file: the grid, shared settings, per-method overrides and job resources."""
+    """A config file: the grid, shared settings, per-method overrides, variants and job resources."""
 
     datasets: list[str] = Field(default_factory=lambda: ["digits"], min_length=1)
     alphas: list[Annotated[float, Field(gt=0.0)]] = Field(default_factory=lambda: [0.5], min_length=1)
@@ -182,6 +237,9 @@ class ExperimentConfig(Settings):
     seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
     per_method: dict[str, dict[str, Any]] = Field(default_factory=dict)  # e.g. MOON: {rounds: 100}
     per_dataset: dict[str, dict[str, Any]] = Field(default_factory=dict)  # e.g. fmnist: {resize: 32}
+    # named settings of a registered method, listed in `methods` by name; e.g.
+    # FedPart-W0: {method: FedPart, method_args: {warmup: 0}} (its settings override per_method's)
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     table_metric: Literal["final_acc", "best_acc", "last10_acc"] = "final_acc"
     resources: Resources = Field(default_factory=Resources)  # workflow job resources
 
@@ -190,15 +248,42 @@ class ExperimentConfig(Settings):
     def _datasets(cls, v: list[str]) -> list[str]:
         return _unique([_check_dataset(d) for d in v])
 
-    @field_validator("alphas", "seeds")
+    @field_validator("alphas", "seeds", "methods")
     @classmethod
     def _no_repeats(cls, v: list[Any]) -> list[Any]:
         return _unique(v)
 
-    @field_validator("methods")
-    @classmethod
-    def _methods(cls, v: list[str]) -> list[str]:
-        return _unique([_check_method(m) for m in v])
+    @model_validator(mode="after")
+    def _methods_and_variants(self) -> ExperimentConfig:
+        """Variants are named settings of a registered method; `methods` lists either; no override
+        changes the data or partition, and `label` names the runs of one method only."""
+        from incofl.fl.methods import METHODS
+
+        for name, spec in self.variants.items():
+            _check_variant(name, spec, self.variants)
+        for method in self.methods:
+            if method not in METHODS and method not in self.variants:
+                variants = f"; variants: {', '.join(self.variants)}" if self.variants else ""
+                raise ValueError(f"methods: unknown method {method!r}; known: {', '.join(METHODS)}{variants}")
+        for method in self.per_method:
+            if method in self.variants:
+                raise ValueError(f"per_method.{method}: a variant; give its settings under variants.{method}")
+        for section in ("per_method", "variants"):
+            for name, overrides in getattr(self, section).items():
+                shared = sorted(SHARED_SETTINGS & set(overrides))
+                if shared:
+                    raise ValueError(f"{section}.{name}.{shared[0]}: data and partition settings are shared "
+                                     "by all methods, set them at the top level")  # fmt: skip
+        for section in ("per_method", "per_dataset"):
+            for name, overrides in getattr(self, section).items():
+                if "label" in overrides:
+                    raise ValueError(f"{section}.{name}.label: name other settings of a method as a variant")
+        if self.label is not None:
+            if len(self.methods) > 1 or self.methods[0] in self.variants:
+                raise ValueError("label: names the runs of one registered method (a run's config file); "
+                                 "name several settings of a method under variants")  # fmt: skip
+            _check_label(self.label, self.methods[0])
+        return self
 
     @model_validator(mode="after")
     def _per_dataset_and_method(self) -> ExperimentConfig:
@@ -209,12 +294,13 @@ class ExperimentConfig(Settings):
             if dataset not in DATASETS:
                 raise ValueError(f"per_dataset.{dataset}: unknown dataset; known: {', '.join(DATASETS)}")
         datasets = list(dict.fromkeys([*self.datasets, *self.per_dataset]))
-        for method in dict.fromkeys([*self.methods, *self.per_method]):
+        for method in dict.fromkeys([*self.methods, *self.per_method, *self.variants]):
+            base = self.method_of(method)
             for dataset in datasets:
                 try:
                     settings = Settings.model_validate(self.settings_for(method, dataset, validate=False))
-                    METHODS[_check_method(method)].parse_args(settings.method_args)
-                    _check_family(method, settings.models)
+                    METHODS[_check_method(base)].parse_args(settings.method_args)
+                    _check_family(base, settings.models)
                 except ValueError as err:  # pydantic's ValidationError too
                     problem = _key_and_message(err)
                     where = self._override_key(method, dataset, problem.split(":")[0].split(".")[0])
@@ -222,25 +308,48 @@ class ExperimentConfig(Settings):
         return self
 
     def _override_key(self, method: str, dataset: str, key: str) -> str:
-        """Where a bad merged setting came from: per_method.<m>, per_dataset.<d>, or the top level."""
-        if key in self.per_method.get(method, {}) or method not in self.methods:
+        """Where a bad merged setting came from: variants.<v>, per_method.<m>, per_dataset.<d>, or
+        the top level (for a variant or per_method entry outside the grid: that entry)."""
+        if method in self.variants:
+            if key in self.variants[method]:
+                return f"variants.{method}"
+            unlisted = "" if method in self.methods else f"variants.{method}"
+            method = self.method_of(method)
+        else:
+            unlisted = "" if method in self.methods else f"per_method.{method}"
+        if key in self.per_method.get(method, {}):
             return f"per_method.{method}"
         if key in self.per_dataset.get(dataset, {}):
             return f"per_dataset.{dataset}"
-        return ""
+        return unlisted
+
+    def method_of(self, name: str) -> str:
+        """The registered method a name of `methods` runs: a variant's `method`, else the name."""
+        return self.variants[name]["method"] if name in self.variants else name
+
+    @property
+    def names(self) -> list[str]:
+        """What the grid's runs are shown under (their summary.json's `method`), in `methods` order."""
+        return [m if m in self.variants else self.label or m for m in self.methods]
 
     def settings_for(
         self, method: str, dataset: str | None = None, extra: dict[str, Any] | None = None, validate: bool = True
     ) -> dict[str, Any]:
-        """The shared settings with the data set's, then the method's overrides (and `extra`) applied."""
+        """The shared settings with the data set's, the method's (per_method), then a variant's
+        overrides (and `extra`) applied. `method` may name a variant: its settings get its name as `label`."""
+        base = self.method_of(method)
         shared = self.model_dump(include=set(Settings.model_fields))
-        by_dataset, by_method = self.per_dataset.get(dataset or "", {}), self.per_method.get(method, {})
-        merged = {**shared, **by_dataset, **by_method, **(extra or {})}
+        by_dataset, by_method = self.per_dataset.get(dataset or "", {}), self.per_method.get(base, {})
+        by_variant = {k: v for k, v in self.variants.get(method, {}).items() if k != "method"}
+        if method in self.variants:
+            by_variant["label"] = method
+        merged = {**shared, **by_dataset, **by_method, **by_variant, **(extra or {})}
         return Settings.model_validate(merged).model_dump() if validate else merged
 
     def run_config(self, dataset: str, alpha: float, method: str, seed: int, **overrides: Any) -> RunConfig:
+        """One grid point's run; a variant's runs its registered method, labelled with its name."""
         settings = self.settings_for(method, dataset, overrides)
-        return RunConfig(dataset=dataset, alpha=alpha, method=method, seed=seed, **settings)
+        return RunConfig(dataset=dataset, alpha=alpha, method=self.method_of(method), seed=seed, **settings)
 
 
 def _key_and_message(err: ValueError) -> str:

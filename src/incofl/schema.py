@@ -13,6 +13,9 @@ What `ExperimentConfig.model_json_schema()` gives is post-processed:
 - enums for the names pydantic checks with functions, not types: data sets
   (`incofl.config.DATASETS`), models (`MODELS`) and methods (the keys of
   `incofl.fl.methods.METHODS`, also the keys of `per_method`), read from those registries;
+- variants: a name (`incofl.config.NAME`, not a method's) for each, whose `method` is a
+  registered method; `methods` lists registered methods, or also variant names where the
+  config has variants (whether those are defined is pydantic's check);
 - a `$schema` line and a header description.
 Types, enums of `Literal` fields, bounds (`ge`, `gt`, `le`, `lt`, `min_length`) and
 `additionalProperties: false` (extra="forbid") come from pydantic unchanged.
@@ -27,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from incofl.config import DATASETS, MODELS, ExperimentConfig
+from incofl.config import DATASETS, MODELS, NAME, ExperimentConfig
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
@@ -38,7 +41,7 @@ HEADER = (
 )
 DESCRIPTION = (
     "An experiment config (config/*.yaml): the grid (datasets x alphas x methods x seeds), the "
-    "settings every run shares, per-method overrides and workflow job resources. Generated from "
+    "settings every run shares, per-method overrides, method variants and workflow job resources. Generated from "
     "the pydantic model incofl.config.ExperimentConfig, the reference for meaning and cross-field "
     "checks, so that Snakemake rejects a bad config before planning any job. No defaults here: "
     "pydantic is the one place for them (the validate() of Snakemake would fill schema defaults into "
@@ -77,6 +80,10 @@ def _clean(node: Any) -> Any:
     return out
 
 
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/$defs/{name}"}
+
+
 def config_schema() -> dict[str, Any]:
     """The experiment config's JSON schema, as workflow/schemas/config.schema.yaml holds it."""
     body = _clean(ExperimentConfig.model_json_schema(mode="validation"))
@@ -94,12 +101,27 @@ def config_schema() -> dict[str, Any]:
     if per_method.get("type") != "object":
         raise RuntimeError(f"per_method: expected a mapping, got {per_method}")
     per_method["propertyNames"] = {"$ref": "#/$defs/Method"}
+    defs["Variant"] = {
+        "description": "a variant's name: letters, digits and '-', not a registered method's",
+        "type": "string",
+        "pattern": f"^{NAME}$",
+        "not": _ref("Method"),
+    }
+    variants = props["variants"]
+    if variants.get("additionalProperties") != {"additionalProperties": True, "type": "object"}:
+        raise RuntimeError(f"variants: expected a mapping of mappings, got {variants}")
+    variants["propertyNames"] = _ref("Variant")
+    variants["additionalProperties"] |= {"required": ["method"], "properties": {"method": _ref("Method")}}
+    props["methods"]["items"] = {"anyOf": [_ref("Method"), _ref("Variant")]}
     return {
         "$schema": DIALECT,
         "description": DESCRIPTION,
         "type": body.pop("type"),
         "additionalProperties": body.pop("additionalProperties"),
         "properties": props,
+        # without variants, `methods` are registered methods only
+        "if": {"required": ["variants"], "properties": {"variants": {"minProperties": 1}}},
+        "else": {"properties": {"methods": {"items": _ref("Method")}}},
         "$defs": dict(sorted(defs.items())),
     }
 

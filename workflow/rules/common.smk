@@ -20,12 +20,11 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from incofl.config import ConfigError, validate_experiment
+from incofl.config import NAME, ConfigError, validate_experiment
 from incofl.data.release import ReleasePartitionError, release_file
 
-# Settings one partition artifact (and the data cache) stands for: no method may override them.
-SHARED_SETTINGS = {"data_dir", "cache_dir", "partition", "min_size", "max_retries", "partition_file",
-                   "release_partitions", "fmnist_partition"}
+# Settings one partition artifact stands for (incofl.config.SHARED_SETTINGS) are refused in
+# per_method and variants by validate_experiment: `incofl` refuses them too.
 # Settings the train rule sets itself (from the job), so they are not part of a run's config file.
 JOB_SETTINGS = {"threads", "progress", "partition_file"}
 
@@ -48,8 +47,8 @@ def refuse(message):
 
 def load_config(config):
     """The JSON schema (keys, types, enums, ranges), then the pydantic model (cross-field
-    checks: clients per model group, method_args, per_method). Either way a bad config stops
-    the workflow before any job, with one line naming the key and exit code 2."""
+    checks: clients per model group, method_args, per_method, variants). Either way a bad
+    config stops the workflow before any job, with one line naming the key and exit code 2."""
     source = str(workflow.configfiles[-1]) if workflow.configfiles else "config"
     if workflow.config_settings.config:
         source += " with --config"
@@ -82,11 +81,6 @@ def load_config(config):
     for dataset, overrides in exp.per_dataset.items():
         if "cache_dir" in overrides:
             refuse(f"{source}: per_dataset.{dataset}.cache_dir: the data cache is shared, set it at the top level")
-    for method, overrides in exp.per_method.items():
-        shared = sorted(SHARED_SETTINGS & set(overrides))
-        if shared:
-            refuse(f"{source}: per_method.{method}.{shared[0]}: data and partition settings "
-                   "are shared by all methods, set them at the top level")
     return exp
 
 
@@ -112,18 +106,19 @@ CONFIG = "results/config.yaml"  # the validated config with every default filled
 DATA = f"{EXP.cache_dir}/{{dataset}}.npz"
 PARTITION = "results/partitions/{dataset}/a{alpha}-k{clients}-p{pseed}.npz"
 RUNS_ROOT = "results/runs"
-RUN = f"{RUNS_ROOT}/{{dataset}}/a{{alpha}}/{{method}}/s{{seed}}"
+RUN = f"{RUNS_ROOT}/{{dataset}}/a{{alpha}}/{{method}}/s{{seed}}"  # {method}: a method or variant name
 RUNS = expand(f"{RUN}/summary.json", dataset=EXP.datasets, alpha=EXP.alphas, method=EXP.methods, seed=EXP.seeds)
 TABLES = [f"results/tables/table2.{ext}" for ext in ("md", "tex", "csv")]
 FIGURES = "results/figures"
 METRICS = "results/metrics.json"
+FEDPART_TABLE = "results/tables/fedpart.md"  # FedPart's poster table, when the grid has partial methods
 PLOT_DATA = "results/plots/curves.csv"  # seed-mean accuracy per round, for `dvc plots`
 CELLS = [(d, a) for d in EXP.datasets for a in EXP.alphas]  # one curve figure per data set x alpha
 
 wildcard_constraints:
     dataset=r"[a-z0-9]+",
     alpha=r"[0-9.e+-]+",
-    method=r"[A-Za-z0-9-]+",
+    method=NAME,
     seed=r"\d+",
     clients=r"\d+",
     pseed=r"\d+",
@@ -133,8 +128,17 @@ def figures(ext):
     return [f"{FIGURES}/curves_{d}_a{a}.{ext}" for d, a in CELLS] + [f"{FIGURES}/ablation.{ext}"]
 
 
+def partial_in_grid():
+    """Whether a method of the grid trains partial rounds (FedPart and its kin, or their variants)."""
+    from incofl.fl.methods import METHODS
+    from incofl.fl.plan import PartPlanner
+
+    return any(METHODS[EXP.method_of(m)].planner is PartPlanner for m in EXP.methods)
+
+
 def all_targets():
-    return [*TABLES, METRICS, *figures("png"), *figures("pdf"), PLOT_DATA]
+    fedpart = [FEDPART_TABLE] if partial_in_grid() else []
+    return [*TABLES, METRICS, *figures("png"), *figures("pdf"), PLOT_DATA, *fedpart]
 
 
 def cli_sets(settings):
@@ -162,7 +166,7 @@ def dataset_settings(dataset):
 
 def partition_settings(wc):
     shared = dataset_settings(wc.dataset)
-    keys = ("partition", "min_size", "max_retries", "release_partitions", "fmnist_partition")
+    keys = ("partition", "client_samples", "min_size", "max_retries", "release_partitions", "fmnist_partition")
     return {**data_settings(wc), "alpha": float(wc.alpha), "clients": int(wc.clients),
             "partition_seed": int(wc.pseed), **{k: shared[k] for k in keys}}
 
@@ -181,14 +185,19 @@ def _run_config(dataset, alpha, method, seed):
 
 
 def run_config(wc):
-    """The run's settings: the shared ones with its method's per_method overrides."""
+    """The run's settings: the shared ones with its method's per_method overrides (and a
+    variant's settings, for a variant's name: the run's method is then the variant's, and its
+    label the variant's name)."""
     return _run_config(wc.dataset, wc.alpha, wc.method, wc.seed)
 
 
 def run_file(wc):
-    """The run's config file: a one-point experiment with the run's settings (per_method
-    applied), minus what the train job sets itself."""
-    cfg = run_config(wc).model_dump(exclude=JOB_SETTINGS)
+    """The run's config file: a one-point experiment with the run's settings (per_method and a
+    variant's applied: `methods: [<its method>]` and `label: <the variant>`), minus what the
+    train job sets itself. Without a label, none is written (the file a method's run had before
+    labels: such a run is not redone)."""
+    run = run_config(wc)
+    cfg = run.model_dump(exclude=JOB_SETTINGS if run.label else JOB_SETTINGS | {"label"})
     point = {plural: [cfg.pop(key)] for key, plural in
              (("dataset", "datasets"), ("alpha", "alphas"), ("method", "methods"), ("seed", "seeds"))}
     return {**point, **cfg}

@@ -1,5 +1,5 @@
-"""Aggregate: Table 2 (md, tex, csv) with results/metrics.json, the figures, and the curve
-data for `dvc plots`. Light jobs: they run where Snakemake runs, also under SLURM."""
+"""Aggregate: Table 2 (md, tex, csv) with results/metrics.json, the figures, the curve data
+for `dvc plots`, and FedPart's poster table when the grid has partial methods. Light jobs: they run where Snakemake runs, also under SLURM."""
 
 
 rule table:
@@ -41,6 +41,23 @@ rule figures:
     localrule: True
     shell:
         "incofl figures --config {input.config} --runs {params.runs} --out {params.out} > {log} 2>&1"
+
+
+rule fedpart_table:
+    input:
+        runs=RUNS,
+        config=CONFIG,
+    output:
+        report(FEDPART_TABLE, caption="../report/fedpart.rst", category="FedPart"),
+    log:
+        "results/logs/report/fedpart.log",
+    params:
+        runs=runs_root,
+    conda:
+        SOFTWARE
+    localrule: True
+    shell:
+        "incofl fedpart --config {input.config} --runs {params.runs} --out {output} > {log} 2>&1"
 
 
 rule plot_data:

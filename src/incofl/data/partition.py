@@ -29,6 +29,16 @@ def iid_partition(num_samples: int, num_clients: int, seed: int) -> list[np.ndar
     return [part.astype(np.int64) for part in np.array_split(perm, num_clients)]
 
 
+def iid_draw_partition(num_samples: int, num_clients: int, client_samples: int, seed: int) -> list[np.ndarray]:
+    """Each client draws `client_samples` distinct images independently of the others, so two
+    clients may hold the same image (FedPart's release, Fling's `iid` sampling)."""
+    if client_samples > num_samples:
+        raise PartitionError(f"client_samples: {client_samples} exceeds the {num_samples} training images")
+    rng = np.random.default_rng(seed)
+    draws = (rng.choice(num_samples, client_samples, replace=False) for _ in range(num_clients))
+    return [np.sort(draw).astype(np.int64) for draw in draws]
+
+
 def dirichlet_partition(
     labels: np.ndarray,
     num_clients: int,
@@ -115,11 +125,14 @@ def make_partition(
     max_retries: int = 1000,
     dataset: str = "",
     draw_labels: np.ndarray | None = None,
+    client_samples: int | None = None,
 ) -> Partition:
     """The partition a config asks for, with its class histogram. `draw_labels`: draw the
     Dirichlet split over another data set's labels (the release's FMNIST reads CIFAR-10's)."""
     if kind == "iid":
         parts = iid_partition(len(labels), num_clients, seed)
+    elif kind == "iid_draw":
+        parts = iid_draw_partition(len(labels), num_clients, client_samples or 0, seed)
     else:
         draw = labels if draw_labels is None else draw_labels
         parts = dirichlet_partition(draw, num_clients, alpha, seed, min_size, max_retries=max_retries)
@@ -132,6 +145,8 @@ def make_partition(
         "min_size": min_size,
         "labels_sha256": labels_hash(labels),
     }
+    if kind == "iid_draw":
+        meta["client_samples"] = client_samples or 0
     return Partition(parts, class_histogram(labels, parts, int(labels.max()) + 1), meta)
 
 
@@ -152,8 +167,10 @@ def check_provenance(part: Partition, cfg: RunConfig, labels: np.ndarray, path: 
     kind, alpha, seed or min_size (each checked where the artifact records it)."""
     want: dict[str, object] = {"dataset": cfg.dataset, "clients": cfg.clients, "kind": cfg.partition,
                                "labels_sha256": labels_hash(labels)}  # fmt: skip
-    if cfg.partition != "iid":
+    if cfg.partition not in ("iid", "iid_draw"):
         want["alpha"] = float(cfg.alpha)
+    if cfg.partition == "iid_draw":
+        want["client_samples"] = cfg.client_samples
     if cfg.partition != "release":
         want |= {"seed": cfg.partition_seed, "min_size": cfg.min_size}
     if cfg.dataset == "fmnist":
@@ -201,6 +218,7 @@ def partition_for(cfg: RunConfig, data: ImageDataset) -> Partition:
         max_retries=cfg.max_retries,
         dataset=cfg.dataset,
         draw_labels=draw_labels,
+        client_samples=cfg.client_samples,
     )
     if cfg.dataset == "fmnist":
         part.meta["fmnist_partition"] = cfg.fmnist_partition

@@ -22,6 +22,10 @@ NON_SEMANTIC = {
     "cache_dir",
     "data_dir",
 }
+# Settings added after runs were written, with the value a file without them was made with: a
+# checkpoint or summary.json from before one is the run it would be with that value. `label` is
+# semantic otherwise: it is the name summary.json records.
+ADDED = {"label": None, "client_samples": None, "bn_stats": "averaged"}
 
 
 class CheckpointMismatch(RuntimeError):
@@ -29,7 +33,7 @@ class CheckpointMismatch(RuntimeError):
 
 
 def semantic_config(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in NON_SEMANTIC}
+    return {k: v for k, v in {**ADDED, **config}.items() if k not in NON_SEMANTIC}
 
 
 def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:

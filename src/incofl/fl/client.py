@@ -56,6 +56,7 @@ class ClientUpdate:
     loss: float = float("nan")  # mean training loss over the local steps
     full: bool = True  # every parameter trained (compute: 3 units a sample; partial rounds 2)
     upload_params: int = 0  # parameters (not buffers) uploaded
+    kept: dict[str, torch.Tensor] = field(default_factory=dict)  # entries the client keeps (bn_stats: local)
 
 
 class Session:

@@ -18,6 +18,11 @@ random order was never released). `schedule: once` (the draft's "Base"): one war
 full rounds, then the groups in turn for ever (under `random`, a fresh permutation for each
 pass over the groups).
 
+`bn_stats: local` (the release, in its FedPart and full-update runs alike): each client keeps
+its BatchNorm running statistics for itself (`keep`): they are never uploaded, and its next
+round starts from them (simulation.py restores them, and evaluates each model group with the
+statistics of its first client, as the release evaluates client 0's model).
+
 A client whose model is shallower than the server model (stage splitting) trains, when the
 scheduled group is not in its model, the same layer of the deepest earlier block of the same
 stage (`counterpart`): every model group trains something each round and goes through all
@@ -51,13 +56,20 @@ class ClientPlan:
     federation_size: int  # clients in that federation (SCAFFOLD's K)
     trainable: frozenset[str] | None = None  # parameter names trained; None: all
     upload: frozenset[str] | None = None  # state entries uploaded; None: every floating-point entry
+    keep: frozenset[str] = frozenset()  # state entries the client keeps for itself, never uploaded
 
     @property
     def full(self) -> bool:
         return self.trainable is None
 
     def uploads(self, name: str) -> bool:
-        return self.upload is None or name in self.upload
+        return name not in self.keep and (self.upload is None or name in self.upload)
+
+
+def bn_statistics(model: nn.Module) -> frozenset[str]:
+    """The state entries of every BatchNorm layer that are not parameters (running statistics)."""
+    norms = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    return frozenset(f"{name}.{buffer}" for name, m in norms for buffer, _ in m.named_buffers(recurse=False))
 
 
 class FullPlanner:
@@ -70,11 +82,12 @@ class FullPlanner:
     def __init__(self, hp: Any, cfg: RunConfig, models: list[nn.Module], federation_of: Callable[[int], int]):
         self.clients, self.groups, self.federation_of = cfg.clients, cfg.groups, federation_of
         self.sizes = Counter(federation_of(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients))
+        self.keep = [bn_statistics(m) if cfg.bn_stats == "local" else frozenset() for m in models]
 
     def plan(self, round_: int, client: int) -> ClientPlan:
         group = group_of(client, self.clients, self.groups)
         federation = self.federation_of(group)
-        return ClientPlan(client, group, federation, self.sizes[federation])
+        return ClientPlan(client, group, federation, self.sizes[federation], keep=self.keep[group])
 
     def state_dict(self) -> dict[str, Any]:
         return {}

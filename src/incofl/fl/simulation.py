@@ -103,17 +103,24 @@ class Engine:
         else:
             self.states = [{k: server[k].detach().clone() for k in names} for names in self.names]
         self.schedule = sample_schedule(cfg.seed, cfg.clients, cfg.ratio, cfg.rounds)
-        self.objective.begin({k: v.detach().clone() for k, v in server.items()})
+        self.kept: dict[int, dict[str, torch.Tensor]] = {}  # client -> what it keeps (bn_stats: local)
+        self.objective.begin(server)  # read-only; an objective keeps a copy if it needs one
 
     def sub_state(self, group: int) -> dict[str, torch.Tensor]:
         """The global weights a group's model trains from and is evaluated with."""
         state = self.states[self.aggregator.federation(group)]
         return {k: state[k] for k in self.names[group]}
 
+    def client_state(self, client: int, group: int) -> dict[str, torch.Tensor]:
+        """The weights a client trains from: its group's global sub-state with what it keeps."""
+        return {**self.sub_state(group), **self.kept.get(client, {})}
+
     def run_round(self, round_: int) -> RoundReport:
         """plan -> train -> transform -> aggregate (-> transform) -> apply; the round's report."""
         plans = [self.planner.plan(round_, int(c)) for c in self.schedule[round_]]
-        updates = self.trainer.train(round_, plans, lambda plan: self.sub_state(plan.group), self.objective)
+        updates = self.trainer.train(round_, plans, lambda plan: self.client_state(plan.client, plan.group),
+                                     self.objective)  # fmt: skip
+        self.kept |= {u.client: u.kept for u in updates if u.kept}
         check_updates(round_ + 1, updates)
         for transform in self.pre:
             updates = transform(updates)
@@ -131,15 +138,20 @@ class Engine:
             observer.observe(report)
 
     def evaluate(self) -> dict[str, float]:
-        return self.evaluator(self.sub_state)
+        """Every group's global model; with kept BN statistics, those of the group's first client
+        (the release evaluates client 0's model)."""
+        first = [-(-g * self.cfg.clients // self.cfg.groups) for g in range(self.cfg.groups)]  # ceil(g K / G)
+        return self.evaluator(lambda group: self.client_state(first[group], group))
 
     def fingerprint(self) -> str:
-        """SHA-256 of every server state entry (name and bytes, in order): equal iff the weights are."""
+        """SHA-256 of every server state entry, then of what clients keep (name and bytes, in
+        order): equal iff the weights are."""
+        entries = [(name, t) for state in self.states for name, t in state.items()]
+        entries += [(f"{c}.{name}", t) for c in sorted(self.kept) for name, t in self.kept[c].items()]
         digest = hashlib.sha256()
-        for state in self.states:
-            for name, tensor in state.items():
-                digest.update(name.encode())
-                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        for name, tensor in entries:
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
         return digest.hexdigest()
 
     def state_dict(self) -> dict[str, Any]:
@@ -148,6 +160,7 @@ class Engine:
             "objective": self.objective.state_dict(),
             "planner": self.planner.state_dict(),
             "observers": [observer.state_dict() for observer in self.observers],
+            "kept": {c: {k: v.cpu() for k, v in kept.items()} for c, kept in self.kept.items()},
         }
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
@@ -156,6 +169,7 @@ class Engine:
                 ours[k].copy_(v)
         self.objective.load_state_dict(payload["objective"])
         self.planner.load_state_dict(payload["planner"])
+        self.kept = {c: {k: v.to(self.device) for k, v in kept.items()} for c, kept in payload.get("kept", {}).items()}
         for observer, state in zip(self.observers, payload["observers"], strict=True):
             observer.load_state_dict(state)
 
@@ -230,7 +244,7 @@ class Run:
         self.resume()
         self.log.info(
             "run %s %s alpha=%s seed=%d: rounds %d..%d",
-            cfg.method,
+            cfg.name,
             cfg.dataset,
             cfg.alpha,
             cfg.seed,
@@ -242,7 +256,7 @@ class Run:
             initial=self.round,
             total=cfg.rounds,
             disable=not cfg.progress,
-            desc=f"{cfg.method} {cfg.dataset} a={cfg.alpha} s={cfg.seed}",
+            desc=f"{cfg.name} {cfg.dataset} a={cfg.alpha} s={cfg.seed}",
             unit="round",
         )
         for t in bar:
@@ -267,7 +281,7 @@ class Run:
         where it diverged and no accuracy."""
         cfg = self.cfg
         summary = {
-            "method": cfg.method,
+            "method": cfg.name,  # a variant's label
             "dataset": cfg.dataset,
             "alpha": cfg.alpha,
             "seed": cfg.seed,

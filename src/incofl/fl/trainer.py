@@ -63,6 +63,7 @@ class SerialTrainer:
             k: v.detach() - start[k] for k, v in model.state_dict().items() if v.is_floating_point() and plan.uploads(k)
         }
         uploaded = sum(p.numel() for name, p in model.named_parameters() if name in delta)
+        kept = {k: v.detach().clone() for k, v in model.state_dict().items() if k in plan.keep}
         update = ClientUpdate(plan.client, plan.group, delta, len(indices), ctx.steps, state=plan.federation,
-                              loss=loss, full=plan.full, upload_params=uploaded)  # fmt: skip
+                              loss=loss, full=plan.full, upload_params=uploaded, kept=kept)  # fmt: skip
         return session.end(update)

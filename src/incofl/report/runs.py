@@ -1,6 +1,7 @@
 """Collect finished runs (`<root>/<dataset>/a<alpha>/<method>/s<seed>/summary.json`) into frames.
 
-Directories are only used to find runs; every value comes from the run's summary.json.
+Directories are only used to find runs; every value comes from the run's summary.json. Its
+`method` is the name the run is shown under: a variant's name (the run's `label`), else the method.
 """
 
 from __future__ import annotations

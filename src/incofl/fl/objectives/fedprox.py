@@ -38,4 +38,5 @@ class FedProx(Objective):
     initial: dict[str, torch.Tensor]
 
     def begin(self, initial: dict[str, torch.Tensor]) -> None:
-        self.initial = initial
+        if self.hp.anchor == "initial":  # a copy: the server's state moves on
+            self.initial = {k: v.detach().clone() for k, v in initial.items()}

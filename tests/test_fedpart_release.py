@@ -1,0 +1,152 @@
+"""FedPart's released data setting (METHODS.md 5.1): clients drawing their images independently
+(`partition: iid_draw`) and BatchNorm statistics kept by each client (`bn_stats: local`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from incofl.config import ConfigError, RunConfig, load_run_config
+from incofl.data.dataset import ImageDataset
+from incofl.data.partition import PartitionError, check_provenance, iid_draw_partition, make_partition
+from incofl.data.sources import load_dataset
+from incofl.fl.client import evaluate
+from incofl.fl.plan import bn_statistics
+from incofl.fl.simulation import Engine
+from incofl.models.family import build_model
+
+TINY = {
+    "dataset": "synthetic",
+    "clients": 4,
+    "ratio": 0.5,
+    "models": ["resnet8"],
+    "batch_size": 16,
+    "partition": "iid_draw",
+    "client_samples": 24,
+    "bn_stats": "local",
+    "progress": False,
+    "threads": 1,
+    "device": "cpu",
+}
+
+
+@pytest.fixture(scope="module")
+def data():
+    torch.set_num_threads(1)
+    full = load_dataset("synthetic", cache_dir=None)
+    return ImageDataset("synthetic", full.x_train[:64], full.y_train[:64], full.x_test[:32], full.y_test[:32])
+
+
+def _engine(data, method="FedAvg", **settings):
+    cfg = RunConfig(**{**TINY, "method": method, **settings})
+    part = make_partition(data.y_train, kind=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha, seed=0,
+                          client_samples=cfg.client_samples)  # fmt: skip
+    return Engine(cfg, data, part, torch.device("cpu"))
+
+
+# --- partition: iid_draw -------------------------------------------------------------------------
+
+
+def test_each_client_draws_distinct_images_independently_of_the_others():
+    parts = iid_draw_partition(100, 40, 30, seed=1)
+    assert len(parts) == 40 and all(len(p) == 30 == len(set(p.tolist())) for p in parts)
+    assert all(p.min() >= 0 and p.max() < 100 for p in parts)
+    shared = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(parts, parts[1:], strict=False))
+    assert shared > 0  # 40 x 30 draws from 100 images: clients share images (a split would not)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, iid_draw_partition(100, 40, 30, seed=1), strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, iid_draw_partition(100, 40, 30, seed=2), strict=True))
+
+
+def test_a_draw_larger_than_the_training_set_is_refused():
+    with pytest.raises(PartitionError, match="client_samples: 101 exceeds the 100 training images"):
+        iid_draw_partition(100, 2, 101, seed=0)
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"partition": "iid_draw"}, "client_samples: set it exactly when partition is iid_draw"),
+        ({"client_samples": 500}, "client_samples: set it exactly when partition is iid_draw"),
+        ({"partition": "iid_draw", "client_samples": 0}, "client_samples: Input should be greater than or equal to 1"),
+        ({"bn_stats": "client"}, "bn_stats: Input should be 'averaged' or 'local'"),
+    ],
+)
+def test_release_setting_keys_are_validated(tmp_path, settings, message):
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(f"{k}: {v}" for k, v in settings.items()))
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(path)
+
+
+def test_the_artifact_records_the_draw_size_and_refuses_another(data):
+    cfg = RunConfig(**{**TINY, "method": "FedAvg"})
+    part = make_partition(data.y_train, kind="iid_draw", num_clients=4, alpha=cfg.alpha, seed=0, client_samples=24,
+                          dataset="synthetic")  # fmt: skip
+    assert part.meta["client_samples"] == 24 and all(len(p) == 24 for p in part.parts)
+    check_provenance(part, cfg, data.y_train, "p.npz")
+    with pytest.raises(PartitionError, match="made for client_samples=24, this run has client_samples=32"):
+        check_provenance(part, cfg.model_copy(update={"client_samples": 32}), data.y_train, "p.npz")
+
+
+# --- bn_stats: local -----------------------------------------------------------------------------
+
+
+def test_bn_statistics_are_every_batchnorm_buffer():
+    stats = bn_statistics(build_model("resnet8", 10, 3))
+    assert "bn1.running_mean" in stats and "layer3.0.downsample.1.num_batches_tracked" in stats
+    assert len(stats) == 3 * 9  # the stem, 2 a block and 2 downsamples: 9 BatchNorm layers, 3 buffers each
+    assert bn_statistics(build_model("vit_d8", 10, 3, image_size=32)) == frozenset()
+
+
+@pytest.mark.parametrize("method", ["FedAvg", "FedPart"])
+def test_local_statistics_never_reach_the_server_and_return_to_their_client(data, method):
+    engine = _engine(data, method, method_args={"warmup": 1} if method == "FedPart" else {})
+    stats = bn_statistics(engine.models[0])
+    initial = {k: engine.states[0][k].clone() for k in stats}
+    for t in range(3):
+        engine.run_round(t)
+    assert all(torch.equal(engine.states[0][k], v) for k, v in initial.items())  # the server's never move
+    trained = {int(c) for t in range(3) for c in engine.schedule[t]}
+    assert set(engine.kept) == trained and all(set(kept) == stats for kept in engine.kept.values())
+    client = int(engine.schedule[3][0])
+    plan = engine.planner.plan(3, client)
+    assert not any(plan.uploads(k) for k in stats)
+    start = engine.client_state(client, 0)
+    expected = engine.kept.get(client, initial)
+    assert all(torch.equal(start[k], expected[k]) for k in stats)  # its next round starts from its own
+    assert all(torch.equal(start[k], engine.states[0][k]) for k in start if k not in stats)
+
+
+def test_evaluation_uses_the_first_clients_statistics(data):
+    engine = _engine(data, ratio=1.0)
+    engine.run_round(0)
+    model = engine.models[0]
+    model.load_state_dict({**engine.states[0], **engine.kept[0]})
+    ours = evaluate(model, engine.test_data, 1000)
+    assert engine.evaluate()["acc_g0"] == ours[0]
+    model.load_state_dict({**engine.states[0], **engine.kept[1]})
+    assert evaluate(model, engine.test_data, 1000)[1] != ours[1]  # client 1's statistics differ
+
+
+def test_averaged_statistics_keep_nothing(data):
+    engine = _engine(data, bn_stats="averaged")
+    before = engine.states[0]["bn1.running_mean"].clone()
+    engine.run_round(0)
+    assert engine.kept == {} and engine.planner.plan(0, 0).keep == frozenset()
+    assert not torch.equal(engine.states[0]["bn1.running_mean"], before)  # averaged into the server's
+
+
+def test_resume_restores_what_clients_keep(data):
+    straight = _engine(data, "FedPart", method_args={"warmup": 1, "rounds_per_group": 1})
+    for t in range(4):
+        straight.run_round(t)
+    first = _engine(data, "FedPart", method_args={"warmup": 1, "rounds_per_group": 1})
+    for t in range(2):
+        first.run_round(t)
+    resumed = _engine(data, "FedPart", method_args={"warmup": 1, "rounds_per_group": 1})
+    resumed.load_state_dict(first.state_dict())
+    for t in (2, 3):
+        resumed.run_round(t)
+    assert straight.kept.keys() == resumed.kept.keys() and straight.fingerprint() == resumed.fingerprint()
+    assert straight.fingerprint() != _engine(data, "FedPart").fingerprint()
