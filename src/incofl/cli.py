@@ -1,4 +1,5 @@
-"""Command-line interface: `incofl prepare | partition | train | table | figures | paired | fedpart | bench | methods`."""
+"""Command-line interface: `incofl prepare | partition | train | table | figures | paired | fedpart | bench |
+methods`."""
 
 from __future__ import annotations
 
@@ -47,10 +48,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def cmd_partition(args: argparse.Namespace) -> int:
     from incofl.data.partition import partition_for
-    from incofl.data.sources import load_dataset
+    from incofl.data.sources import dataset_for
 
     cfg = load_run_config(args.config, {**parse_overrides(args.set), "partition_file": None})
-    part = partition_for(cfg, load_dataset(cfg.dataset, cfg.data_dir, cfg.cache_dir))
+    part = partition_for(cfg, dataset_for(cfg))  # pool_test: over train + test, as the runs train
     part.save(args.out)
     sizes = part.histogram.sum(1)
     print(

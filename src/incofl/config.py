@@ -23,7 +23,8 @@ from typing_extensions import TypedDict  # pydantic needs this one, not typing's
 DATASETS = ("digits", "synthetic", "cifar10", "cinic10", "fmnist", "svhn")
 RESNETS = ("resnet10", "resnet14", "resnet18", "resnet22", "resnet26")
 VITS = ("vit_d8", "vit_d9", "vit_d10", "vit_d11", "vit_d12")
-MODELS = ("resnet8", *RESNETS, *VITS)  # resnet8: FedPart's poster model (3 stages), not in the nested family
+# resnet8: FedPart's poster model (3 stages), not in the nested family; cnn20: FedLAG's 6-conv CNN
+MODELS = ("resnet8", *RESNETS, *VITS, "cnn20")
 GRID_KEYS = {"dataset": "datasets", "alpha": "alphas", "method": "methods", "seed": "seeds"}
 # What a run is shown under (a method, variant or label name): it names run directories, so the
 # workflow's {method} wildcard is this pattern too.
@@ -31,7 +32,7 @@ NAME = r"[A-Za-z0-9-]+"
 # Settings one partition artifact (and the data cache) stands for: per_method and variants may not
 # override them (every method of a grid trains on the same clients).
 SHARED_SETTINGS = frozenset({"data_dir", "cache_dir", "partition", "client_samples", "min_size", "max_retries",
-                             "partition_file", "release_partitions", "fmnist_partition"})  # fmt: skip
+                             "partition_file", "release_partitions", "fmnist_partition", "pool_test"})  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -61,6 +62,8 @@ class Settings(BaseModel):
     normalize: Literal["stats", "half", "none"] = "stats"  # training-set mean/std, 0.5/0.5, or [0, 1] pixels
     resize: int | None = Field(None, ge=8)  # ResNets: resize images to this side (release FMNIST: 32)
     drop_last: bool = False  # drop incomplete batches: each client's last, and the test set's tail (release)
+    holdout: float = Field(0.0, ge=0.0, lt=1.0)  # each client's share held out for personal evaluation (FedLAG: 0.25)
+    pool_test: bool = False  # train and test sets pooled before partitioning (FedLAG's release); needs holdout
     # federation
     clients: int = Field(100, ge=1)
     ratio: float = Field(0.1, gt=0.0, le=1.0)
@@ -97,7 +100,7 @@ class Settings(BaseModel):
             if name not in MODELS:
                 raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
         if len({m[:3] for m in models}) > 1:
-            raise ValueError("all models must come from one family (resnet* or vit_d*)")
+            raise ValueError("all models must come from one family (resnet*, vit_d* or cnn20)")
         _unique(models)
         if models != sorted(models, key=MODELS.index):
             raise ValueError(f"one group per model, smallest first: {', '.join(sorted(models, key=MODELS.index))}")
@@ -111,6 +114,14 @@ class Settings(BaseModel):
     def _enough_clients(self) -> Settings:
         if self.clients < self.groups:
             raise ValueError(f"clients: {self.clients} clients cannot fill {self.groups} model groups")
+        return self
+
+    @model_validator(mode="after")
+    def _pool_test(self) -> Settings:
+        if self.pool_test and not self.holdout:
+            raise ValueError("pool_test: needs holdout > 0 (with the test set pooled, accuracy is measured per client)")
+        if self.pool_test and self.partition == "release":
+            raise ValueError("pool_test: the release's partition files index the training set alone")
         return self
 
     @model_validator(mode="after")
@@ -138,8 +149,8 @@ def _check_family(method: str, models: list[str]) -> None:
     """Partial methods plan over ResNet layer groups (models/groups.py)."""
     from incofl.fl.methods import METHODS
 
-    if METHODS[method].planner.__name__ == "PartPlanner" and models[0] in VITS:
-        raise ValueError(f"models: {method}'s layer groups are defined for ResNets, not ViTs")
+    if METHODS[method].planner.__name__ == "PartPlanner" and not models[0].startswith("resnet"):
+        raise ValueError(f"models: {method}'s layer groups are defined for ResNets, not {models[0]}")
 
 
 def _check_method(name: str) -> str:

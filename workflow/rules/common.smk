@@ -165,10 +165,14 @@ def dataset_settings(dataset):
 
 
 def partition_settings(wc):
+    """The settings the partition job's artifact depends on. `pool_test` (partitions over train +
+    test) only when on, with the `holdout` it needs to be a valid config: a config without it
+    keeps the params, so the partitions made before it are not redone."""
     shared = dataset_settings(wc.dataset)
     keys = ("partition", "client_samples", "min_size", "max_retries", "release_partitions", "fmnist_partition")
+    pooled = ("pool_test", "holdout") if shared["pool_test"] else ()
     return {**data_settings(wc), "alpha": float(wc.alpha), "clients": int(wc.clients),
-            "partition_seed": int(wc.pseed), **{k: shared[k] for k in keys}}
+            "partition_seed": int(wc.pseed), **{k: shared[k] for k in (*keys, *pooled)}}
 
 
 def partition_inputs(wc):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,7 +20,7 @@ class ImageDataset:
 
     @property
     def num_classes(self) -> int:
-        return int(max(self.y_train.max(), self.y_test.max())) + 1
+        return int(np.concatenate([self.y_train, self.y_test]).max()) + 1  # the test split may be empty
 
     @property
     def channels(self) -> int:
@@ -29,6 +29,18 @@ class ImageDataset:
     @property
     def image_size(self) -> int:
         return int(self.x_train.shape[2])
+
+    def pooled(self) -> ImageDataset:
+        """The train and test images as one training set (train first, then test, each in its
+        order) and an empty test split (0 images of the same shape and dtypes): FedLAG's
+        release partitions CIFAR-10's 60,000 images over the clients (`pool_test`)."""
+        return replace(
+            self,
+            x_train=np.concatenate([self.x_train, self.x_test]),
+            y_train=np.concatenate([self.y_train, self.y_test]),
+            x_test=self.x_test[:0].copy(),
+            y_test=self.y_test[:0].copy(),
+        )
 
     def channel_stats(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-channel mean and std of the training images in [0, 1], for normalisation."""

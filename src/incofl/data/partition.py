@@ -76,6 +76,33 @@ def dirichlet_partition(
     )
 
 
+HOLDOUT_STREAM = 4  # the held-out split's RNG stream (sampling: 1, training: 2, FedPart's order: 3)
+
+
+def holdout_split(
+    parts: list[np.ndarray], labels: np.ndarray, share: float, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each client's indices split into (train, held out) with `share` held out, stratified by
+    label where every class of the client has two samples or more (else a plain random split);
+    a client with fewer than two samples holds nothing out. Seeded per client by `seed`."""
+    from sklearn.model_selection import train_test_split
+
+    train, held = [], []
+    for client, idx in enumerate(parts):
+        if len(idx) < 2:
+            train.append(idx)
+            held.append(idx[:0])
+            continue
+        state = int(np.random.SeedSequence([seed, HOLDOUT_STREAM, client]).generate_state(1)[0])
+        try:
+            a, b = train_test_split(idx, test_size=share, random_state=state, stratify=labels[idx])
+        except ValueError:  # a class with one sample, or fewer held-out slots than classes
+            a, b = train_test_split(idx, test_size=share, random_state=state)
+        train.append(np.sort(a))
+        held.append(np.sort(b))
+    return train, held
+
+
 def class_histogram(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
     """(clients, classes) sample counts."""
     return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
@@ -207,7 +234,8 @@ def partition_for(cfg: RunConfig, data: ImageDataset) -> Partition:
     if cfg.dataset == "fmnist" and cfg.fmnist_partition == "cifar":
         from incofl.data.sources import load_dataset
 
-        draw_labels = load_dataset("cifar10", cfg.data_dir, cfg.cache_dir).y_train
+        cifar = load_dataset("cifar10", cfg.data_dir, cfg.cache_dir)
+        draw_labels = (cifar.pooled() if cfg.pool_test else cifar).y_train  # pool_test: CIFAR-10's 60,000
     part = make_partition(
         labels,
         kind=cfg.partition,

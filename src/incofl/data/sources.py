@@ -15,6 +15,7 @@ import tarfile
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +25,9 @@ from PIL import Image
 from incofl.atomic import atomic_path, remove_stale_temporaries
 from incofl.config import DATASETS
 from incofl.data.dataset import ImageDataset
+
+if TYPE_CHECKING:
+    from incofl.config import RunConfig
 
 ENV_DATA_DIR = "INCOFL_DATA_DIR"
 log = logging.getLogger(__name__)
@@ -73,6 +77,14 @@ def load_dataset(
 
 
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def dataset_for(cfg: RunConfig) -> ImageDataset:
+    """A run's data: its data set, with train and test pooled into one training set (and no
+    test set) under `pool_test`. Training and `incofl partition` both read it, so a partition
+    artifact indexes the images the run trains on (its labels' hash says which)."""
+    data = load_dataset(cfg.dataset, cfg.data_dir, cfg.cache_dir)
+    return data.pooled() if cfg.pool_test else data
 
 
 def content_hash(arrays: dict[str, np.ndarray]) -> str:

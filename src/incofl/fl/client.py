@@ -164,15 +164,28 @@ def local_train(
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, data: TensorSplit, batch_size: int, drop_last: bool = False) -> tuple[float, float]:
-    """(accuracy in percent, mean cross-entropy) on a split; with `drop_last` on its full
-    batches only (as released: 9,728 of CIFAR-10's 10,000 test images in batches of 512)."""
+def evaluate(
+    model: nn.Module, data: TensorSplit, batch_size: int, drop_last: bool = False, indices: torch.Tensor | None = None
+) -> tuple[float, float]:
+    """(accuracy in percent, mean cross-entropy) on a split, or on `indices` of it; with
+    `drop_last` on its full batches only (as released: 9,728 of CIFAR-10's 10,000 test images
+    in batches of 512)."""
+    correct, loss, n = count_correct(model, data, batch_size, drop_last, indices)
+    return 100.0 * correct / n, loss / n
+
+
+@torch.inference_mode()
+def count_correct(
+    model: nn.Module, data: TensorSplit, batch_size: int, drop_last: bool = False, indices: torch.Tensor | None = None
+) -> tuple[int, float, int]:
+    """(correct predictions, summed cross-entropy, samples scored)."""
     model.eval()
-    n = len(data) // batch_size * batch_size if drop_last and len(data) >= batch_size else len(data)
+    order = torch.arange(len(data)) if indices is None else indices
+    n = len(order) // batch_size * batch_size if drop_last and len(order) >= batch_size else len(order)
     correct, loss = 0, 0.0
-    for batch in torch.arange(n).split(batch_size):
+    for batch in order[:n].split(batch_size):
         x, y = data.batch(batch)
         logits = model(x).float()
         loss += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += (logits.argmax(1) == y).sum().item()
-    return 100.0 * correct / n, loss / n
+        correct += int((logits.argmax(1) == y).sum().item())
+    return correct, loss, n

@@ -16,6 +16,7 @@ from incofl.fl.client import Objective
 from incofl.fl.objectives import FedProx, Moon, Scaffold
 from incofl.fl.observers import InCoLog, Observer
 from incofl.fl.params import Params, combine, parse
+from incofl.fl.personal import FedPerPlanner, LagPlanner, LocalPlanner
 from incofl.fl.plan import FullPlanner, PartPlanner
 from incofl.fl.server import GroupWise, Shared
 from incofl.fl.transforms import INCO, AverageTransform, NovaNormalize, UpdateTransform
@@ -61,6 +62,7 @@ _SCAFFOLD = "Karimireddy et al., ICML 2020 (SCAFFOLD, option II)"  # plain mean 
 _NOVA = "Wang et al., NeurIPS 2020 (FedNova)"  # sample-weighted: p_i = n_i / sum n (METHODS.md 3)
 _MOON = "Li, He & Song, CVPR 2021 (MOON)"
 _PART = "Wang et al., NeurIPS 2024 (FedPart, partial network updates)"
+_LAG = "FedLAG, arXiv 2410.02845 (layer-wise personalisation by gradient conflict)"
 _REGISTRY = [
     Method("FedAvg", source="McMahan et al. 2017" + _GROUPWISE),
     Method("FedProx", FedProx, source=_PROX + _GROUPWISE),
@@ -85,6 +87,16 @@ _REGISTRY = [
     Method("FedPartProx", FedProx, planner=PartPlanner, base="FedProx", source=_PART + "; " + _PROX),
     Method("FedPartMOON", Moon, planner=PartPlanner, base="MOON", source=_PART + "; " + _MOON),
     _inco("InCoPart", "FedPart", _PAPER + "; " + _PART, planner=PartPlanner),
+    # personalised: each client keeps part of its model (measure with `holdout`, personal accuracy)
+    Method("Local", planner=LocalPlanner, source="local training only (FedLAG's baseline)"),
+    Method(
+        "FedPer",
+        planner=FedPerPlanner,
+        base="FedAvg",
+        defaults={"weighted": True},
+        source="Arivazhagan et al. 2019 (FedPer: personal head); sample-weighted",
+    ),  # fmt: skip
+    Method("FedLAG", planner=LagPlanner, base="FedAvg", defaults={"weighted": True}, source=_LAG + "; sample-weighted"),
 ]
 METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}
 

@@ -65,6 +65,17 @@ class PartParams(Params):
     schedule: Literal["cycles", "once"] = "cycles"
 
 
+class LagParams(Params):
+    """FedLAG (METHODS.md 5.2): FedAvg warm-up counting gradient conflicts, then the top-K
+    conflicting state entries personal."""
+
+    signal: Literal["last_grad", "update"] = "last_grad"  # a client's last mini-batch gradient (release) or update
+    xi: float = Field(0.0, ge=-1.0, le=1.0, allow_inf_nan=False)  # a pair conflicts when cos(g_i, g_j) < xi
+    top_k: int = Field(2, ge=0)  # K personal entries (a weight and its bias count apart)
+    warmup: int | None = Field(None, ge=1)  # warm-up rounds; None: R_s + 1 with R_s = min(rounds // 2, 30)
+    variant: Literal["intended", "released"] = "intended"  # released: no broadcast after warm-up (main branch)
+
+
 def combine(name: str, models: list[type[Params]], defaults: dict[str, Any]) -> type[Params]:
     """One model with every field of `models` (later ones win a name clash), with the method's
     own `defaults` in place of the components'."""

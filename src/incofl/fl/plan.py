@@ -40,6 +40,7 @@ import numpy as np
 from torch import nn
 
 from incofl.config import RunConfig
+from incofl.fl.client import ClientUpdate
 from incofl.fl.params import Params, PartParams
 from incofl.fl.sampling import group_of
 from incofl.models.family import check_nested
@@ -57,6 +58,7 @@ class ClientPlan:
     trainable: frozenset[str] | None = None  # parameter names trained; None: all
     upload: frozenset[str] | None = None  # state entries uploaded; None: every floating-point entry
     keep: frozenset[str] = frozenset()  # state entries the client keeps for itself, never uploaded
+    signal: bool = False  # attach the client's last mini-batch gradients to its update (FedLAG)
 
     @property
     def full(self) -> bool:
@@ -88,6 +90,13 @@ class FullPlanner:
         group = group_of(client, self.clients, self.groups)
         federation = self.federation_of(group)
         return ClientPlan(client, group, federation, self.sizes[federation], keep=self.keep[group])
+
+    def observe(self, round_: int, updates: list[ClientUpdate]) -> None:
+        """After the round's aggregation: what later plans may depend on (FedLAG's conflicts)."""
+
+    def summary(self) -> dict[str, Any]:
+        """What summary.json reports of the plans (FedLAG: the personal layers)."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {}

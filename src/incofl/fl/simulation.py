@@ -25,15 +25,15 @@ from incofl.atomic import atomic_path, write_json
 from incofl.config import VITS, ConfigError, RunConfig
 from incofl.data.augment import resolve_augment
 from incofl.data.dataset import ImageDataset
-from incofl.data.partition import Partition, partition_for
+from incofl.data.partition import Partition, holdout_split, partition_for
 from incofl.data.tensors import to_device
 from incofl.fl import checkpoint
 from incofl.fl.divergence import Diverged, check_states, check_updates
-from incofl.fl.evaluation import GroupEvaluator
+from incofl.fl.evaluation import GroupEvaluator, PersonalEvaluator
 from incofl.fl.methods import METHODS
 from incofl.fl.observers import CostLog, RoundReport
 from incofl.fl.rundir import claimed
-from incofl.fl.sampling import sample_schedule
+from incofl.fl.sampling import group_of, sample_schedule
 from incofl.fl.server import apply_update
 from incofl.fl.trainer import SerialTrainer
 from incofl.fl.transforms import EpochScale, Setup
@@ -71,6 +71,9 @@ class Engine:
         self.cfg, self.device, self.parts = cfg, device, partition.parts
         if len(self.parts) != cfg.clients:
             raise ValueError(f"partition has {len(self.parts)} clients, config has clients={cfg.clients}")
+        self.held: list[np.ndarray] | None = None  # each client's held-out indices (holdout > 0)
+        if cfg.holdout:
+            self.parts, self.held = holdout_split(self.parts, data.y_train, cfg.holdout, cfg.partition_seed)
         size = input_size(cfg.models[0], cfg.resize or data.image_size)
         aug = resolve_augment(cfg.augment, cfg.dataset, vit=cfg.models[0] in VITS, cutout=cfg.cutout,
                               pad_fill=cfg.pad_fill)  # fmt: skip
@@ -98,6 +101,9 @@ class Engine:
         autocast = cfg.bf16 and device.type == "cuda"
         self.trainer = SerialTrainer(cfg, self.models, self.train_data, self.parts, autocast)
         self.evaluator = GroupEvaluator(self.models, self.test_data, cfg.eval_batch_size, cfg.drop_last)
+        self.personal = None if self.held is None else PersonalEvaluator(
+            self.models, self.train_data, self.held, [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)],
+            cfg.eval_batch_size)  # fmt: skip
         if self.aggregator.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
@@ -122,6 +128,7 @@ class Engine:
                                      self.objective)  # fmt: skip
         self.kept |= {u.client: u.kept for u in updates if u.kept}
         check_updates(round_ + 1, updates)
+        self.planner.observe(round_, updates)
         for transform in self.pre:
             updates = transform(updates)
         for federation, average in self.aggregator.aggregate(updates).items():
@@ -139,9 +146,16 @@ class Engine:
 
     def evaluate(self) -> dict[str, float]:
         """Every group's global model; with kept BN statistics, those of the group's first client
-        (the release evaluates client 0's model)."""
+        (the release evaluates client 0's model). With `holdout`, also every client's model on
+        its held-out data; with no global test set (`pool_test`) that personal accuracy is the
+        run's accuracy (mean_acc, acc_g{g})."""
         first = [-(-g * self.cfg.clients // self.cfg.groups) for g in range(self.cfg.groups)]  # ceil(g K / G)
-        return self.evaluator(lambda group: self.client_state(first[group], group))
+        personal = {} if self.personal is None else self.personal(self.client_state)
+        shown = {k: personal[k] for k in ("personal_acc", "personal_acc_std") if k in personal}
+        if len(self.test_data) == 0:  # pool_test: the personal accuracy is the run's
+            groups = {f"acc_g{g}": personal[f"personal_g{g}"] for g in range(self.cfg.groups)}
+            return {"mean_acc": personal["personal_acc"], "mean_loss": personal["personal_loss"], **groups, **shown}
+        return self.evaluator(lambda group: self.client_state(first[group], group)) | shown
 
     def fingerprint(self) -> str:
         """SHA-256 of every server state entry, then of what clients keep (name and bytes, in
@@ -291,6 +305,7 @@ class Run:
             "wall_s": round(self.elapsed, 3),
             "samples_per_s": round(self.samples / max(self.elapsed, 1e-9), 1),
             **self.engine.costs.totals(),
+            **self.engine.planner.summary(),
             "device": str(self.engine.device),
             "torch": torch.__version__,
             "config": cfg.model_dump(),
@@ -320,18 +335,27 @@ class Run:
             "last10_acc": float(np.mean([r["mean_acc"] for r in self.rows if r["round"] > cfg.rounds - 10])),
             "group_final_acc": [final[f"acc_g{g}"] for g in range(cfg.groups)],
             "final_loss": final["mean_loss"],
+            **self.personal_accuracy(),
             "state_sha256": self.engine.fingerprint(),
         }
+
+    def personal_accuracy(self) -> dict[str, Any]:
+        """With `holdout`: the final personal accuracy, its std over clients, and the best (the release's)."""
+        if "personal_acc" not in self.rows[-1]:
+            return {}
+        accs = [r["personal_acc"] for r in self.rows]
+        return {"personal_acc": accs[-1], "personal_acc_std": self.rows[-1]["personal_acc_std"],
+                "best_personal_acc": max(accs)}  # fmt: skip
 
 
 def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:
     """Run (or resume) one configured training run and return its summary."""
-    from incofl.data.sources import load_dataset
+    from incofl.data.sources import dataset_for
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    data = data or load_dataset(cfg.dataset, cfg.data_dir, cfg.cache_dir)
+    data = data or dataset_for(cfg)
     engine = Engine(cfg, data, partition_for(cfg, data), device)  # every input checked before --out is touched
     with claimed(Path(out_dir)):
         return Run(cfg, engine, Path(out_dir)).execute()

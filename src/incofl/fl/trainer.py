@@ -34,6 +34,12 @@ def set_trainable(model: nn.Module, trainable: frozenset[str] | None) -> list[nn
     return params
 
 
+def last_gradients(model: nn.Module) -> State:
+    """Every trained parameter's gradient of the last local mini-batch (zero if it had none)."""
+    return {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+            for name, p in model.named_parameters() if p.requires_grad}  # fmt: skip
+
+
 class SerialTrainer:
     def __init__(
         self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: list[np.ndarray], autocast: bool
@@ -64,6 +70,7 @@ class SerialTrainer:
         }
         uploaded = sum(p.numel() for name, p in model.named_parameters() if name in delta)
         kept = {k: v.detach().clone() for k, v in model.state_dict().items() if k in plan.keep}
+        extra = {"last_grad": last_gradients(model)} if plan.signal else {}
         update = ClientUpdate(plan.client, plan.group, delta, len(indices), ctx.steps, state=plan.federation,
-                              loss=loss, full=plan.full, upload_params=uploaded, kept=kept)  # fmt: skip
+                              loss=loss, full=plan.full, upload_params=uploaded, kept=kept, extra=extra)  # fmt: skip
         return session.end(update)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from incofl.models.cnn import CNNS, cnn
 from incofl.models.resnet import BLOCKS, resnet
 from incofl.models.vit import DEPTHS, vit
 
@@ -20,16 +21,21 @@ def build_model(
     image_size: int = 32,
     projection_dim: int | None = None,
 ) -> nn.Module:
-    """`projection_dim` adds MOON's projection head (models/projection.py)."""
+    """`projection_dim` adds MOON's projection head (models/projection.py). `image_size` is the
+    side of the images the model takes (ViTs: 224; cnn20: its fc1 width depends on it); `stem`
+    is the ResNets', `pretrained` the ViTs'."""
     if name in BLOCKS:
         return resnet(name, num_classes, in_channels, stem, projection_dim)
+    if name in CNNS:
+        return cnn(name, num_classes, in_channels, image_size, projection_dim)
     if name in DEPTHS:
         return vit(name, num_classes, in_channels, pretrained, img_size=image_size, projection_dim=projection_dim)
     raise ValueError(f"unknown model {name!r}")
 
 
 def input_size(name: str, image_size: int) -> int:
-    """The side of the images a model family takes: ViTs 224 (images are resized), ResNets the data's."""
+    """The side of the images a model family takes: ViTs 224 (images are resized), ResNets and
+    cnn20 the data's (after `resize`)."""
     return VIT_INPUT if name in DEPTHS else image_size
 
 

@@ -1,0 +1,122 @@
+"""Personalisation as plans: which state entries each client keeps for itself (`ClientPlan.keep`:
+never uploaded, restored at its next round; the engine holds them per client).
+
+`LocalPlanner` keeps everything (local training only), `FedPerPlanner` the classifier head
+(FedPer, Arivazhagan et al. 2019), `LagPlanner` FedLAG's top-K conflicting entries
+(METHODS.md 5.2, arXiv 2410.02845): R_s + 1 warm-up rounds of FedAvg over every parameter
+(R_s = min(T // 2, 30)) in which, for each parameter tensor (a weight and its bias apart) and
+every unordered pair of the round's clients, the conflict count GC grows by one when
+cos(g_i, g_j) < xi (a zero vector has cosine 0); g_i is the client's last mini-batch gradient
+(the release) or its update. Then the K entries with the highest GC (ties: the earlier in the
+model) stay personal: every client receives every other parameter each round and keeps its
+own of those. `variant: released` is the released main branch, whose broadcast after warm-up
+is a no-op: clients then train their own models only (local training after a FedAvg warm-up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from incofl.config import RunConfig
+from incofl.fl.client import ClientUpdate
+from incofl.fl.params import LagParams
+from incofl.fl.plan import ClientPlan, FullPlanner
+from incofl.models.family import check_nested
+
+
+class KeepPlanner(FullPlanner):
+    """Full rounds in which every client keeps `own(model)` of its model (beside kept BN statistics)."""
+
+    def __init__(self, hp: Any, cfg: RunConfig, models: list[nn.Module], federation_of: Callable[[int], int]):
+        super().__init__(hp, cfg, models, federation_of)
+        self.own = [frozenset(self.personal(m)) for m in models]
+
+    def personal(self, model: nn.Module) -> list[str]:
+        raise NotImplementedError
+
+    def plan(self, round_: int, client: int) -> ClientPlan:
+        full = super().plan(round_, client)
+        return replace(full, keep=full.keep | self.own[full.group])
+
+
+class LocalPlanner(KeepPlanner):
+    """Local training only: every entry is kept, nothing is uploaded."""
+
+    def personal(self, model: nn.Module) -> list[str]:
+        return list(model.state_dict())
+
+
+class FedPerPlanner(KeepPlanner):
+    """FedPer: the classifier head (`fc`) is personal, the body is averaged."""
+
+    def personal(self, model: nn.Module) -> list[str]:
+        return [name for name, _ in model.named_parameters() if name.startswith("fc.")]
+
+
+def conflict_counts(signals: list[dict[str, torch.Tensor]], entries: list[str], xi: float) -> np.ndarray:
+    """Per entry, the number of unordered client pairs (among those holding it) whose signals
+    have cosine similarity < xi; a zero vector has cosine 0 with everything."""
+    counts = np.zeros(len(entries), dtype=np.int64)
+    for i, name in enumerate(entries):
+        held = [s[name].flatten().double() for s in signals if name in s]
+        if len(held) < 2:
+            continue
+        vectors = torch.stack(held)
+        norms = vectors.norm(dim=1, keepdim=True)
+        unit = torch.where(norms > 0, vectors / norms.clamp_min(1e-300), torch.zeros_like(vectors))
+        cosines = unit @ unit.T
+        upper = torch.triu(torch.ones_like(cosines, dtype=torch.bool), diagonal=1)
+        counts[i] = int((cosines[upper] < xi).sum())
+    return counts
+
+
+class LagPlanner(FullPlanner):
+    """FedLAG (see the module docstring); its checkpoint holds the counts and the choice."""
+
+    params = LagParams
+
+    def __init__(self, hp: Any, cfg: RunConfig, models: list[nn.Module], federation_of: Callable[[int], int]):
+        super().__init__(hp, cfg, models, federation_of)
+        self.hp: LagParams = hp
+        self.warmup = hp.warmup or min(cfg.rounds // 2, 30) + 1
+        self.entries = [name for name, _ in models[check_nested(models)].named_parameters()]
+        self.names = [frozenset(m.state_dict()) for m in models]
+        self.scores = np.zeros(len(self.entries), dtype=np.int64)
+        self.personal: list[str] = []
+
+    def plan(self, round_: int, client: int) -> ClientPlan:
+        full = super().plan(round_, client)
+        if round_ < self.warmup:
+            return replace(full, signal=self.hp.signal == "last_grad")
+        names = self.names[full.group]
+        own = names if self.hp.variant == "released" else names & frozenset(self.personal)
+        return replace(full, keep=full.keep | own)
+
+    def observe(self, round_: int, updates: list[ClientUpdate]) -> None:
+        if round_ >= self.warmup:
+            return
+        key = "last_grad" if self.hp.signal == "last_grad" else None
+        signals = [u.extra[key] if key else u.delta for u in updates]
+        self.scores += conflict_counts(signals, self.entries, self.hp.xi)
+        if round_ == self.warmup - 1:
+            ranked = sorted(range(len(self.entries)), key=lambda i: (-self.scores[i], i))
+            self.personal = [self.entries[i] for i in ranked[: self.hp.top_k]]
+
+    def summary(self) -> dict[str, Any]:
+        scores = {name: int(score) for name, score in zip(self.entries, self.scores, strict=True)}
+        return {"personal_layers": self.personal, "conflict_scores": scores, "warmup_rounds": self.warmup}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "scores": self.scores.tolist(), "personal": self.personal}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["entries"] != self.entries:
+            raise ValueError("checkpoint made with other model parameters than this run's")
+        self.scores = np.asarray(state["scores"], dtype=np.int64)
+        self.personal = list(state["personal"])
