@@ -10,19 +10,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import engine_on, small_synthetic
 
 from incofl.cli import run
-from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
-from incofl.data.partition import holdout_split, iid_partition, make_partition
-from incofl.data.sources import load_dataset
+from incofl.data.partition import holdout_split, iid_partition
 from incofl.fl import personal as personal_module
 from incofl.fl.client import evaluate
 from incofl.fl.personal import conflict_counts
-from incofl.fl.simulation import Engine
 
 TINY = {
-    "dataset": "synthetic",
     "clients": 4,
     "ratio": 1.0,
     "models": ["resnet10"],
@@ -30,23 +27,16 @@ TINY = {
     "partition": "iid",
     "holdout": 0.25,
     "rounds": 6,
-    "progress": False,
-    "threads": 1,
-    "device": "cpu",
 }
 
 
 @pytest.fixture(scope="module")
 def data():
-    torch.set_num_threads(1)
-    full = load_dataset("synthetic", cache_dir=None)
-    return ImageDataset("synthetic", full.x_train[:128], full.y_train[:128], full.x_test[:32], full.y_test[:32])
+    return small_synthetic(128)
 
 
 def _engine(data, method, **settings):
-    cfg = RunConfig(**{**TINY, "method": method, **settings})
-    part = make_partition(data.y_train, kind="iid", num_clients=cfg.clients, alpha=cfg.alpha, seed=0)
-    return Engine(cfg, data, part, torch.device("cpu"))
+    return engine_on(data, **{**TINY, "method": method, **settings})
 
 
 def _run(engine, rounds):

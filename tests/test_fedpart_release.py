@@ -6,18 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import QUIET, engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig, load_run_config
-from incofl.data.dataset import ImageDataset
 from incofl.data.partition import PartitionError, check_provenance, iid_draw_partition, make_partition
-from incofl.data.sources import load_dataset
 from incofl.fl.client import evaluate
 from incofl.fl.plan import bn_statistics
-from incofl.fl.simulation import Engine
 from incofl.models.family import build_model
 
 TINY = {
-    "dataset": "synthetic",
     "clients": 4,
     "ratio": 0.5,
     "models": ["resnet8"],
@@ -25,24 +22,16 @@ TINY = {
     "partition": "iid_draw",
     "client_samples": 24,
     "bn_stats": "local",
-    "progress": False,
-    "threads": 1,
-    "device": "cpu",
 }
 
 
 @pytest.fixture(scope="module")
 def data():
-    torch.set_num_threads(1)
-    full = load_dataset("synthetic", cache_dir=None)
-    return ImageDataset("synthetic", full.x_train[:64], full.y_train[:64], full.x_test[:32], full.y_test[:32])
+    return small_synthetic(64)
 
 
 def _engine(data, method="FedAvg", **settings):
-    cfg = RunConfig(**{**TINY, "method": method, **settings})
-    part = make_partition(data.y_train, kind=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha, seed=0,
-                          client_samples=cfg.client_samples)  # fmt: skip
-    return Engine(cfg, data, part, torch.device("cpu"))
+    return engine_on(data, **{**TINY, "method": method, **settings})
 
 
 # --- partition: iid_draw -------------------------------------------------------------------------
@@ -80,7 +69,7 @@ def test_release_setting_keys_are_validated(tmp_path, settings, message):
 
 
 def test_the_artifact_records_the_draw_size_and_refuses_another(data):
-    cfg = RunConfig(**{**TINY, "method": "FedAvg"})
+    cfg = RunConfig(**{**QUIET, **TINY, "method": "FedAvg"})
     part = make_partition(data.y_train, kind="iid_draw", num_clients=4, alpha=cfg.alpha, seed=0, client_samples=24,
                           dataset="synthetic")  # fmt: skip
     assert part.meta["client_samples"] == 24 and all(len(p) == 24 for p in part.parts)
