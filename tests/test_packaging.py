@@ -29,7 +29,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_cli_help_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "incofl.cli", "--help"], capture_output=True, text=True, check=True)
-    for command in ("prepare", "partition", "train", "table", "figures", "paired", "bench", "methods"):
+    for command in ("prepare", "partition", "train", "table", "figures", "paired", "fedpart", "bench", "methods"):
         assert command in out.stdout
 
 

@@ -8,6 +8,7 @@ the plain path is a bare loop of forward, backward and Adam steps.
 
 from __future__ import annotations
 
+import platform
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
 from incofl.fl.sampling import client_seed
-from incofl.fl.simulation import Engine
+from incofl.fl.simulation import Engine, resolve_device
 from incofl.models.family import build_model
 
 
@@ -55,10 +56,12 @@ def benchmark(
     threads: int | None = None,
     repeats: int = 2,
     seed: int = 0,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Alternate the two paths `repeats` times and keep each one's fastest run (the machine is noisy)."""
     if threads:
         torch.set_num_threads(threads)
+    dev = resolve_device(device)
     data = load_dataset("synthetic", cache_dir=None)
     cfg = RunConfig(
         dataset="synthetic",
@@ -71,11 +74,11 @@ def benchmark(
         batch_size=batch_size,
         seed=seed,
         progress=False,
-        device="cpu",
+        device=dev.type,
         augment="none",
     )
     parts = iid_partition(clients * samples, clients, seed)
-    engine = Engine(cfg, data, Partition(parts, np.zeros((clients, 0)), {}), torch.device("cpu"))
+    engine = Engine(cfg, data, Partition(parts, np.zeros((clients, 0)), {}), dev)
     aggregate, aggregate_s = engine.aggregator.aggregate, []
 
     def timed_aggregate(updates: list) -> dict:
@@ -85,20 +88,22 @@ def benchmark(
         return out
 
     engine.aggregator.aggregate = timed_aggregate
-    plain_model = build_model(model, data.num_classes, data.channels)
+    plain_model = build_model(model, data.num_classes, data.channels).to(dev)
     plain_model.load_state_dict(engine.states[0])
     plain_loop(plain_model, engine.train_data, [parts[0][: 2 * batch_size]], seed, 1, batch_size, cfg.lr)  # warm-up
     engine_s, plain_s = [], []
     for _ in range(repeats):
         start = time.perf_counter()
         engine_samples = engine.run_round(0).samples
-        engine_s.append(time.perf_counter() - start)
+        engine_s.append(_finished(dev) - start)
         start = time.perf_counter()
         plain_samples = plain_loop(plain_model, engine.train_data, parts, seed, epochs, batch_size, cfg.lr)
-        plain_s.append(time.perf_counter() - start)
+        plain_s.append(_finished(dev) - start)
     best = int(np.argmin(engine_s))
     engine_sps, plain_sps = engine_samples / engine_s[best], plain_samples / min(plain_s)
     return {
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
         "model": model,
         "clients": clients,
         "samples_per_client": samples,
@@ -113,9 +118,17 @@ def benchmark(
     }
 
 
+def _finished(device: torch.device) -> float:
+    """The time once the device's queued work is done (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def format_report(r: dict[str, Any]) -> str:
     return (
-        f"{r['model']}, {r['clients']} clients x {r['samples_per_client']} samples x {r['epochs']} epochs, "
+        f"{r['device']} ({r['device_name']}): {r['model']}, "
+        f"{r['clients']} clients x {r['samples_per_client']} samples x {r['epochs']} epochs, "
         f"batch {r['batch_size']}, {r['threads']} threads\n"
         f"engine (full InCoAvg round): {r['engine_samples_per_s']:8.1f} samples/s\n"
         f"plain PyTorch loop:          {r['plain_samples_per_s']:8.1f} samples/s\n"

@@ -172,6 +172,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         threads=args.threads,
         repeats=args.repeats,
+        device=args.device,
     )
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
@@ -242,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int)
     p.add_argument("--repeats", type=int, default=2, help="alternating repeats; the fastest of each path counts")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu", help="where both paths run")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("methods", help="list the registered methods")
     p.set_defaults(func=cmd_methods)
