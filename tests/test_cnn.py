@@ -14,7 +14,6 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.fl.methods import METHODS
-from incofl.fl.plan import PartPlanner
 from incofl.fl.simulation import Engine, train
 from incofl.models.cnn import flat_features
 from incofl.models.family import build_model, check_nested, num_parameters
@@ -175,7 +174,7 @@ def test_two_round_run(tmp_path, data, method):
     assert engine.models[0](engine.train_data.batch(torch.arange(4))[0]).shape == (4, 10)
 
 
-FULL_METHODS = [m for m, spec in METHODS.items() if spec.planner is not PartPlanner]
+FULL_METHODS = [m for m, spec in METHODS.items() if not spec.partial]
 
 
 @pytest.mark.parametrize("method", FULL_METHODS)

@@ -45,6 +45,11 @@ class Method:
         """Validated `method_args`; a bad name or value is a ValueError naming `method_args.<key>`."""
         return parse(self.params, self.name, args)
 
+    @property
+    def partial(self) -> bool:
+        """Trains one layer group in most rounds (FedPart's schedule)."""
+        return self.planner is PartPlanner
+
     def model_kwargs(self, hp: Params) -> dict[str, Any]:
         """The objective's model-building parameters (MOON's projection_dim) for `build_model`."""
         return {name: getattr(hp, name) for name in self.objective.model_args}

@@ -31,7 +31,7 @@ from incofl.models.family import check_nested
 
 
 class KeepPlanner(FullPlanner):
-    """Full rounds in which every client keeps `own(model)` of its model (beside kept BN statistics)."""
+    """Full rounds in which every client keeps the `personal` entries of its model (beside kept BN statistics)."""
 
     def __init__(self, hp: Any, cfg: RunConfig, models: list[nn.Module], federation_of: Callable[[int], int]):
         super().__init__(hp, cfg, models, federation_of)
@@ -68,8 +68,7 @@ def conflict_counts(signals: list[dict[str, torch.Tensor]], entries: list[str], 
         if len(held) < 2:
             continue
         vectors = torch.stack(held)
-        norms = vectors.norm(dim=1, keepdim=True)
-        unit = torch.where(norms > 0, vectors / norms.clamp_min(1e-300), torch.zeros_like(vectors))
+        unit = vectors / vectors.norm(dim=1, keepdim=True).clamp_min(1e-300)  # a zero vector stays zero
         cosines = unit @ unit.T
         upper = torch.triu(torch.ones_like(cosines, dtype=torch.bool), diagonal=1)
         counts[i] = int((cosines[upper] < xi).sum())

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from incofl.fl.methods import METHODS
-from incofl.fl.plan import PartPlanner
 from incofl.models.family import build_model
 from incofl.models.groups import layer_groups
 
@@ -46,19 +46,24 @@ class RunFiles:
 
     @property
     def partial(self) -> bool:
-        return METHODS[self.method].planner is PartPlanner
+        return METHODS[self.method].partial
 
     def cycle(self) -> int | None:
         """Rounds a cycle (W + R x G), None for full updates or `schedule: once`."""
         hp = METHODS[self.method].parse_args(self.config["method_args"])
         if not self.partial or hp.schedule != "cycles":
             return None
-        groups = len(layer_groups(build_model(self.config["models"][-1], 10, 3)))
-        return hp.warmup + hp.rounds_per_group * groups
+        return hp.warmup + hp.rounds_per_group * _group_count(self.config["models"][-1])
 
     def acc_at(self, round_: int) -> float | None:
         row = self.metrics[self.metrics["round"] == round_]
         return None if row.empty else float(row["mean_acc"].iloc[0])
+
+
+@cache
+def _group_count(model: str) -> int:
+    """FedPart's layer groups of a model (built once per name: the tables ask for it per run)."""
+    return len(layer_groups(build_model(model, 10, 3)))
 
 
 def read_runs(
