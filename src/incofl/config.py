@@ -91,6 +91,7 @@ class Settings(BaseModel):
     threads: int | None = Field(None, ge=1)
     channels_last: bool = False
     bf16: bool = False  # bf16 autocast (GPU)
+    trainer: Literal["serial", "batched"] = "serial"  # batched: a group's clients side by side (torch.func.vmap)
     progress: bool = True
 
     @field_validator("models")
@@ -145,12 +146,17 @@ def _unique(values: list[Any]) -> list[Any]:
     return values
 
 
-def _check_family(method: str, models: list[str]) -> None:
-    """Partial methods plan over ResNet layer groups (models/groups.py)."""
+def _check_combination(method: str, settings: Settings) -> None:
+    """Settings a method cannot run with: partial methods plan over ResNet layer groups
+    (models/groups.py); the batched trainer trains only objectives it can batch (fl/batched.py)."""
     from incofl.fl.methods import METHODS
 
-    if METHODS[method].planner.__name__ == "PartPlanner" and not models[0].startswith("resnet"):
+    spec, models = METHODS[method], settings.models
+    if spec.partial and not models[0].startswith("resnet"):
         raise ValueError(f"models: {method}'s layer groups are defined for ResNets, not {models[0]}")
+    if settings.trainer == "batched" and not spec.objective.batchable():
+        raise ValueError(f"trainer: batched cannot train {method} (its {spec.objective.__name__} objective has "
+                         "session hooks of its own); use trainer: serial")  # fmt: skip
 
 
 def _check_method(name: str) -> str:
@@ -224,7 +230,7 @@ class RunConfig(Settings):
         from incofl.fl.methods import METHODS
 
         METHODS[self.method].parse_args(self.method_args)  # a ValueError naming method_args.<key>
-        _check_family(self.method, self.models)
+        _check_combination(self.method, self)
         _check_label(self.label, self.method)
         return self
 
@@ -311,7 +317,7 @@ class ExperimentConfig(Settings):
                 try:
                     settings = Settings.model_validate(self.settings_for(method, dataset, validate=False))
                     METHODS[_check_method(base)].parse_args(settings.method_args)
-                    _check_family(base, settings.models)
+                    _check_combination(base, settings)
                 except ValueError as err:  # pydantic's ValidationError too
                     problem = _key_and_message(err)
                     where = self._override_key(method, dataset, problem.split(":")[0].split(".")[0])

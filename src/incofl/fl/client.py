@@ -99,6 +99,22 @@ class Objective:
     def server_round_end(self, updates: list[ClientUpdate]) -> None:
         """After aggregation (server-side method state)."""
 
+    def batched_correction(self, weights: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> dict:
+        """The batched trainer's form of a session whose one hook adds a correction to the
+        gradients: the correction of each trained entry, for stacked weights (one row per client)
+        and their stacked start values. An objective that defines it `corrects()`."""
+        raise NotImplementedError(f"{type(self).__name__} has no batched gradient correction")
+
+    @classmethod
+    def corrects(cls) -> bool:
+        return cls.batched_correction is not Objective.batched_correction
+
+    @classmethod
+    def batchable(cls) -> bool:
+        """The batched trainer can train it: plain cross-entropy sessions, or a gradient
+        correction it also gives in batched form, and no `end` of its own."""
+        return cls.session_type.end is Session.end and (cls.session_type is Session or cls.corrects())
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

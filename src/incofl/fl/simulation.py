@@ -28,6 +28,7 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, holdout_split, partition_for
 from incofl.data.tensors import to_device
 from incofl.fl import checkpoint
+from incofl.fl.batched import BatchedTrainer
 from incofl.fl.divergence import Diverged, check_states, check_updates
 from incofl.fl.evaluation import GroupEvaluator, PersonalEvaluator
 from incofl.fl.methods import METHODS
@@ -99,11 +100,13 @@ class Engine:
         self.observers = [self.costs, *(observer() for observer in method.observers)]
         self.planner = method.planner(hp, cfg, self.models, self.aggregator.federation)
         autocast = cfg.bf16 and device.type == "cuda"
-        self.trainer = SerialTrainer(cfg, self.models, self.train_data, self.parts, autocast)
+        trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
+        self.trainer = trainer(cfg, self.models, self.train_data, self.parts, autocast)
         self.evaluator = GroupEvaluator(self.models, self.test_data, cfg.eval_batch_size, cfg.drop_last)
+        groups = [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)]
+        self.first = [groups.index(g) for g in range(cfg.groups)]  # each model group's first client
         self.personal = None if self.held is None else PersonalEvaluator(
-            self.models, self.train_data, self.held, [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)],
-            cfg.eval_batch_size)  # fmt: skip
+            self.models, self.train_data, self.held, groups, cfg.eval_batch_size)  # fmt: skip
         if self.aggregator.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
@@ -149,13 +152,12 @@ class Engine:
         (the release evaluates client 0's model). With `holdout`, also every client's model on
         its held-out data; with no global test set (`pool_test`) that personal accuracy is the
         run's accuracy (mean_acc, acc_g{g})."""
-        first = [-(-g * self.cfg.clients // self.cfg.groups) for g in range(self.cfg.groups)]  # ceil(g K / G)
         personal = {} if self.personal is None else self.personal(self.client_state)
         shown = {k: personal[k] for k in ("personal_acc", "personal_acc_std") if k in personal}
         if len(self.test_data) == 0:  # pool_test: the personal accuracy is the run's
             groups = {f"acc_g{g}": personal[f"personal_g{g}"] for g in range(self.cfg.groups)}
             return {"mean_acc": personal["personal_acc"], "mean_loss": personal["personal_loss"], **groups, **shown}
-        return self.evaluator(lambda group: self.client_state(first[group], group)) | shown
+        return self.evaluator(lambda group: self.client_state(self.first[group], group)) | shown
 
     def fingerprint(self) -> str:
         """SHA-256 of every server state entry, then of what clients keep (name and bytes, in

@@ -37,6 +37,11 @@ class FedProx(Objective):
     params = ProxParams  # mu = 0.1: the paper's mu/2 = 0.05
     initial: dict[str, torch.Tensor]
 
+    def batched_correction(self, weights: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> dict:
+        """mu * (w - w_global) on stacked weights, as ProxSession.after_backward adds it."""
+        anchor = self.initial if self.hp.anchor == "initial" else start
+        return {k: float(self.hp.mu) * (w - anchor[k]) for k, w in weights.items()}
+
     def begin(self, initial: dict[str, torch.Tensor]) -> None:
         if self.hp.anchor == "initial":  # a copy: the server's state moves on
             self.initial = {k: v.detach().clone() for k, v in initial.items()}

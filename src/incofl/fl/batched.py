@@ -1,0 +1,188 @@
+"""The train stage with the clients of one model group side by side (`trainer: batched`).
+
+`BatchedTrainer` stacks the start states of the round's clients that train the same model
+with the same trainable parameters and takes their local steps together: one `torch.func`
+`vmap` of forward and backward over the stacked weights instead of one model per client, so
+a GPU runs one kernel where the serial trainer launches one per client. Each client still
+draws its batches and augmentation from its own generator (the serial trainer's data,
+exactly). In step t every client that has a t-th batch steps; clients whose batches have the
+same size go through one vmap (a shorter last batch goes with others of its size), and a
+client with fewer batches drops out once it has had them. The optimizer is torch.optim's SGD
+(momentum, weight decay) and Adam arithmetic on the rows of the stacked tensors; BatchNorm
+running statistics are stacked buffers updated in place, as in the serial trainer.
+
+The updates equal SerialTrainer's up to floating-point reassociation (tests/test_batched.py
+pins the tolerance); dropout would draw differently. Only objectives without session hooks of
+their own, or whose hook is a gradient correction they also give in batched form
+(`Objective.batched_correction`: FedProx), can be batched (`Objective.batchable`); SCAFFOLD
+and MOON are refused at config time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from incofl.config import RunConfig
+from incofl.data.tensors import TensorSplit
+from incofl.fl.client import ClientUpdate, Objective, client_batches
+from incofl.fl.plan import ClientPlan
+from incofl.fl.sampling import client_seed
+
+State = dict[str, torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class RowOptimizer:
+    """torch.optim's SGD and Adam (defaults as `make_optimizer` builds them) on chosen rows of
+    stacked weights. Every client steps from its first batch on, so the rows stepping
+    together always have the same step count."""
+
+    def __init__(self, cfg: RunConfig, weights: State):
+        self.cfg = cfg
+        slots = 2 if cfg.optimizer == "adam" else int(cfg.momentum > 0)
+        self.state = {k: [torch.zeros_like(w) for _ in range(slots)] for k, w in weights.items()}
+
+    def step(self, weights: State, grads: State, rows: torch.Tensor | None, step: int) -> None:
+        """Update `weights[k][rows]` (all rows if None) with `grads[k]` (one row per updated row)."""
+        for k, g in grads.items():
+            slots = self.state[k]
+            p = weights[k] if rows is None else weights[k][rows]
+            s = slots if rows is None else [v[rows] for v in slots]
+            new, s = (self._adam if self.cfg.optimizer == "adam" else self._sgd)(p, g, s, step)
+            if rows is None:
+                weights[k], self.state[k] = new, s
+            else:
+                weights[k][rows] = new
+                for v, row_value in zip(slots, s, strict=True):
+                    v[rows] = row_value
+
+    def _sgd(self, p: torch.Tensor, g: torch.Tensor, s: list[torch.Tensor], step: int) -> tuple[torch.Tensor, list]:
+        cfg = self.cfg
+        d = g + cfg.weight_decay * p if cfg.weight_decay else g
+        if cfg.momentum:
+            d = d.clone() if step == 0 else s[0] * cfg.momentum + d
+            s = [d]
+        return p - cfg.lr * d, s
+
+    def _adam(self, p: torch.Tensor, g: torch.Tensor, s: list[torch.Tensor], step: int) -> tuple[torch.Tensor, list]:
+        (beta1, beta2), eps, t = (0.9, 0.999), 1e-8, step + 1
+        g = g + self.cfg.weight_decay * p if self.cfg.weight_decay else g
+        avg = s[0].lerp(g, 1 - beta1)
+        sq = s[1] * beta2 + (1 - beta2) * g * g
+        denom = sq.sqrt() / (1 - beta2**t) ** 0.5 + eps
+        return p - (self.cfg.lr / (1 - beta1**t)) * avg / denom, [avg, sq]
+
+
+class BatchedTrainer:
+    def __init__(
+        self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: list[np.ndarray], autocast: bool
+    ):
+        self.cfg, self.models, self.data, self.parts, self.autocast = cfg, models, data, parts, autocast
+
+    def train(
+        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
+    ) -> list[ClientUpdate]:
+        """The round's updates in the plans' order (the serial trainer's: aggregation sums in it)."""
+        buckets: dict[tuple, list[ClientPlan]] = defaultdict(list)
+        for plan in plans:
+            buckets[plan.group, plan.trainable].append(plan)
+        updates: dict[int, ClientUpdate] = {}
+        for bucket in buckets.values():
+            trained = self.train_bucket(round_, bucket, [start_of(plan) for plan in bucket], objective)
+            updates |= {plan.client: update for plan, update in zip(bucket, trained, strict=True)}
+        return [updates[plan.client] for plan in plans]
+
+    def train_bucket(
+        self, round_: int, plans: list[ClientPlan], starts: list[State], objective: Objective
+    ) -> list[ClientUpdate]:
+        """Clients of one model with the same trainable parameters, side by side."""
+        model, trainable = self.models[plans[0].group], plans[0].trainable
+        model.train()
+        stacked = {k: torch.stack([s[k] for s in starts]) for k in starts[0]}
+        params = {name for name, _ in model.named_parameters()}
+        weights = {k: stacked.pop(k) for k in list(stacked) if k in params and (trainable is None or k in trainable)}
+        rest = stacked  # frozen parameters and buffers (BatchNorm statistics move in place)
+        anchors = {k: v.clone() for k, v in weights.items()} if objective.corrects() else {}
+        optimizer = RowOptimizer(self.cfg, weights)
+        step_grad = vmap(grad_and_value(self._loss(model)), randomness="different")
+        batches = [self._batches(round_, plan) for plan in plans]
+        losses, steps, last_grads = torch.zeros(len(plans), device=self.data.x.device), [0] * len(plans), {}
+        for step, drawn in enumerate(_steps(batches)):
+            for size_rows in _by_size(drawn):
+                rows = None if len(size_rows) == len(plans) else torch.tensor(size_rows, device=losses.device)
+                w = weights if rows is None else {k: v[rows] for k, v in weights.items()}
+                r = rest if rows is None else {k: v[rows] for k, v in rest.items()}
+                x = torch.stack([drawn[i][0] for i in size_rows])
+                y = torch.stack([drawn[i][1] for i in size_rows])
+                grads, loss = step_grad(w, r, x, y)
+                if anchors:
+                    start = anchors if rows is None else {k: v[rows] for k, v in anchors.items()}
+                    correction = objective.batched_correction(w, start)
+                    grads = {k: g + correction[k] for k, g in grads.items()}
+                optimizer.step(weights, grads, rows, step)
+                if rows is not None:
+                    for k, v in r.items():
+                        rest[k][rows] = v
+                losses[size_rows] += loss.detach()
+                for n, i in enumerate(size_rows):
+                    steps[i] += 1
+                    if plans[i].signal:
+                        last_grads[i] = {k: g[n].detach() for k, g in grads.items()}
+        return [
+            self._update(plan, i, starts[i], weights, rest, params, steps[i], losses[i], last_grads.get(i))
+            for i, plan in enumerate(plans)
+        ]
+
+    def _loss(self, model: nn.Module) -> Callable[[State, State, torch.Tensor, torch.Tensor], torch.Tensor]:
+        def loss(w: State, r: State, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                return F.cross_entropy(functional_call(model, {**w, **r}, (x,)), y)
+
+        return loss
+
+    def _batches(self, round_: int, plan: ClientPlan) -> Iterator[Batch]:
+        gen = torch.Generator().manual_seed(client_seed(self.cfg.seed, round_, plan.client))
+        cfg = self.cfg
+        return client_batches(self.data, self.parts[plan.client], cfg.local_epochs, cfg.batch_size, gen, cfg.drop_last)
+
+    def _update(
+        self, plan: ClientPlan, i: int, start: State, weights: State, rest: State, params: set[str], steps: int,
+        loss: torch.Tensor, last_grad: State | None,
+    ) -> ClientUpdate:  # fmt: skip
+        final = {k: v[i] for k, v in (weights | rest).items()}
+        delta = {k: v - start[k] for k, v in final.items() if v.is_floating_point() and plan.uploads(k)}
+        uploaded = sum(v.numel() for k, v in delta.items() if k in params)
+        kept = {k: final[k].clone() for k in plan.keep}
+        extra = {"last_grad": last_grad if last_grad is not None else {k: torch.zeros_like(w[i])
+                                                                       for k, w in weights.items()}}  # fmt: skip
+        return ClientUpdate(
+            plan.client, plan.group, delta, len(self.parts[plan.client]), steps, state=plan.federation,
+            loss=float(loss) / steps if steps else float("nan"), full=plan.full, upload_params=uploaded, kept=kept,
+            extra=extra if plan.signal else {},
+        )  # fmt: skip
+
+
+def _steps(batches: list[Iterator[Batch]]) -> Iterator[dict[int, Batch]]:
+    """Step t: the t-th batch of every client that has one."""
+    active = list(range(len(batches)))
+    while True:
+        drawn = {i: b for i in active if (b := next(batches[i], None)) is not None}
+        if not drawn:
+            return
+        active = list(drawn)
+        yield drawn
+
+
+def _by_size(drawn: dict[int, Batch]) -> list[list[int]]:
+    """The stepping clients grouped by batch size, each group in client order."""
+    sizes: dict[int, list[int]] = defaultdict(list)
+    for i, (_, y) in drawn.items():
+        sizes[len(y)].append(i)
+    return list(sizes.values())
