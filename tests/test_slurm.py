@@ -1,12 +1,14 @@
 """The workflow through the SLURM profile (profiles/slurm) on a running cluster (CI: the
 one-node cluster of .ci/slurm-up.sh): tests/data/tiny.yaml, each job a SLURM job, the
-training jobs asking for a GPU, gives the same Table 2 as the same config run locally."""
+training jobs asking for a GPU, gives the same Table 2 as the same config run locally; with
+`resources.runs_per_gpu: 2` its two training runs are one SLURM job sharing one GPU."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -30,34 +32,78 @@ pytestmark = [
 
 # Training jobs ask for a GPU: on the CI cluster a fake one, and torch (device auto) uses the CPU.
 RESOURCES = "resources={gpu: 1, runtime: 10, mem_mb: 1000}"
+# ... and with runs_per_gpu 2 (README, "Several runs per GPU") both runs share one job and GPU.
+SHARED = "resources={gpu: 1, runtime: 10, mem_mb: 1000, runs_per_gpu: 2}"
 
 
-def test_slurm_run_equals_local_run(tmp_path):
-    local = run_snakemake(tmp_path / "local", "--cores", "2")
+@pytest.fixture(scope="module")
+def local_table(tmp_path_factory) -> pd.DataFrame:
+    workdir = tmp_path_factory.mktemp("local")
+    local = run_snakemake(workdir, "--cores", "2")
     assert local.returncode == 0, local.stderr[-3000:]
+    return pd.read_csv(workdir / "results" / "tables" / "table2.csv")
 
-    # under `timeout -s INT`: at the limit Snakemake cancels its SLURM jobs (README, "SLURM details")
-    cmd = [
-        "timeout",
-        "-s",
-        "INT",
-        "-k",
-        "30",
-        "900",
-        *snakemake_cmd(tmp_path / "slurm", "--profile", "profiles/slurm", "--config", RESOURCES),
-    ]
+
+def run_slurm(workdir: Path, *args: str) -> str:
+    """The workflow through the profile, under `timeout -s INT`: at the limit Snakemake cancels
+    its SLURM jobs (README, "SLURM details"). Its log (stdout and stderr)."""
+    cmd = ["timeout", "-s", "INT", "-k", "30", "900", *snakemake_cmd(workdir, "--profile", "profiles/slurm", *args)]
     proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
+    return log
 
-    jobs = {m[1]: m[2] for m in re.finditer(r"SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_(\w+)/", log)}
-    assert {"prepare", "partition", "train"} <= set(jobs.values()), log[-5000:]
-    train_jobs = [job for job, rule in jobs.items() if rule == "train"]
+
+def slurm_jobs(log: str) -> dict[str, str]:
+    """SLURM job id -> `rule_<rule>` or `group_<group>_<its rules>` (the plugin's log folder)."""
+    return {m[1]: m[2] for m in re.finditer(r"SLURM jobid (\d+) \(log: \S*/slurm_logs/((?:rule|group)_\w+)/", log)}
+
+
+def scontrol(job: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+
+
+def test_slurm_run_equals_local_run(tmp_path, local_table):
+    log = run_slurm(tmp_path, "--config", RESOURCES)
+
+    jobs = slurm_jobs(log)
+    assert {"rule_prepare", "rule_partition", "rule_train"} <= set(jobs.values()), log[-5000:]
+    train_jobs = [job for job, rule in jobs.items() if rule == "rule_train"]
     assert len(train_jobs) == 2
     for job in train_jobs:
-        info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        info = scontrol(job)
         assert "TresPerJob=gres:gpu:1" in info and "mem=1000M" in info and "TimeLimit=00:10:00" in info, info
 
-    ours, theirs = (pd.read_csv(tmp_path / d / "results" / "tables" / "table2.csv") for d in ("slurm", "local"))
-    pd.testing.assert_frame_equal(ours, theirs)
+    ours = pd.read_csv(tmp_path / "results" / "tables" / "table2.csv")
+    pd.testing.assert_frame_equal(ours, local_table)
     assert ours["n_seeds"].tolist() == [1, 1]
+
+
+def test_runs_per_gpu_train_side_by_side_in_one_slurm_job_on_one_gpu(tmp_path, local_table):
+    """runs_per_gpu 2: the tiny config's 2 training runs (and their batch record) are ONE SLURM
+    job asking for one GPU, 2 x 1,000 MB, 2 x 1 CPU and 10 + 1 minutes; inside it one Snakemake
+    starts both runs at once (its log is kept); the table is the local run's."""
+    log = run_slurm(tmp_path, "--slurm-keep-successful-logs", "--config", SHARED)
+
+    jobs = slurm_jobs(log)
+    assert "rule_train" not in jobs.values(), log[-5000:]
+    grouped = [job for job, name in jobs.items() if name.startswith("group_")]
+    assert [jobs[job] for job in grouped] == ["group_gpu_train_train_batch"], log[-5000:]
+    job = grouped[0]
+    info = scontrol(job)
+    assert "TresPerNode=gres:gpu:1" in info and "TresPerJob" not in info, info  # one GPU, not 2
+    assert "mem=2000M" in info and "NumCPUs=2" in info and "TimeLimit=00:11:00" in info, info
+
+    record = (tmp_path / "results" / "logs" / "train" / "batches" / "b0.txt").read_text().splitlines()
+    assert record[0].startswith(f"slurm_job={job} ") and not record[0].endswith("gpus="), record
+    assert sorted(record[1:]) == sorted(
+        f"results/runs/synthetic/a0.5/{m}/s0/summary.json" for m in ("FedAvg", "InCoAvg")
+    )
+    # the group's log: the Snakemake inside the SLURM job's srun step starts both runs at once
+    group_log = next((tmp_path / ".snakemake" / "slurm_logs" / "group_gpu_train_train_batch").rglob(f"{job}.log"))
+    inner = group_log.read_text().split("Provided cores:", 1)[1]
+    started = inner.split("Execute 2 jobs...", 1)[1].split("Finished jobid", 1)[0]
+    assert started.count("localrule train:") == 2, inner
+
+    ours = pd.read_csv(tmp_path / "results" / "tables" / "table2.csv")
+    pd.testing.assert_frame_equal(ours, local_table)

@@ -22,7 +22,6 @@ import yaml
 
 from incofl.config import validate_experiment
 from incofl.fl.methods import METHODS
-from incofl.fl.plan import PartPlanner
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -81,7 +80,7 @@ def grid_jobs(cfg: dict) -> dict[str, int]:
         "figures": 1,
         "plot_data": 1,
         "all": 1,
-    } | ({"fedpart_table": 1} if any(METHODS[exp.method_of(m)].planner is PartPlanner for m in exp.methods) else {})
+    } | ({"fedpart_table": 1} if any(METHODS[exp.method_of(m)].partial for m in exp.methods) else {})
 
 
 # --- schema and configs (fast) -----------------------------------------------------------
@@ -146,6 +145,28 @@ def test_bad_config_stops_before_any_job(tmp_path, override, key):
     assert len(error) == 1 and key in error[0] and error[0].startswith("snakemake: error: "), proc.stderr
     assert "Traceback" not in proc.stderr and 'File "' not in proc.stderr
     assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
+
+
+def test_runs_per_gpu_plans_the_runs_as_one_group_job(tmp_path):
+    """resources.runs_per_gpu 2 (README, "Several runs per GPU"): a dry run plans the tiny
+    config's 2 training runs and their batch record as ONE group job (one SLURM job on a
+    cluster: tests/test_slurm.py), the GPU as `gres`, a string, which a group asks for once
+    (an integer `gpu` would be summed over its runs); 1, the default, plans no group; 0 stops."""
+    shared = "resources={mem_mb: 1000, runtime: 10, gpu: 1, runs_per_gpu: 2}"
+    proc = run_snakemake(tmp_path, "--dry-run", "--cores", "2", "--config", shared)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    groups = (proc.stdout + proc.stderr).split("Group job ")[1:]
+    assert len(groups) == 1 and groups[0].startswith("gpu "), proc.stdout
+    group = re.split(r"\n\[", groups[0], maxsplit=1)[0]  # its jobs are indented, the next job is not
+    assert group.count("rule train:") == 2 and group.count("rule train_batch:") == 1, group
+    assert group.count("gres=gpu:1") == 2 and "gpu=" not in group and "mem_mb=1000," in group, group
+    cfg = {**yaml.safe_load(TINY.read_text()), "resources": {"mem_mb": 1000, "runs_per_gpu": 2}}
+    assert planned_jobs(tmp_path, "--config", shared) == {**grid_jobs(cfg), "train_batch": 1}
+
+    proc = run_snakemake(tmp_path, "--dry-run", "--cores", "2")
+    assert proc.returncode == 0 and "Group job" not in proc.stdout + proc.stderr, proc.stderr
+    proc = run_snakemake(tmp_path, "--dry-run", "--cores", "2", "--config", "resources={runs_per_gpu: 0}")
+    assert proc.returncode == 2 and "resources.runs_per_gpu: 0 is less than the minimum of 1" in proc.stderr
 
 
 # --- local end-to-end run (slow) ---------------------------------------------------------

@@ -210,6 +210,9 @@ class Resources(TypedDict, total=False):
     gpu_model: str  # e.g. a100 (sbatch --gpus=a100:N)
     runtime: Annotated[int, Field(ge=1)]  # minutes for the first try; a retry gets attempt x runtime
     mem_mb: Annotated[int, Field(ge=1)]
+    # training runs per SLURM job, side by side on its `gpu` GPUs (default 1; README, "Several
+    # runs per GPU"): the job asks for `gpu` once and for N x mem_mb and N x threads CPUs
+    runs_per_gpu: Annotated[int, Field(ge=1)]
 
 
 class RunConfig(Settings):

@@ -114,6 +114,10 @@ METRICS = "results/metrics.json"
 FEDPART_TABLE = "results/tables/fedpart.md"  # FedPart's poster table, when the grid has partial methods
 PLOT_DATA = "results/plots/curves.csv"  # seed-mean accuracy per round, for `dvc plots`
 CELLS = [(d, a) for d in EXP.datasets for a in EXP.alphas]  # one curve figure per data set x alpha
+# resources.runs_per_gpu N > 1: N consecutive runs of RUNS per SLURM job, each such batch
+# recorded (which runs, SLURM job, GPUs) by a train_batch job; see runs_per_gpu below.
+RUNS_PER_GPU = EXP.resources.get("runs_per_gpu", 1)
+BATCH = "results/logs/train/batches/b{batch}.txt"
 
 wildcard_constraints:
     dataset=r"[a-z0-9]+",
@@ -122,6 +126,7 @@ wildcard_constraints:
     seed=r"\d+",
     clients=r"\d+",
     pseed=r"\d+",
+    batch=r"\d+",
 
 
 def figures(ext):
@@ -131,14 +136,13 @@ def figures(ext):
 def partial_in_grid():
     """Whether a method of the grid trains partial rounds (FedPart and its kin, or their variants)."""
     from incofl.fl.methods import METHODS
-    from incofl.fl.plan import PartPlanner
 
-    return any(METHODS[EXP.method_of(m)].planner is PartPlanner for m in EXP.methods)
+    return any(METHODS[EXP.method_of(m)].partial for m in EXP.methods)
 
 
 def all_targets():
     fedpart = [FEDPART_TABLE] if partial_in_grid() else []
-    return [*TABLES, METRICS, *figures("png"), *figures("pdf"), PLOT_DATA, *fedpart]
+    return [*TABLES, METRICS, *figures("png"), *figures("pdf"), PLOT_DATA, *fedpart, *batches()]
 
 
 def cli_sets(settings):
@@ -221,10 +225,43 @@ def train_resources():
     profile's default-resources. A retried job (e.g. past its SLURM time limit) gets
     attempt x runtime and resumes from its checkpoint."""
     res = dict(EXP.resources)
+    res.pop("runs_per_gpu", None)
     if "runtime" in res:
         base = res["runtime"]
         res["runtime"] = lambda wc, attempt: base * attempt
+    if RUNS_PER_GPU > 1:
+        # A group job sums integer resources over its runs (so N x mem_mb and N x cpus_per_task)
+        # but takes a string resource once: the GPUs as sbatch --gres, shared by the N runs.
+        model = res.pop("gpu_model", None)
+        gpus = res.pop("gpu", 1 if model else 0)
+        if gpus:
+            res["gres"] = ":".join(["gpu", *([model] if model else []), str(gpus)])
     return res
+
+
+# --- several runs per SLURM job (resources.runs_per_gpu; README, "Several runs per GPU") ----
+# Snakemake submits a job group as ONE SLURM job (mem_mb and cpus_per_task summed over the jobs
+# that run side by side, runtime their maximum, a string resource once). Inside it the SLURM
+# plugin (2.8.0) runs the group's jobs with `snakemake --executor slurm-jobstep --jobs 1 --mode
+# remote`, which forms groups again from the Snakefile and config only: --group-components is
+# not passed on and profiles are not read in that mode, so groups made by --group-components
+# fall apart there into one-run groups run one after another (measured; snakemake-executor-
+# plugin-slurm issue #469). So the N runs of a batch are tied into one connected group by a
+# job that reads their summaries (train_batch): one SLURM job, and inside it one srun step
+# whose Snakemake runs the N training jobs side by side. Group "gpu", or none (N = 1).
+TRAIN_GROUP = "gpu" if RUNS_PER_GPU > 1 else None
+
+
+def batches():
+    """The batch records: one per N consecutive runs of RUNS (none for one run per job)."""
+    n = -(-len(RUNS) // RUNS_PER_GPU) if RUNS_PER_GPU > 1 else 0
+    return expand(BATCH, batch=range(n))
+
+
+def batch_runs(wc):
+    """The runs of batch number `wc.batch`."""
+    first = int(wc.batch) * RUNS_PER_GPU
+    return RUNS[first : first + RUNS_PER_GPU]
 
 
 # --- report ------------------------------------------------------------------------------
