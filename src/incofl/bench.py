@@ -1,9 +1,11 @@
 """`incofl bench`: the engine's overhead over a plain PyTorch loop, measured in one process.
 
-Both paths train the same architecture from the same weights on the same batches (same
-permutations and augmentation draws). The engine path is one full communication round of
-InCoAvg (sampling every client, local training, deltas, heteroavg, InCo, server update);
-the plain path is a bare loop of forward, backward and Adam steps.
+Every path trains the same architecture from the same weights on the same batches (same
+permutations and augmentation draws). An engine path is one full communication round of
+InCoAvg (sampling every client, local training, deltas, heteroavg, InCo, server update) with
+the serial or the batched trainer, in fp32 and (on a GPU) bf16 autocast; the plain path is a
+bare loop of forward, backward and Adam steps, one client after the other. The achieved
+fraction of the device's peak FLOP/s comes from a per-sample count of training FLOPs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from incofl.config import RunConfig
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
+from incofl.fl.estimate import training_flops
 from incofl.fl.sampling import client_seed
 from incofl.fl.simulation import Engine, resolve_device
 from incofl.models.family import build_model
@@ -47,6 +50,22 @@ def plain_loop(
     return samples
 
 
+PEAK_TFLOPS = {  # dense tensor-core peaks from NVIDIA's data sheets; fp32 convolutions run in TF32 (cuDNN's default)
+    "H100 PCIe": {"fp32": 378.0, "bf16": 756.0},
+    "H100": {"fp32": 494.7, "bf16": 989.4},  # SXM
+    "H200": {"fp32": 494.7, "bf16": 989.4},
+    "A100": {"fp32": 156.0, "bf16": 312.0},
+}
+
+
+def peak_flops(device_name: str, precision: str) -> float | None:
+    """The device's peak FLOP/s for `precision`, None where the table does not know it (CPUs)."""
+    for key, peaks in PEAK_TFLOPS.items():  # the more specific names first
+        if key in device_name:
+            return peaks[precision] * 1e12
+    return None
+
+
 def benchmark(
     model: str = "resnet18",
     clients: int = 4,
@@ -58,27 +77,75 @@ def benchmark(
     seed: int = 0,
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """Alternate the two paths `repeats` times and keep each one's fastest run (the machine is noisy)."""
+    """Every engine path (serial and batched trainer; fp32, and bf16 on a GPU) and the plain loop,
+    alternated `repeats` times; each keeps its fastest run (the machine is noisy)."""
     if threads:
         torch.set_num_threads(threads)
     dev = resolve_device(device)
     data = load_dataset("synthetic", cache_dir=None)
-    cfg = RunConfig(
-        dataset="synthetic",
-        method="InCoAvg",
-        models=[model],
-        clients=clients,
-        ratio=1.0,
-        rounds=1,
-        local_epochs=epochs,
-        batch_size=batch_size,
-        seed=seed,
-        progress=False,
-        device=dev.type,
-        augment="none",
-    )
     parts = iid_partition(clients * samples, clients, seed)
-    engine = Engine(cfg, data, Partition(parts, np.zeros((clients, 0)), {}), dev)
+    precisions = ["fp32", "bf16"] if dev.type == "cuda" else ["fp32"]
+    paths = {f"{t}_{p}": _engine(data, parts, dev, model, epochs, batch_size, seed, t, p)
+             for p in precisions for t in ("serial", "batched")}  # fmt: skip
+    first = next(iter(paths.values()))[0]
+    plain_model = build_model(model, data.num_classes, data.channels).to(dev)
+    plain_model.load_state_dict(first.states[0])
+    x, y = first.train_data.batch(torch.from_numpy(parts[0][:batch_size]))
+    flops = training_flops(plain_model, x, y)
+    warm_up = [parts[0][: 2 * batch_size]]
+    plain_loop(plain_model, first.train_data, warm_up, seed, 1, batch_size, first.cfg.lr)
+    seconds: dict[str, list[float]] = {name: [] for name in [*paths, "plain"]}
+    for _ in range(repeats):
+        for name, (engine, _) in paths.items():
+            start = time.perf_counter()
+            trained = engine.run_round(0).samples
+            seconds[name].append(_finished(dev) - start)
+        start = time.perf_counter()
+        plain_samples = plain_loop(plain_model, first.train_data, parts, seed, epochs, batch_size, first.cfg.lr)
+        seconds["plain"].append(_finished(dev) - start)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+    plain_sps = plain_samples / min(seconds["plain"])
+
+    def measured(sps: float, precision: str) -> dict[str, Any]:
+        peak = peak_flops(name, precision)
+        return {"samples_per_s": round(sps, 1), "peak_fraction": None if peak is None else round(sps * flops / peak, 4)}
+
+    results = {}
+    for path, (_, aggregate_s) in paths.items():
+        best = int(np.argmin(seconds[path]))
+        sps = trained / seconds[path][best]
+        results[path] = measured(sps, path.split("_")[1]) | {
+            "ratio": round(sps / plain_sps, 3),
+            "aggregation_share": round(aggregate_s[best] / seconds[path][best], 4),
+        }
+    return {
+        "device": str(dev),
+        "device_name": name,
+        "model": model,
+        "clients": clients,
+        "samples_per_client": samples,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "train_flops_per_sample": round(flops),
+        "plain": measured(plain_sps, "fp32"),
+        "paths": results,
+        "engine_samples_per_s": results["serial_fp32"]["samples_per_s"],
+        "plain_samples_per_s": round(plain_sps, 1),
+        "ratio": results["serial_fp32"]["ratio"],
+    }
+
+
+def _engine(
+    data: Any, parts: list, dev: torch.device, model: str, epochs: int, batch_size: int, seed: int, trainer: str,
+    precision: str,
+) -> tuple[Engine, list[float]]:  # fmt: skip
+    """An InCoAvg engine with every client sampled, and the seconds of its aggregations."""
+    cfg = RunConfig(dataset="synthetic", method="InCoAvg", models=[model], clients=len(parts), ratio=1.0, rounds=1,
+                    local_epochs=epochs, batch_size=batch_size, seed=seed, progress=False, device=dev.type,
+                    augment="none", trainer=trainer, bf16=precision == "bf16")  # fmt: skip
+    engine = Engine(cfg, data, Partition(parts, np.zeros((len(parts), 0)), {}), dev)
     aggregate, aggregate_s = engine.aggregator.aggregate, []
 
     def timed_aggregate(updates: list) -> dict:
@@ -88,34 +155,7 @@ def benchmark(
         return out
 
     engine.aggregator.aggregate = timed_aggregate
-    plain_model = build_model(model, data.num_classes, data.channels).to(dev)
-    plain_model.load_state_dict(engine.states[0])
-    plain_loop(plain_model, engine.train_data, [parts[0][: 2 * batch_size]], seed, 1, batch_size, cfg.lr)  # warm-up
-    engine_s, plain_s = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        engine_samples = engine.run_round(0).samples
-        engine_s.append(_finished(dev) - start)
-        start = time.perf_counter()
-        plain_samples = plain_loop(plain_model, engine.train_data, parts, seed, epochs, batch_size, cfg.lr)
-        plain_s.append(_finished(dev) - start)
-    best = int(np.argmin(engine_s))
-    engine_sps, plain_sps = engine_samples / engine_s[best], plain_samples / min(plain_s)
-    return {
-        "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
-        "model": model,
-        "clients": clients,
-        "samples_per_client": samples,
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "threads": torch.get_num_threads(),
-        "repeats": repeats,
-        "engine_samples_per_s": round(engine_sps, 1),
-        "plain_samples_per_s": round(plain_sps, 1),
-        "ratio": round(engine_sps / plain_sps, 3),
-        "aggregation_share": round(aggregate_s[best] / engine_s[best], 4),
-    }
+    return engine, aggregate_s
 
 
 def _finished(device: torch.device) -> float:
@@ -126,12 +166,16 @@ def _finished(device: torch.device) -> float:
 
 
 def format_report(r: dict[str, Any]) -> str:
-    return (
+    def peak(m: dict[str, Any]) -> str:
+        return "" if m["peak_fraction"] is None else f"  {100 * m['peak_fraction']:5.1f} % of peak"
+
+    lines = [
         f"{r['device']} ({r['device_name']}): {r['model']}, "
         f"{r['clients']} clients x {r['samples_per_client']} samples x {r['epochs']} epochs, "
-        f"batch {r['batch_size']}, {r['threads']} threads\n"
-        f"engine (full InCoAvg round): {r['engine_samples_per_s']:8.1f} samples/s\n"
-        f"plain PyTorch loop:          {r['plain_samples_per_s']:8.1f} samples/s\n"
-        f"ratio engine/plain:          {r['ratio']:8.3f}\n"
-        f"aggregation + InCo share:    {100 * r['aggregation_share']:7.2f} % of round time"
-    )
+        f"batch {r['batch_size']}, {r['threads']} threads, {r['train_flops_per_sample'] / 1e6:.1f} MFLOP a sample",
+        f"plain PyTorch loop (fp32):  {r['plain']['samples_per_s']:9.1f} samples/s{peak(r['plain'])}",
+    ]
+    for path, m in r["paths"].items():
+        lines.append(f"engine {path:<19} {m['samples_per_s']:9.1f} samples/s  x{m['ratio']:.3f} of plain, "
+                     f"aggregation + InCo {100 * m['aggregation_share']:.2f} %{peak(m)}")  # fmt: skip
+    return "\n".join(lines)

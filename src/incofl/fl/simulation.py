@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from incofl.data.tensors import to_device
 from incofl.fl import checkpoint
 from incofl.fl.batched import BatchedTrainer
 from incofl.fl.divergence import Diverged, check_states, check_updates
+from incofl.fl.estimate import Work
 from incofl.fl.evaluation import GroupEvaluator, PersonalEvaluator
 from incofl.fl.methods import METHODS
 from incofl.fl.observers import CostLog, RoundReport
@@ -224,6 +226,11 @@ class Run:
             },
         )
 
+    def say(self, line: str) -> None:
+        """To train.log and stderr (the workflow's job log), beside the progress bar."""
+        self.log.info(line)
+        tqdm.write(line, file=sys.stderr)
+
     def record(self, round_: int) -> dict[str, float]:
         costs = self.engine.costs.totals()  # upload bytes and compute units so far
         row = {"round": round_, **self.engine.evaluate(), "seconds": round(self.elapsed, 3), **costs}
@@ -267,6 +274,8 @@ class Run:
             self.round + 1,
             cfg.rounds,
         )
+        work, first = Work(self.engine, self.round), self.round
+        self.say(work.line())
         bar = tqdm(
             range(self.round, cfg.rounds),
             initial=self.round,
@@ -286,6 +295,8 @@ class Run:
             self.engine.observe(report)
             self.elapsed, self.samples, self.round = self.elapsed + report.seconds, self.samples + report.samples, t + 1
             self.log.info("round %d/%d trained in %.1f s", self.round, cfg.rounds, report.seconds)
+            if t == first and self.round < cfg.rounds:
+                self.say(work.time_line(report.seconds))
             if evaluated(self.round, cfg):
                 bar.set_postfix(acc=f"{self.record(self.round)['mean_acc']:.2f}")
             if self.round % cfg.checkpoint_every == 0 and self.round < cfg.rounds:
