@@ -113,10 +113,16 @@ class BatchedTrainer:
         optimizer = RowOptimizer(self.cfg, weights)
         step_grad = vmap(grad_and_value(self._loss(model)), randomness="different")
         batches = [self._batches(round_, plan) for plan in plans]
-        losses, steps, last_grads = torch.zeros(len(plans), device=self.data.x.device), [0] * len(plans), {}
+        device = self.data.x.device
+        losses, steps, last_grads = torch.zeros(len(plans), device=device), [0] * len(plans), {}
+        indices: dict[tuple[int, ...], torch.Tensor] = {}  # each subset of rows copied to the device once
         for step, drawn in enumerate(_steps(batches)):
             for size_rows in _by_size(drawn):
-                rows = None if len(size_rows) == len(plans) else torch.tensor(size_rows, device=losses.device)
+                key = tuple(size_rows)
+                if key not in indices:
+                    indices[key] = torch.tensor(size_rows, device=device)
+                index = indices[key]
+                rows = None if len(size_rows) == len(plans) else index
                 w = weights if rows is None else {k: v[rows] for k, v in weights.items()}
                 r = rest if rows is None else {k: v[rows] for k, v in rest.items()}
                 x = torch.stack([drawn[i][0] for i in size_rows])
@@ -130,13 +136,14 @@ class BatchedTrainer:
                 if rows is not None:
                     for k, v in r.items():
                         rest[k][rows] = v
-                losses[size_rows] += loss.detach()
+                losses.index_add_(0, index, loss.detach())
                 for n, i in enumerate(size_rows):
                     steps[i] += 1
                     if plans[i].signal:
                         last_grads[i] = {k: g[n].detach() for k, g in grads.items()}
+        totals = losses.tolist()  # the bucket's one host sync
         return [
-            self._update(plan, i, starts[i], weights, rest, params, steps[i], losses[i], last_grads.get(i))
+            self._update(plan, i, starts[i], weights, rest, params, steps[i], totals[i], last_grads.get(i))
             for i, plan in enumerate(plans)
         ]
 
@@ -154,7 +161,7 @@ class BatchedTrainer:
 
     def _update(
         self, plan: ClientPlan, i: int, start: State, weights: State, rest: State, params: set[str], steps: int,
-        loss: torch.Tensor, last_grad: State | None,
+        loss: float, last_grad: State | None,
     ) -> ClientUpdate:  # fmt: skip
         final = {k: v[i] for k, v in (weights | rest).items()}
         delta = {k: v - start[k] for k, v in final.items() if v.is_floating_point() and plan.uploads(k)}
@@ -164,7 +171,7 @@ class BatchedTrainer:
                                                                        for k, w in weights.items()}}  # fmt: skip
         return ClientUpdate(
             plan.client, plan.group, delta, len(self.parts[plan.client]), steps, state=plan.federation,
-            loss=float(loss) / steps if steps else float("nan"), full=plan.full, upload_params=uploaded, kept=kept,
+            loss=loss / steps if steps else float("nan"), full=plan.full, upload_params=uploaded, kept=kept,
             extra=extra if plan.signal else {},
         )  # fmt: skip
 
