@@ -186,7 +186,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
     for m in METHODS.values():
         planner = [] if m.planner is FullPlanner else [m.planner.__name__]  # a partial plan is named
         stages = [*planner, m.objective.__name__, m.aggregator.__name__, *(t.__name__ for t in m.pre + m.post)]
-        print(f"{m.name:20s} base={m.base or '-':9s} stages={'+'.join(stages)}")
+        trainers = "serial,batched" if m.objective.batchable() else "serial"
+        print(f"{m.name:20s} base={m.base or '-':9s} stages={'+'.join(stages)} trainer={trainers}")
         print(f"{'':20s} method_args: {describe(m.params)}")
     return 0
 
