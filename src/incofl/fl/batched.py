@@ -23,17 +23,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from incofl.config import RunConfig
-from incofl.data.tensors import TensorSplit
-from incofl.fl.client import ClientUpdate, Objective, client_batches
+from incofl.fl.client import ClientUpdate, Objective
 from incofl.fl.plan import ClientPlan
-from incofl.fl.sampling import client_seed
+from incofl.fl.trainer import Trainer
 
 State = dict[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -80,12 +78,7 @@ class RowOptimizer:
         return p - (self.cfg.lr / (1 - beta1**t)) * avg / denom, [avg, sq]
 
 
-class BatchedTrainer:
-    def __init__(
-        self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: list[np.ndarray], autocast: bool
-    ):
-        self.cfg, self.models, self.data, self.parts, self.autocast = cfg, models, data, parts, autocast
-
+class BatchedTrainer(Trainer):
     def train(
         self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
     ) -> list[ClientUpdate]:
@@ -112,7 +105,7 @@ class BatchedTrainer:
         anchors = {k: v.clone() for k, v in weights.items()} if objective.corrects() else {}
         optimizer = RowOptimizer(self.cfg, weights)
         step_grad = vmap(grad_and_value(self._loss(model)), randomness="different")
-        batches = [self._batches(round_, plan) for plan in plans]
+        batches = [self.batches(round_, plan.client) for plan in plans]
         device = self.data.x.device
         losses, steps, last_grads = torch.zeros(len(plans), device=device), [0] * len(plans), {}
         indices: dict[tuple[int, ...], torch.Tensor] = {}  # each subset of rows copied to the device once
@@ -153,11 +146,6 @@ class BatchedTrainer:
                 return F.cross_entropy(functional_call(model, {**w, **r}, (x,)), y)
 
         return loss
-
-    def _batches(self, round_: int, plan: ClientPlan) -> Iterator[Batch]:
-        gen = torch.Generator().manual_seed(client_seed(self.cfg.seed, round_, plan.client))
-        cfg = self.cfg
-        return client_batches(self.data, self.parts[plan.client], cfg.local_epochs, cfg.batch_size, gen, cfg.drop_last)
 
     def _update(
         self, plan: ClientPlan, i: int, start: State, weights: State, rest: State, params: set[str], steps: int,

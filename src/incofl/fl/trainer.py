@@ -9,7 +9,7 @@ of one group side by side) can replace it: sessions are independent of each othe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -40,12 +40,22 @@ def last_gradients(model: nn.Module) -> State:
             for name, p in model.named_parameters() if p.requires_grad}  # fmt: skip
 
 
-class SerialTrainer:
+class Trainer:
+    """What every trainer holds: the run's config, the group models, the training split, each
+    client's indices; and each client's batches of a round, from its own generator."""
+
     def __init__(
         self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: list[np.ndarray], autocast: bool
     ):
         self.cfg, self.models, self.data, self.parts, self.autocast = cfg, models, data, parts, autocast
 
+    def batches(self, round_: int, client: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, client))
+        return client_batches(self.data, self.parts[client], cfg.local_epochs, cfg.batch_size, gen, cfg.drop_last)
+
+
+class SerialTrainer(Trainer):
     def train(
         self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
     ) -> list[ClientUpdate]:
@@ -61,10 +71,8 @@ class SerialTrainer:
                             state=plan.federation, federation_size=plan.federation_size)  # fmt: skip
         model.train()
         session = objective.session(ctx)
-        gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, plan.client))
         indices = self.parts[plan.client]
-        batches = client_batches(self.data, indices, cfg.local_epochs, cfg.batch_size, gen, cfg.drop_last)
-        loss = local_train(session, optimizer, batches, self.autocast)
+        loss = local_train(session, optimizer, self.batches(round_, plan.client), self.autocast)
         delta = {
             k: v.detach() - start[k] for k, v in model.state_dict().items() if v.is_floating_point() and plan.uploads(k)
         }
