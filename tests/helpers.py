@@ -28,5 +28,5 @@ def engine_on(data: ImageDataset, **settings: Any) -> Engine:
     """A CPU engine over `data` with the partition its settings describe (partition seed 0)."""
     cfg = RunConfig(**{**QUIET, **settings})
     part = make_partition(data.y_train, kind=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha, seed=0,
-                          client_samples=cfg.client_samples)  # fmt: skip
+                          client_samples=cfg.client_samples, shard_classes=cfg.shard_classes)  # fmt: skip
     return Engine(cfg, data, part, torch.device("cpu"))

@@ -23,7 +23,7 @@ from incofl.fl.plan import PartPlanner
 from incofl.fl.sampling import client_seed
 from incofl.fl.server import GroupWise, Shared
 from incofl.fl.simulation import Engine
-from incofl.fl.transforms import INCO
+from incofl.fl.transforms import INCO, Setup
 from incofl.models.family import build_model, num_parameters
 from incofl.models.groups import HEAD, STEM, LayerGroup, counterpart, layer_groups
 
@@ -59,7 +59,7 @@ def _planner(models=("resnet8",), seed=0, **args):
     """A FedPart planner over fresh models, two clients a model group."""
     cfg = RunConfig(**{**TINY, "models": list(models), "clients": 2 * len(models), "method": "FedPart", "seed": seed})
     built = [build_model(name, 10, 3) for name in models]
-    return PartPlanner(METHODS["FedPart"].parse_args(args), cfg, built, lambda g: g), built
+    return PartPlanner(METHODS["FedPart"].parse_args(args), Setup(cfg, []), built, lambda g: g), built
 
 
 def _schedule(planner, rounds):

@@ -97,7 +97,10 @@ def test_shipped_configs_are_valid(path):
 
 @pytest.mark.parametrize(
     "path",
-    [REPO / "config" / f"{name}.yaml" for name in ("config", "paper-resnet", "fedpart", "fedpart-cpu", "fedlag-cpu")],
+    [
+        REPO / "config" / f"{name}.yaml"
+        for name in ("config", "paper-resnet", "fedpart", "fedpart-cpu", "fedlag-cpu", "hetero-split-cpu")
+    ],
     ids=lambda p: p.name,
 )
 def test_dry_run_plans_exactly_the_grid(tmp_path, path):

@@ -23,16 +23,26 @@ from typing_extensions import TypedDict  # pydantic needs this one, not typing's
 DATASETS = ("digits", "synthetic", "cifar10", "cinic10", "fmnist", "svhn")
 RESNETS = ("resnet10", "resnet14", "resnet18", "resnet22", "resnet26")
 VITS = ("vit_d8", "vit_d9", "vit_d10", "vit_d11", "vit_d12")
-# resnet8: FedPart's poster model (3 stages), not in the nested family; cnn20: FedLAG's 6-conv CNN
-MODELS = ("resnet8", *RESNETS, *VITS, "cnn20")
+# resnet8: FedPart's poster model (3 stages), not in the nested family; cnn20: FedLAG's 6-conv CNN;
+# preresnet18 and resnet110: cut in width (HeteroFL, FedRolex) and in width and depth (ScaleFL)
+WIDTH_MODELS = ("preresnet18", "resnet110")
+MODELS = ("resnet8", *RESNETS, *VITS, "cnn20", *WIDTH_MODELS)
+# each model group's (width rate, deepest exit) when `width_rates` is unset: HeteroFL's five
+# rates, ScaleFL's four levels (METHODS.md 5.3, 5.4); exits None: no early exits
+WIDTH_LEVELS = {
+    "preresnet18": ([1.0, 0.5, 0.25, 0.125, 0.0625], None),
+    "resnet110": ([0.7, 0.7, 0.75, 1.0], [1, 2, 3, 4]),
+}
+EXITS = 4  # resnet110: three early exits and the final classifier
 GRID_KEYS = {"dataset": "datasets", "alpha": "alphas", "method": "methods", "seed": "seeds"}
 # What a run is shown under (a method, variant or label name): it names run directories, so the
 # workflow's {method} wildcard is this pattern too.
 NAME = r"[A-Za-z0-9-]+"
 # Settings one partition artifact (and the data cache) stands for: per_method and variants may not
 # override them (every method of a grid trains on the same clients).
-SHARED_SETTINGS = frozenset({"data_dir", "cache_dir", "partition", "client_samples", "min_size", "max_retries",
-                             "partition_file", "release_partitions", "fmnist_partition", "pool_test"})  # fmt: skip
+SHARED_SETTINGS = frozenset({"data_dir", "cache_dir", "partition", "client_samples", "shard_classes", "min_size",
+                             "max_retries", "partition_file", "release_partitions", "fmnist_partition",
+                             "pool_test"})  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -47,8 +57,9 @@ class Settings(BaseModel):
     # data
     data_dir: str | None = None  # else $INCOFL_DATA_DIR, else ./data
     cache_dir: str = "resources/data"
-    partition: Literal["dirichlet", "iid", "iid_draw", "release"] = "dirichlet"  # release: the authors' .npy files
+    partition: Literal["dirichlet", "iid", "iid_draw", "shards", "release"] = "dirichlet"  # release: the authors' files
     client_samples: int | None = Field(None, ge=1)  # partition: iid_draw: images each client draws (FedPart: 500)
+    shard_classes: int = Field(2, ge=1)  # partition: shards: label shards dealt to each client (HeteroFL: 2)
     partition_seed: int = Field(0, ge=0)
     partition_file: str | None = None  # a saved partition artifact; computed on the fly if unset
     release_partitions: str | None = None  # folder of the release's fix_distribution/*.npy (partition: release)
@@ -78,6 +89,16 @@ class Settings(BaseModel):
     momentum: float = Field(0.0, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
     bn_stats: Literal["averaged", "local"] = "averaged"  # local: each client keeps its BN statistics (FedPart release)
+    # width and depth splitting (HeteroFL, FedRolex, ScaleFL): with one width model in `models`,
+    # each rate is a model group (unset: the model's levels, WIDTH_LEVELS); resnet110 also cuts depth
+    width_rates: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = None
+    exits: list[Annotated[int, Field(ge=1, le=EXITS)]] | None = None  # resnet110: each group's deepest exit
+    rate_assignment: Literal["fixed", "dynamic"] = "fixed"  # dynamic: every sampled client draws its level each round
+    model_scale: float = Field(1.0, gt=0.0, le=1.0)  # width models: the full model's channels x this (CPU-sized runs)
+    # BN at evaluation of width models: static (HeteroFL: statistics of the training data, gathered
+    # before each evaluation) or batch (the test batch's: FedRolex, ScaleFL); unset: the model's
+    eval_bn: Literal["static", "batch"] | None = None
+    static_bn_samples: int | None = Field(None, ge=1)  # static BN: training images passed (None: all the clients')
     vit_epoch_scale: Literal["inco", "all"] = "inco"  # ViTs: updates / local_epochs for InCo or every method
     method_args: dict[str, Any] = Field(default_factory=dict)  # the method's hyper-parameters
     label: str | None = Field(None, pattern=f"^{NAME}$")  # shown under in tables, figures (default: the method)
@@ -109,12 +130,46 @@ class Settings(BaseModel):
 
     @property
     def groups(self) -> int:
-        return len(self.models)
+        return len(self.levels) if self.levels else len(self.models)
+
+    @property
+    def levels(self) -> list[tuple[float, int | None]] | None:
+        """Width models: each group's (width rate, deepest exit); None for the other families."""
+        if self.models[0] not in WIDTH_LEVELS:
+            return None
+        rates, exits = WIDTH_LEVELS[self.models[0]]
+        rates = self.width_rates or rates
+        exits = self.exits or (exits if exits and len(exits) == len(rates) else None)
+        deepest = EXITS if self.models[0] == "resnet110" else None
+        return [(r, e) for r, e in zip(rates, exits or [deepest] * len(rates), strict=True)]
+
+    @property
+    def bn_at_eval(self) -> str:
+        """The BN statistics width models are evaluated with (eval_bn, else the model's)."""
+        return self.eval_bn or ("static" if self.models[0] == "preresnet18" else "batch")
+
+    @model_validator(mode="after")
+    def _width_levels(self) -> Settings:
+        width = self.models[0] in WIDTH_LEVELS
+        keys = ("width_rates", "exits", "eval_bn", "static_bn_samples")
+        if not width and (any(getattr(self, k) for k in keys) or self.model_scale != 1.0):
+            key = next((k for k in keys if getattr(self, k)), "model_scale")
+            raise ValueError(f"{key}: only width models ({', '.join(WIDTH_MODELS)}) are cut in width and depth")
+        if width and len(self.models) > 1:
+            raise ValueError(f"models: {self.models[0]} is cut in width: one architecture, its groups `width_rates`")
+        if self.exits is not None and self.models[0] != "resnet110":
+            raise ValueError("exits: only resnet110 has early exits")
+        if self.exits is not None and len(self.exits) != len(self.width_rates or WIDTH_LEVELS["resnet110"][0]):
+            raise ValueError(f"exits: one deepest exit per width rate ({len(self.exits)} given)")
+        if self.eval_bn == "static" and self.models[0] == "resnet110":
+            raise ValueError("eval_bn: resnet110 keeps no BN statistics (ScaleFL: batch statistics); use batch")
+        return self
 
     @model_validator(mode="after")
     def _enough_clients(self) -> Settings:
         if self.clients < self.groups:
-            raise ValueError(f"clients: {self.clients} clients cannot fill {self.groups} model groups")
+            key = "width_rates" if self.width_rates else "clients"
+            raise ValueError(f"{key}: {self.clients} clients cannot fill {self.groups} model groups")
         return self
 
     @model_validator(mode="after")
@@ -148,12 +203,26 @@ def _unique(values: list[Any]) -> list[Any]:
 
 def _check_combination(method: str, settings: Settings) -> None:
     """Settings a method cannot run with: partial methods plan over ResNet layer groups
-    (models/groups.py); the batched trainer trains only objectives it can batch (fl/batched.py)."""
+    (models/groups.py); width methods need a width model (ScaleFL resnet110, the others
+    preresnet18) and other methods uncut levels; the batched trainer trains only objectives it
+    can batch (fl/batched.py)."""
     from incofl.fl.methods import METHODS
+    from incofl.fl.objectives import ExitLoss
 
     spec, models = METHODS[method], settings.models
-    if spec.partial and not models[0].startswith("resnet"):
+    if spec.partial and models[0] not in ("resnet8", *RESNETS):
         raise ValueError(f"models: {method}'s layer groups are defined for ResNets, not {models[0]}")
+    if spec.width and models[0] not in WIDTH_MODELS:
+        raise ValueError(f"models: {method} cuts a model in width; use one of {', '.join(WIDTH_MODELS)}")
+    exits = spec.objective is ExitLoss  # its loss reads every exit; the other width methods' one output
+    if spec.width and exits != (models[0] == "resnet110"):
+        raise ValueError(f"models: {method} trains {'resnet110 (early exits)' if exits else 'preresnet18'}")
+    if spec.width and settings.holdout:
+        raise ValueError(f"holdout: personal accuracy is not defined for {method}'s width levels")
+    cut = settings.levels and any(rate < 1 or exits not in (None, EXITS) for rate, exits in settings.levels)
+    if cut and not spec.width:
+        raise ValueError(f"width_rates: {method} trains whole models; cut ones need a width method "
+                         "(HeteroFL, FedRolex, ScaleFL, or their InCo)")  # fmt: skip
     if settings.trainer == "batched" and not spec.objective.batchable():
         raise ValueError(f"trainer: batched cannot train {method} (its {spec.objective.__name__} objective has "
                          "session hooks of its own); use trainer: serial")  # fmt: skip

@@ -175,8 +175,9 @@ def partition_settings(wc):
     shared = dataset_settings(wc.dataset)
     keys = ("partition", "client_samples", "min_size", "max_retries", "release_partitions", "fmnist_partition")
     pooled = ("pool_test", "holdout") if shared["pool_test"] else ()
+    shards = ("shard_classes",) if shared["partition"] == "shards" else ()  # likewise, only when used
     return {**data_settings(wc), "alpha": float(wc.alpha), "clients": int(wc.clients),
-            "partition_seed": int(wc.pseed), **{k: shared[k] for k in (*keys, *pooled)}}
+            "partition_seed": int(wc.pseed), **{k: shared[k] for k in (*keys, *pooled, *shards)}}
 
 
 def partition_inputs(wc):

@@ -76,6 +76,46 @@ def dirichlet_partition(
     )
 
 
+def shard_partition(labels: np.ndarray, num_clients: int, shard_classes: int, seed: int) -> list[np.ndarray]:
+    """HeteroFL's label shards (its release's `non_iid`): each class's samples, in data set order,
+    are cut into S = shard_classes * clients / classes contiguous shards (its last n mod S samples
+    go one each to the first shards); the S copies of every class label are shuffled and dealt
+    `shard_classes` to a client, and a client gets one random remaining shard of each distinct
+    class dealt to it. As in the release (whose reported accuracies come from this split), a class
+    dealt to a client twice gives it one shard only: the client holds fewer classes and the shard
+    left over goes to nobody. The class count comes from the labels."""
+    labels = np.asarray(labels)
+    num_classes = int(labels.max()) + 1
+    if shard_classes > num_classes:
+        raise PartitionError(f"shard_classes: {shard_classes} exceeds the {num_classes} classes in the labels")
+    if shard_classes * num_clients % num_classes:
+        raise PartitionError(
+            f"shard_classes: {shard_classes} x {num_clients} clients = {shard_classes * num_clients} shards is not "
+            f"a multiple of the {num_classes} classes, so the classes cannot be cut into equally many shards"
+        )
+    per_class = shard_classes * num_clients // num_classes
+    counts = np.bincount(labels, minlength=num_classes)
+    if counts.min() < per_class:
+        k = int(counts.argmin())
+        raise PartitionError(
+            f"shard_classes: class {k} has {counts[k]} samples, fewer than the {per_class} shards each class is "
+            f"cut into (shard_classes x clients / classes); lower shard_classes or clients"
+        )
+    shards = []
+    for k in range(num_classes):
+        idx = np.flatnonzero(labels == k)
+        cut = len(idx) // per_class * per_class
+        rest = idx[cut:]
+        shards.append([np.append(row, rest[j : j + 1]) for j, row in enumerate(np.split(idx[:cut], per_class))])
+    rng = np.random.default_rng(seed)
+    dealt = rng.permutation(np.repeat(np.arange(num_classes), per_class)).reshape(num_clients, shard_classes)
+    parts = []
+    for classes in dealt:
+        held = [shards[k].pop(int(rng.integers(len(shards[k])))) for k in np.unique(classes)]
+        parts.append(np.concatenate(held).astype(np.int64))
+    return parts
+
+
 HOLDOUT_STREAM = 4  # the held-out split's RNG stream (sampling: 1, training: 2, FedPart's order: 3)
 
 
@@ -153,15 +193,18 @@ def make_partition(
     dataset: str = "",
     draw_labels: np.ndarray | None = None,
     client_samples: int | None = None,
+    shard_classes: int = 2,
 ) -> Partition:
     """The partition a config asks for, with its class histogram. `draw_labels`: draw the
-    Dirichlet split over another data set's labels (the release's FMNIST reads CIFAR-10's)."""
+    Dirichlet or shard split over another data set's labels (the release's FMNIST reads CIFAR-10's)."""
+    draw = labels if draw_labels is None else draw_labels
     if kind == "iid":
         parts = iid_partition(len(labels), num_clients, seed)
     elif kind == "iid_draw":
         parts = iid_draw_partition(len(labels), num_clients, client_samples or 0, seed)
+    elif kind == "shards":
+        parts = shard_partition(draw, num_clients, shard_classes, seed)
     else:
-        draw = labels if draw_labels is None else draw_labels
         parts = dirichlet_partition(draw, num_clients, alpha, seed, min_size, max_retries=max_retries)
     meta = {
         "kind": kind,
@@ -174,6 +217,8 @@ def make_partition(
     }
     if kind == "iid_draw":
         meta["client_samples"] = client_samples or 0
+    if kind == "shards":
+        meta["shard_classes"] = shard_classes
     return Partition(parts, class_histogram(labels, parts, int(labels.max()) + 1), meta)
 
 
@@ -191,13 +236,15 @@ def _differs(key: str, made: object, ours: object) -> str:
 
 def check_provenance(part: Partition, cfg: RunConfig, labels: np.ndarray, path: str) -> Partition:
     """Refuse a partition artifact made for another run: data set, its labels, client count,
-    kind, alpha, seed or min_size (each checked where the artifact records it)."""
+    kind, alpha, shard_classes, seed or min_size (each checked where the artifact records it)."""
     want: dict[str, object] = {"dataset": cfg.dataset, "clients": cfg.clients, "kind": cfg.partition,
                                "labels_sha256": labels_hash(labels)}  # fmt: skip
-    if cfg.partition not in ("iid", "iid_draw"):
+    if cfg.partition not in ("iid", "iid_draw", "shards"):
         want["alpha"] = float(cfg.alpha)
     if cfg.partition == "iid_draw":
         want["client_samples"] = cfg.client_samples
+    if cfg.partition == "shards":
+        want["shard_classes"] = cfg.shard_classes
     if cfg.partition != "release":
         want |= {"seed": cfg.partition_seed, "min_size": cfg.min_size}
     if cfg.dataset == "fmnist":
@@ -247,6 +294,7 @@ def partition_for(cfg: RunConfig, data: ImageDataset) -> Partition:
         dataset=cfg.dataset,
         draw_labels=draw_labels,
         client_samples=cfg.client_samples,
+        shard_classes=cfg.shard_classes,
     )
     if cfg.dataset == "fmnist":
         part.meta["fmnist_partition"] = cfg.fmnist_partition

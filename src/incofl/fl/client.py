@@ -24,6 +24,7 @@ from torch import nn
 
 from incofl.data.tensors import TensorSplit
 from incofl.fl.params import Params
+from incofl.fl.slicing import View
 
 
 @dataclass
@@ -40,6 +41,8 @@ class ClientContext:
     state: int = 0  # the server state (federation) the client trains from: 0 if shared, else its group
     federation_size: int = 1  # clients in that federation: K if shared, the group's size for `groupwise`
     steps: int = 0
+    rounds: int = 0  # rounds of the run (schedules inside a loss: ScaleFL's distillation start)
+    classes: torch.Tensor | None = None  # the classes the client holds samples of (masked cross-entropy)
 
 
 @dataclass
@@ -57,6 +60,8 @@ class ClientUpdate:
     full: bool = True  # every parameter trained (compute: 3 units a sample; partial rounds 2)
     upload_params: int = 0  # parameters (not buffers) uploaded
     kept: dict[str, torch.Tensor] = field(default_factory=dict)  # entries the client keeps (bn_stats: local)
+    view: View | None = None  # width splitting: where the (sub-shaped) deltas sit in the global model
+    classes: torch.Tensor | None = None  # the classes the client holds (HeteroFL's classifier rows)
 
 
 class Session:

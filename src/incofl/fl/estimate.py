@@ -1,7 +1,8 @@
 """What a run costs, said before it starts: training sample-passes (exact: the sampling schedule
 is drawn up front), training FLOPs (PyTorch's FlopCounterMode on each model group, forward and
 backward), and, once the first round is trained, the time the remaining rounds take at its speed.
-Full rounds are counted: FedPart's partial rounds cost less."""
+Full rounds are counted: FedPart's partial rounds cost less. Width levels drawn anew every round
+(`rate_assignment: dynamic`) are counted as if fixed."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 def training_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """FLOPs of one training sample: forward and backward, counted by PyTorch's FlopCounterMode."""
     with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(model(x), y).backward()
+        out = model(x)
+        sum(F.cross_entropy(z, y) for z in (out if isinstance(out, list) else [out])).backward()  # exits: each
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / len(x)
 

@@ -119,13 +119,17 @@ def cross_layer_update(
     normalize: bool = True,
     optimize: bool = True,
     stats: dict[str, dict[str, float]] | None = None,
+    held: Mapping[str, torch.Tensor] | None = None,
     **options: float,
 ) -> dict[str, torch.Tensor]:
     """Apply InCo to an (averaged) update. Returns a new dict; non-targets are unchanged.
 
     All targets read the unmodified update (no chaining). Pairs whose target or reference is
-    absent from `update` are skipped. If `stats` is given, it receives per target the mean
-    coefficient ``theta``, mean ``beta`` and the share of slices with beta > 0, ``beta_pos``.
+    absent from `update` are skipped. With `held` (width splitting: per entry, the elements
+    some client held this round), a target changes only where both it and its reference were
+    held, computed on those elements alone (the rest read as 0); held everywhere, this is the
+    plain step. If `stats` is given, it receives per target the mean coefficient ``theta``,
+    mean ``beta`` and the share of slices with beta > 0, ``beta_pos``, over the slices changed.
     `options` are the remaining InCoOptions fields (eps, clamp_max, clip).
     """
     opts = InCoOptions(variant=variant, mode=mode, normalize=normalize, optimize=optimize, **options)
@@ -133,7 +137,17 @@ def cross_layer_update(
     for target, ref in pairs.items():
         if target not in update or ref not in update:
             continue
-        out[target], c, beta = cross_layer(update[target], update[ref], opts)
+        T, R = update[target], update[ref]
+        if held is not None:
+            both = held[target] & held[ref]
+            if not both.any():
+                continue
+            T, R = T * both, R * both
+        out[target], c, beta = cross_layer(T, R, opts)
+        if held is not None:
+            out[target] = torch.where(both, out[target], update[target])
+            changed = _columns(both.to(c.dtype), opts.variant).amax(0) > 0
+            c, beta = c[changed], beta[changed]
         if stats is not None:
             stats[target] = {
                 "theta": c.mean().item(),

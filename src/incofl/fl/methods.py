@@ -13,13 +13,14 @@ from functools import cached_property
 from typing import Any
 
 from incofl.fl.client import Objective
-from incofl.fl.objectives import FedProx, Moon, Scaffold
+from incofl.fl.objectives import ExitLoss, FedProx, MaskedCE, Moon, Scaffold
 from incofl.fl.observers import InCoLog, Observer
 from incofl.fl.params import Params, combine, parse
 from incofl.fl.personal import FedPerPlanner, LagPlanner, LocalPlanner
 from incofl.fl.plan import FullPlanner, PartPlanner
 from incofl.fl.server import GroupWise, Shared
 from incofl.fl.transforms import INCO, AverageTransform, NovaNormalize, UpdateTransform
+from incofl.fl.width import SlicedMean, WidthPlanner
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class Method:
         return parse(self.params, self.name, args)
 
     @property
+    def width(self) -> bool:
+        """Trains models cut in width (and depth): HeteroFL, FedRolex, ScaleFL (fl/width.py)."""
+        return issubclass(self.planner, WidthPlanner)
+
+    @property
     def partial(self) -> bool:
         """Trains one layer group in most rounds (FedPart's schedule)."""
         return self.planner is PartPlanner
@@ -55,9 +61,24 @@ class Method:
         return {name: getattr(hp, name) for name in self.objective.model_args}
 
 
-def _inco(name: str, base: str, source: str, objective: type[Objective] = Objective, **kw: Any) -> Method:
-    """HeteroAvg over the shared global state, then the InCo step, with its theta/beta log."""
-    return Method(name, objective, Shared, post=INCO, observers=(InCoLog,), base=base, source=source, **kw)
+def _inco(
+    name: str,
+    base: str,
+    source: str,
+    objective: type[Objective] = Objective,
+    aggregator: type[Shared] = Shared,
+    **kw: Any,
+) -> Method:
+    """HeteroAvg (or width splitting's per-element mean) over the shared global state, then the
+    InCo step, with its theta/beta log."""
+    return Method(name, objective, aggregator, post=INCO, observers=(InCoLog,), base=base, source=source, **kw)
+
+
+def _width(name: str, source: str, inco: str | None = None, **kw: Any) -> Method:
+    """A width-splitting method (fl/width.py), or with `inco` (its base's name) the InCo step after it."""
+    if inco:
+        return _inco(name, inco, _PAPER + "; " + source, aggregator=SlicedMean, planner=WidthPlanner, **kw)
+    return Method(name, aggregator=SlicedMean, planner=WidthPlanner, source=source, **kw)
 
 
 _PAPER = "Chan et al., ICLR 2024"
@@ -68,6 +89,11 @@ _NOVA = "Wang et al., NeurIPS 2020 (FedNova)"  # sample-weighted: p_i = n_i / su
 _MOON = "Li, He & Song, CVPR 2021 (MOON)"
 _PART = "Wang et al., NeurIPS 2024 (FedPart, partial network updates)"
 _LAG = "FedLAG, arXiv 2410.02845 (layer-wise personalisation by gradient conflict)"
+_HETEROFL = "Diao et al., ICLR 2021 (HeteroFL: leading channels)"
+_ROLEX = "Alam et al., NeurIPS 2022 (FedRolex: rolling sub-models)"
+_SCALEFL = "Ilhan et al., CVPR 2023 (ScaleFL: width and depth, early exits)"
+_ROLLING = {"rolling": True}
+_EXITS = {"class_rows": False}  # ScaleFL averages classifier rows like any element
 _REGISTRY = [
     Method("FedAvg", source="McMahan et al. 2017" + _GROUPWISE),
     Method("FedProx", FedProx, source=_PROX + _GROUPWISE),
@@ -102,6 +128,13 @@ _REGISTRY = [
         source="Arivazhagan et al. 2019 (FedPer: personal head); sample-weighted",
     ),  # fmt: skip
     Method("FedLAG", planner=LagPlanner, base="FedAvg", defaults={"weighted": True}, source=_LAG + "; sample-weighted"),
+    # width (and depth) splitting, the InCo paper's "hetero splitting" (its Fig. 5c)
+    _width("HeteroFL", _HETEROFL, objective=MaskedCE),
+    _width("FedRolex", _ROLEX, objective=MaskedCE, defaults=_ROLLING),
+    _width("ScaleFL", _SCALEFL, objective=ExitLoss, defaults=_EXITS),
+    _width("InCoHeteroFL", _HETEROFL, inco="HeteroFL", objective=MaskedCE),
+    _width("InCoRolex", _ROLEX, inco="FedRolex", objective=MaskedCE, defaults=_ROLLING),
+    _width("InCoScaleFL", _SCALEFL, inco="ScaleFL", objective=ExitLoss, defaults=_EXITS),
 ]
 METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}
 

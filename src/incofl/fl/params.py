@@ -65,6 +65,19 @@ class PartParams(Params):
     schedule: Literal["cycles", "once"] = "cycles"
 
 
+class WidthParams(Params):
+    """Width splitting's plan (METHODS.md 5.3): leading channels (HeteroFL), or FedRolex's window
+    rolled by one channel every round."""
+
+    rolling: bool = False
+
+
+class SlicedParams(Params):
+    """Width splitting's aggregation: classifier rows only from clients holding the class (HeteroFL, FedRolex)."""
+
+    class_rows: bool = True
+
+
 class LagParams(Params):
     """FedLAG (METHODS.md 5.2): FedAvg warm-up counting gradient conflicts, then the top-K
     conflicting state entries personal."""
@@ -106,3 +119,23 @@ def parse(model: type[Params], method: str, args: dict[str, Any]) -> Params:
 def describe(model: type[Params]) -> str:
     """`name=default` for every parameter, for `incofl methods`."""
     return " ".join(f"{key}={info.default!r}" for key, info in model.model_fields.items())
+
+
+class MaskedParams(Params):
+    """HeteroFL's and FedRolex's local training (METHODS.md 5.3). `grad_clip`, not `clip`: InCo's
+    parameters name their own `clip`, and a width method with InCo takes both."""
+
+    grad_clip: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # max L2 norm of the gradient (both releases: 1)
+    mask_classes: bool = True  # logits of the classes a client holds no sample of set to 0 (both releases)
+
+
+class ExitParams(Params):
+    """ScaleFL's early-exit loss (METHODS.md 5.4)."""
+
+    # intended: teacher detached, KL per sample; released: teacher not detached, KL averaged over B x C
+    distill: Literal["intended", "released"] = "intended"
+    # The release distils only with --KD_gamma 0.05 (its AG News command; CIFAR runs use the default 0)
+    gamma: float = Field(0.05, ge=0.0, allow_inf_nan=False)
+    temperature: float = Field(3.0, gt=0.0, allow_inf_nan=False)  # the release's KD_T
+    # share of the rounds before distillation starts: from round index distill_from * rounds on (release: 25%)
+    distill_from: float = Field(0.25, ge=0.0, le=1.0, allow_inf_nan=False)

@@ -23,18 +23,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from incofl.config import RunConfig
 from incofl.fl.client import ClientUpdate
 from incofl.fl.params import LagParams
 from incofl.fl.plan import ClientPlan, FullPlanner
+from incofl.fl.transforms import Setup
 from incofl.models.family import check_nested
 
 
 class KeepPlanner(FullPlanner):
     """Full rounds in which every client keeps the `personal` entries of its model (beside kept BN statistics)."""
 
-    def __init__(self, hp: Any, cfg: RunConfig, models: list[nn.Module], federation_of: Callable[[int], int]):
-        super().__init__(hp, cfg, models, federation_of)
+    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
+        super().__init__(hp, setup, models, federation_of)
         self.own = [frozenset(self.personal(m)) for m in models]
 
     def personal(self, model: nn.Module) -> list[str]:
@@ -80,8 +80,9 @@ class LagPlanner(FullPlanner):
 
     params = LagParams
 
-    def __init__(self, hp: Any, cfg: RunConfig, models: list[nn.Module], federation_of: Callable[[int], int]):
-        super().__init__(hp, cfg, models, federation_of)
+    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
+        super().__init__(hp, setup, models, federation_of)
+        cfg = setup.cfg
         self.hp: LagParams = hp
         self.warmup = hp.warmup or min(cfg.rounds // 2, 30) + 1
         self.entries = [name for name, _ in models[check_nested(models)].named_parameters()]

@@ -39,10 +39,11 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import nn
 
-from incofl.config import RunConfig
 from incofl.fl.client import ClientUpdate
 from incofl.fl.params import Params, PartParams
 from incofl.fl.sampling import group_of
+from incofl.fl.slicing import View
+from incofl.fl.transforms import Setup
 from incofl.models.family import check_nested
 from incofl.models.groups import counterpart, layer_groups
 
@@ -59,6 +60,7 @@ class ClientPlan:
     upload: frozenset[str] | None = None  # state entries uploaded; None: every floating-point entry
     keep: frozenset[str] = frozenset()  # state entries the client keeps for itself, never uploaded
     signal: bool = False  # attach the client's last mini-batch gradients to its update (FedLAG)
+    view: View | None = None  # width splitting: the block of the global model the client trains (slicing.py)
 
     @property
     def full(self) -> bool:
@@ -76,12 +78,13 @@ def bn_statistics(model: nn.Module) -> frozenset[str]:
 
 class FullPlanner:
     """Every sampled client trains and uploads its whole (sub-)model. A planner is built from the
-    method's parameters, the run's config, the model groups' models and the aggregator's map of a
-    model group to its federation."""
+    method's parameters, the run's Setup (config, server entries, width levels), the model groups'
+    models and the aggregator's map of a model group to its federation."""
 
     params: ClassVar[type[Params]] = Params
 
-    def __init__(self, hp: Any, cfg: RunConfig, models: list[nn.Module], federation_of: Callable[[int], int]):
+    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
+        cfg = setup.cfg
         self.clients, self.groups, self.federation_of = cfg.clients, cfg.groups, federation_of
         self.sizes = Counter(federation_of(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients))
         self.keep = [bn_statistics(m) if cfg.bn_stats == "local" else frozenset() for m in models]
@@ -111,8 +114,9 @@ class PartPlanner(FullPlanner):
 
     params = PartParams
 
-    def __init__(self, hp: Any, cfg: RunConfig, models: list[nn.Module], federation_of: Callable[[int], int]):
-        super().__init__(hp, cfg, models, federation_of)
+    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
+        super().__init__(hp, setup, models, federation_of)
+        cfg = setup.cfg
         self.hp, self.seed = hp, cfg.seed
         self.keys = [g.key for g in layer_groups(models[check_nested(models)])]
         # model group -> its layer group for each of the server's

@@ -11,7 +11,7 @@ counts only where it uploaded.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -42,7 +42,8 @@ class Shared:
     shared: ClassVar[bool] = True
     params: ClassVar[type[AggregationParams]] = AggregationParams
 
-    def __init__(self, hp: AggregationParams):
+    def __init__(self, hp: AggregationParams, setup: Any = None):
+        """`setup`: the run's Setup (transforms.py), for aggregators that need the server's shapes."""
         self.weighted = hp.weighted
 
     def federation(self, group: int) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from incofl.atomic import atomic_path, write_json
@@ -35,11 +36,14 @@ from incofl.fl.estimate import Work
 from incofl.fl.evaluation import GroupEvaluator, PersonalEvaluator
 from incofl.fl.methods import METHODS
 from incofl.fl.observers import CostLog, RoundReport
+from incofl.fl.plan import ClientPlan
 from incofl.fl.rundir import claimed
 from incofl.fl.sampling import group_of, sample_schedule
 from incofl.fl.server import apply_update
+from incofl.fl.slicing import extract
 from incofl.fl.trainer import SerialTrainer
 from incofl.fl.transforms import EpochScale, Setup
+from incofl.fl.width import StaticBN, WidthEvaluator, Widths, statistics_indices
 from incofl.models.family import build_model, check_nested, input_size
 
 
@@ -84,27 +88,44 @@ class Engine:
         torch.manual_seed(cfg.seed)
         method = METHODS[cfg.method]
         hp = method.parse_args(cfg.method_args)
-        self.models = [
-            build_model(name, data.num_classes, data.channels, stem=cfg.stem, pretrained=cfg.pretrained,
-                        image_size=size, **method.model_kwargs(hp)).to(device)
-            for name in cfg.models
-        ]  # fmt: skip
-        if cfg.channels_last:
-            self.models = [m.to(memory_format=torch.channels_last) for m in self.models]
-        server = self.models[check_nested(self.models)].state_dict()
+
+        def build(name: str, rate: float = 1.0, exits: int | None = None, track_stats: bool = False) -> nn.Module:
+            model = build_model(name, data.num_classes, data.channels, stem=cfg.stem, pretrained=cfg.pretrained,
+                                image_size=size, rate=rate, exits=exits, track_stats=track_stats, scale=cfg.model_scale,
+                                **method.model_kwargs(hp)).to(device)  # fmt: skip
+            return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+
+        self.widths: Widths | None = None  # width splitting (fl/width.py): the server is the full model
+        if cfg.levels:
+            self.server_model = build(cfg.models[0])
+            self.models = [build(cfg.models[0], rate, exits) for rate, exits in cfg.levels]
+            self.widths = Widths(self.server_model, self.models, size)
+        else:
+            self.models = [build(name) for name in cfg.models]
+            self.server_model = self.models[check_nested(self.models)]
+        server = self.server_model.state_dict()
         self.names = [list(m.state_dict()) for m in self.models]
-        setup = Setup(cfg, list(server))
+        setup = Setup(cfg, list(server), self.widths)
         self.objective = method.objective(hp)
-        self.aggregator = method.aggregator(hp)
+        self.aggregator = method.aggregator(hp, setup)
         self.pre = [transform(hp, setup) for transform in method.pre]
         self.post = [EpochScale(hp, setup), *(transform(hp, setup) for transform in method.post)]
         self.costs = CostLog()  # every method's; its totals go into metrics.csv and summary.json
         self.observers = [self.costs, *(observer() for observer in method.observers)]
-        self.planner = method.planner(hp, cfg, self.models, self.aggregator.federation)
+        self.planner = method.planner(hp, setup, self.models, self.aggregator.federation)
         autocast = cfg.bf16 and device.type == "cuda"
         trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
         self.trainer = trainer(cfg, self.models, self.train_data, self.parts, autocast)
-        self.evaluator = GroupEvaluator(self.models, self.test_data, cfg.eval_batch_size, cfg.drop_last)
+        if self.widths is None:
+            self.evaluator = GroupEvaluator(self.models, self.test_data, cfg.eval_batch_size, cfg.drop_last)
+        else:
+            static = None
+            if cfg.bn_at_eval == "static":
+                levels = [*cfg.levels, (1.0, None)]  # [-1]: the full model
+                static = StaticBN(self.train_data, statistics_indices(self.parts, cfg.static_bn_samples, cfg.seed),
+                                  lambda g: build(cfg.models[0], *levels[g], track_stats=True))  # fmt: skip
+            self.evaluator = WidthEvaluator(self.widths, self.models, self.server_model, self.test_data,
+                                            cfg.eval_batch_size, static)  # fmt: skip
         groups = [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)]
         self.first = [groups.index(g) for g in range(cfg.groups)]  # each model group's first client
         self.personal = None if self.held is None else PersonalEvaluator(
@@ -126,11 +147,17 @@ class Engine:
         """The weights a client trains from: its group's global sub-state with what it keeps."""
         return {**self.sub_state(group), **self.kept.get(client, {})}
 
+    def start(self, plan: ClientPlan) -> dict[str, torch.Tensor]:
+        """The weights a planned client trains from: its block of the global model (width
+        splitting), else its group's global sub-state with what it keeps."""
+        if plan.view is not None:
+            return extract(self.states[plan.federation], plan.view.index)
+        return self.client_state(plan.client, plan.group)
+
     def run_round(self, round_: int) -> RoundReport:
         """plan -> train -> transform -> aggregate (-> transform) -> apply; the round's report."""
         plans = [self.planner.plan(round_, int(c)) for c in self.schedule[round_]]
-        updates = self.trainer.train(round_, plans, lambda plan: self.client_state(plan.client, plan.group),
-                                     self.objective)  # fmt: skip
+        updates = self.trainer.train(round_, plans, self.start, self.objective)
         self.kept |= {u.client: u.kept for u in updates if u.kept}
         check_updates(round_ + 1, updates)
         self.planner.observe(round_, updates)
@@ -154,6 +181,8 @@ class Engine:
         (the release evaluates client 0's model). With `holdout`, also every client's model on
         its held-out data; with no global test set (`pool_test`) that personal accuracy is the
         run's accuracy (mean_acc, acc_g{g})."""
+        if self.widths is not None:  # the global model and each level's (fl/width.py)
+            return self.evaluator(self.states[0])
         personal = {} if self.personal is None else self.personal(self.client_state)
         shown = {k: personal[k] for k in ("personal_acc", "personal_acc_std") if k in personal}
         if len(self.test_data) == 0:  # pool_test: the personal accuracy is the run's
@@ -349,8 +378,17 @@ class Run:
             "group_final_acc": [final[f"acc_g{g}"] for g in range(cfg.groups)],
             "final_loss": final["mean_loss"],
             **self.personal_accuracy(),
+            **self.exit_accuracy(),
             "state_sha256": self.engine.fingerprint(),
         }
+
+    def exit_accuracy(self) -> dict[str, Any]:
+        """Models with early exits (ScaleFL): each exit's final accuracy, and the release's mean over them."""
+        final = self.rows[-1]
+        exits = sorted(k for k in final if k.startswith("acc_exit") and k[8:].isdigit())
+        if not exits:
+            return {}
+        return {"exit_final_acc": [final[k] for k in exits], "final_exits_mean": final["acc_exits_mean"]}
 
     def personal_accuracy(self) -> dict[str, Any]:
         """With `holdout`: the final personal accuracy, its std over clients, and the best (the release's)."""

@@ -48,6 +48,14 @@ class Trainer:
         self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: list[np.ndarray], autocast: bool
     ):
         self.cfg, self.models, self.data, self.parts, self.autocast = cfg, models, data, parts, autocast
+        self.held_classes: dict[int, torch.Tensor] = {}
+
+    def classes(self, client: int) -> torch.Tensor:
+        """The classes a client holds samples of (masked cross-entropy, HeteroFL's classifier rows)."""
+        if client not in self.held_classes:
+            indices = torch.from_numpy(self.parts[client]).to(self.data.y.device)
+            self.held_classes[client] = self.data.y[indices].unique()
+        return self.held_classes[client]
 
     def batches(self, round_: int, client: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.cfg
@@ -67,8 +75,10 @@ class SerialTrainer(Trainer):
         params = set_trainable(model, plan.trainable)
         optimizer = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
         momentum = optimizer.param_groups[0].get("momentum", 0.0)
+        classes = self.classes(plan.client)
         ctx = ClientContext(plan.client, plan.group, round_, model, start, cfg.lr, momentum=momentum,
-                            state=plan.federation, federation_size=plan.federation_size)  # fmt: skip
+                            state=plan.federation, federation_size=plan.federation_size, rounds=cfg.rounds,
+                            classes=classes)  # fmt: skip
         model.train()
         session = objective.session(ctx)
         indices = self.parts[plan.client]
@@ -80,5 +90,6 @@ class SerialTrainer(Trainer):
         kept = {k: v.detach().clone() for k, v in model.state_dict().items() if k in plan.keep}
         extra = {"last_grad": last_gradients(model)} if plan.signal else {}
         update = ClientUpdate(plan.client, plan.group, delta, len(indices), ctx.steps, state=plan.federation,
-                              loss=loss, full=plan.full, upload_params=uploaded, kept=kept, extra=extra)  # fmt: skip
+                              loss=loss, full=plan.full, upload_params=uploaded, kept=kept, extra=extra,
+                              view=plan.view, classes=classes)  # fmt: skip
         return session.end(update)

@@ -29,7 +29,7 @@ about 1, not 1/(1 - beta1). `rho` in method_args overrides it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -37,6 +37,9 @@ from incofl.config import RunConfig
 from incofl.fl.client import ClientUpdate
 from incofl.fl.inco import cross_layer_update, find_pairs, vit_pairs
 from incofl.fl.params import InCoParams, NovaParams, Params
+
+if TYPE_CHECKING:
+    from incofl.fl.width import Widths
 
 Average = dict[str, torch.Tensor]
 
@@ -47,6 +50,7 @@ class Setup:
 
     cfg: RunConfig
     state_names: list[str]  # the server model's state entries
+    widths: Widths | None = None  # width splitting: the server's shapes and the levels' views (fl/width.py)
 
 
 class UpdateTransform:
@@ -133,7 +137,8 @@ class InCoStep(AverageTransform):
         self.stats: dict[str, dict[str, float]] = {}
 
     def __call__(self, average: Average) -> Average:
-        return cross_layer_update(average, self.pairs, stats=self.stats, **self.options)
+        held = getattr(average, "held", None)  # width splitting: the elements clients held (fl/width.py)
+        return cross_layer_update(average, self.pairs, stats=self.stats, held=held, **self.options)
 
     def diagnostics(self) -> dict[str, dict[str, float]]:
         stats, self.stats = self.stats, {}

@@ -5,7 +5,9 @@ from __future__ import annotations
 from torch import nn
 
 from incofl.models.cnn import CNNS, cnn
+from incofl.models.preresnet import preresnet18
 from incofl.models.resnet import BLOCKS, resnet
+from incofl.models.resnet110 import resnet110
 from incofl.models.vit import DEPTHS, vit
 
 VIT_INPUT = 224
@@ -20,10 +22,20 @@ def build_model(
     pretrained: str | None = None,
     image_size: int = 32,
     projection_dim: int | None = None,
+    rate: float = 1.0,
+    exits: int | None = None,
+    track_stats: bool = False,
+    scale: float = 1.0,
 ) -> nn.Module:
     """`projection_dim` adds MOON's projection head (models/projection.py). `image_size` is the
     side of the images the model takes (ViTs: 224; cnn20: its fc1 width depends on it); `stem`
-    is the ResNets', `pretrained` the ViTs'."""
+    is the ResNets', `pretrained` the ViTs'. Width models (METHODS.md 5.3, 5.4): `rate` cuts the
+    width, `exits` the depth (resnet110), `track_stats` gives preresnet18 BN running statistics
+    (static BN at evaluation), `scale` thins the full model itself (`model_scale`)."""
+    if name == "preresnet18":
+        return preresnet18(num_classes, in_channels, rate=rate, track_stats=track_stats, scale=scale)
+    if name == "resnet110":
+        return resnet110(num_classes, in_channels, width=rate, exits=exits or 4, scale=scale)
     if name in BLOCKS:
         return resnet(name, num_classes, in_channels, stem, projection_dim)
     if name in CNNS:

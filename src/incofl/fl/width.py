@@ -1,0 +1,192 @@
+"""Width and depth splitting as stage components: HeteroFL, FedRolex, ScaleFL (METHODS.md 5.3, 5.4).
+
+One architecture (`preresnet18`, `resnet110`) at several levels: a level is a width rate
+(and, for resnet110, a deepest exit), one model group each. The server holds the full model.
+
+- plan (`WidthPlanner`): each sampled client's level (its fixed group, or a fresh draw every
+  round under `rate_assignment: dynamic`) and its view of the global model, the leading
+  channels (HeteroFL, ScaleFL) or FedRolex's rolling window after t rounds (`rolling`);
+- train: the client's block of the global weights (slicing.extract) in its level's model;
+- aggregate (`SlicedMean`): every element's unweighted mean over the sampled clients that
+  held it, classifier rows only from clients holding the class (`class_rows`: HeteroFL,
+  FedRolex); elements nobody held keep their value. The averaged update carries which
+  elements were held, so the InCo step touches only slices both target and reference cover;
+- evaluate (`WidthEvaluator`): the full global model (the headline `mean_acc`) and each level's
+  sub-model (leading channels) as `acc_g{g}`; BN statistics `static` (HeteroFL: gathered from
+  training data before each evaluation) or `batch` (the test batch's); resnet110: every exit
+  of the global model, the last as the headline, and the release's mean over exits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from incofl.data.tensors import TensorSplit
+from incofl.fl.client import ClientUpdate
+from incofl.fl.params import SlicedParams, WidthParams
+from incofl.fl.plan import ClientPlan, FullPlanner
+from incofl.fl.server import Average, Shared
+from incofl.fl.slicing import View, extract, index_map, sliced_mean
+from incofl.models.flops import forward_flops
+
+State = dict[str, torch.Tensor]
+WIDTH_STREAM = 4  # dynamic levels' RNG stream (1: sampling, 2: local training, 3: FedPart's order)
+STATIC_BN_STREAM = 5  # static BN's sample of the training images
+BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+CLASSIFIER = frozenset({"fc.weight", "fc.bias"})  # the width models' class rows
+
+
+def _shapes(model: nn.Module) -> dict[str, torch.Size]:
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+class Widths:
+    """The server model's entry shapes, and per level its sub-model's shapes and cost (forward
+    FLOPs per sample over the server model's, exits included); views of a round, cached."""
+
+    def __init__(self, server: nn.Module, levels: Sequence[nn.Module], image_size: int):
+        self.shapes = _shapes(server)
+        self.level_shapes = [_shapes(m) for m in levels]
+        full = forward_flops(server, image_size)
+        self.costs = [forward_flops(m, image_size) / full for m in levels]
+        self.offset, self.views = -1, {}
+
+    def view(self, level: int, offset: int = 0) -> View:
+        """A level's sub-model after `offset` rounds of rolling (0: leading channels)."""
+        if offset != self.offset:
+            self.offset, self.views = offset, {}
+        if level not in self.views:
+            self.views[level] = View(level, index_map(self.shapes, self.level_shapes[level], offset), self.costs[level])
+        return self.views[level]
+
+
+class HeldAverage(dict):
+    """An averaged update in the server's shapes, with per entry which elements a client held."""
+
+    def __init__(self, mean: State, held: State):
+        super().__init__(mean)
+        self.held = held
+
+
+class WidthPlanner(FullPlanner):
+    """Each sampled client's level and view (module docstring)."""
+
+    params = WidthParams
+
+    def __init__(self, hp: Any, setup: Any, models: list[nn.Module], federation_of: Callable[[int], int]):
+        super().__init__(hp, setup, models, federation_of)
+        self.widths, self.rolling, self.seed = setup.widths, hp.rolling, setup.cfg.seed
+        self.dynamic = setup.cfg.rate_assignment == "dynamic"
+
+    def level(self, round_: int, client: int, fixed: int) -> int:
+        if not self.dynamic:
+            return fixed
+        return int(np.random.default_rng([self.seed, WIDTH_STREAM, round_, client]).integers(self.groups))
+
+    def plan(self, round_: int, client: int) -> ClientPlan:
+        full = super().plan(round_, client)
+        level = self.level(round_, client, full.group)
+        view = self.widths.view(level, round_ if self.rolling else 0)
+        return ClientPlan(client, level, full.federation, full.federation_size, view=view)
+
+
+class SlicedMean(Shared):
+    """Per-element mean over the clients that held each element (module docstring)."""
+
+    params: ClassVar = SlicedParams
+
+    def __init__(self, hp: Any, setup: Any = None):  # unweighted, as released: no `weighted`
+        self.shapes, self.class_rows = setup.widths.shapes, hp.class_rows
+
+    def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
+        blocks = [(u.delta, u.view.index) for u in updates]
+        rows = [(CLASSIFIER, u.classes) for u in updates] if self.class_rows else ()
+        mean, held = sliced_mean(self.shapes, blocks, rows)
+        return {0: HeldAverage(mean, held)}
+
+
+def _logits(output: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every exit's logits (a plain model has one)."""
+    return output if isinstance(output, list) else [output]
+
+
+@torch.no_grad()
+def gather_statistics(model: nn.Module, data: TensorSplit, indices: torch.Tensor, batch_size: int) -> None:
+    """HeteroFL's static BN: fresh cumulative running statistics from `indices` of the training
+    split (no augmentation), passed in train mode without gradients."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+    model.train()
+    for batch in indices.split(batch_size):
+        model(data.batch(batch)[0])
+
+
+@torch.inference_mode()
+def exit_scores(model: nn.Module, data: TensorSplit, batch_size: int) -> list[tuple[float, float]]:
+    """(accuracy in percent, mean cross-entropy) of every exit on a split; BN as the model is set."""
+    model.eval()
+    correct, loss = None, None
+    for batch in torch.arange(len(data)).split(batch_size):
+        x, y = data.batch(batch)
+        outs = [z.float() for z in _logits(model(x))]
+        c = torch.stack([(z.argmax(1) == y).sum() for z in outs])
+        e = torch.stack([F.cross_entropy(z, y, reduction="sum") for z in outs])
+        correct, loss = (c, e) if correct is None else (correct + c, loss + e)
+    n = len(data)
+    return [(100.0 * float(c) / n, float(e) / n) for c, e in zip(correct, loss, strict=True)]
+
+
+def statistics_indices(parts: list[np.ndarray], samples: int | None, seed: int) -> torch.Tensor:
+    """The training images static BN gathers statistics from: every client's, or `samples` of
+    them drawn once from the run seed (the same at every evaluation)."""
+    pooled = np.sort(np.concatenate(parts))
+    if samples is not None and samples < len(pooled):
+        pooled = np.sort(np.random.default_rng([seed, STATIC_BN_STREAM]).choice(pooled, samples, replace=False))
+    return torch.from_numpy(pooled)
+
+
+@dataclass(frozen=True)
+class StaticBN:
+    """HeteroFL's static BN: the training images statistics are gathered from, and `build(g)`,
+    level g's model with running statistics (-1: the full model)."""
+
+    data: TensorSplit
+    indices: torch.Tensor
+    build: Callable[[int], nn.Module]
+
+
+class WidthEvaluator:
+    """The global model and every level's sub-model on the test set (module docstring); with
+    `static`, each in a copy with running statistics, gathered before each evaluation."""
+
+    def __init__(self, widths: Widths, models: list[nn.Module], server: nn.Module, test: TensorSplit,
+                 batch_size: int, static: StaticBN | None):  # fmt: skip
+        self.widths, self.models, self.server, self.test, self.batch_size = widths, models, server, test, batch_size
+        self.static = static
+        if static is not None:
+            self.models, self.server = [static.build(g) for g in range(len(models))], static.build(-1)
+
+    def score(self, model: nn.Module, state: State) -> list[tuple[float, float]]:
+        missing = model.load_state_dict(state, strict=self.static is None).missing_keys
+        if self.static is not None:  # every missing entry a BN statistic, gathered here
+            assert all(k.rsplit(".", 1)[1] in BN_STATISTICS for k in missing), missing
+            gather_statistics(model, self.static.data, self.static.indices, self.batch_size)
+        return exit_scores(model, self.test, self.batch_size)
+
+    def __call__(self, state: State) -> dict[str, float]:
+        exits = self.score(self.server, state)
+        levels = [self.score(m, extract(state, self.widths.view(g).index))[-1] for g, m in enumerate(self.models)]
+        row = {"mean_acc": exits[-1][0], "mean_loss": exits[-1][1]}
+        row |= {f"acc_g{g}": acc for g, (acc, _) in enumerate(levels)}
+        if len(exits) > 1:  # ScaleFL: each exit, and the release's statistic (one meter over every exit)
+            row |= {f"acc_exit{j + 1}": a for j, (a, _) in enumerate(exits)}
+            row["acc_exits_mean"] = float(np.mean([a for a, _ in exits]))
+        return row

@@ -1,0 +1,171 @@
+"""Width and depth splitting (METHODS.md 5.3, 5.4): index maps, per-element aggregation, the
+slice-aware InCo step, and the six methods end to end on tiny data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import engine_on, small_synthetic
+
+from incofl.config import RunConfig
+from incofl.fl.inco import cross_layer_update, find_pairs
+from incofl.fl.slicing import extract, index_map, scatter_add, sliced_mean, window
+from incofl.fl.width import Widths
+from incofl.models.family import build_model
+
+WIDTH = {"models": ["preresnet18"], "clients": 4, "ratio": 1.0, "rounds": 1, "batch_size": 16, "optimizer": "sgd",
+         "lr": 0.05, "partition": "iid", "eval_last": 0}  # fmt: skip
+
+
+def test_window_is_leading_channels_at_offset_zero_and_rolls_by_one_a_round():
+    assert window(8, 8, 5) is None  # an uncut dimension: every channel, in order
+    assert window(8, 3, 0).tolist() == [0, 1, 2]  # HeteroFL; FedRolex's first round
+    assert window(8, 3, 1).tolist() == [7, 0, 1]  # {(j - t) mod C : j < c}
+    assert window(8, 3, 6).tolist() == [2, 3, 4]
+    assert window(8, 3, 8).tolist() == window(8, 3, 0).tolist()
+
+
+def test_index_maps_cut_channels_and_never_image_channels_or_classes():
+    full, half = build_model("preresnet18", 10, 3), build_model("preresnet18", 10, 3, rate=0.5)
+    shapes = lambda m: {k: v.shape for k, v in m.state_dict().items()}  # noqa: E731
+    index = index_map(shapes(full), shapes(half), offset=3)
+    assert index["conv1.weight"][1] is None and index["conv1.weight"][0].tolist() == window(64, 32, 3).tolist()
+    assert index["fc.weight"][0] is None and index["fc.weight"][1].tolist() == window(512, 256, 3).tolist()
+    # a layer's output channels and the next layer's input channels are the same global channels
+    assert torch.equal(index["layer1.0.conv1.weight"][0], index["layer1.0.conv2.weight"][1])
+    with pytest.raises(ValueError, match="cannot be cut"):
+        index_map(shapes(half), shapes(full))
+    with pytest.raises(ValueError, match="not a block"):
+        index_map(shapes(half), {"conv1.weight": torch.Size([32, 3, 3])})
+
+
+def test_extract_then_write_back_is_the_identity_and_rate_one_is_the_full_model():
+    full = build_model("preresnet18", 10, 3).state_dict()
+    shapes = {k: v.shape for k, v in full.items()}
+    whole = index_map(shapes, shapes, offset=7)
+    assert all(ix is None for index in whole.values() for ix in index)
+    assert all(torch.equal(a, full[k]) for k, a in extract(full, whole).items())
+    quarter = {k: v.shape for k, v in build_model("preresnet18", 10, 3, rate=0.25).state_dict().items()}
+    index = index_map(shapes, quarter, offset=5)
+    block = extract(full, index)
+    back = {k: torch.zeros_like(v) for k, v in full.items()}
+    for name, b in block.items():
+        scatter_add(back[name], index[name], b)
+    mask = {k: torch.zeros_like(v) for k, v in full.items()}
+    for name, b in block.items():
+        scatter_add(mask[name], index[name], torch.ones_like(b))
+    for name in full:
+        assert torch.equal(back[name], full[name] * mask[name])  # every held element back in its place
+        assert mask[name].sum() == block[name].numel()  # each exactly once
+
+
+def test_per_element_mean_over_overlapping_slices_by_hand():
+    shapes = {"w": torch.Size([4, 2]), "fc.weight": torch.Size([3, 4])}
+    a = {"w": (window(4, 2, 0), None), "fc.weight": (None, window(4, 2, 0))}  # rows 0-1 of w
+    b = {"w": (window(4, 2, 1), None), "fc.weight": (None, window(4, 2, 1))}  # rows 3, 0
+    da = {"w": torch.full((2, 2), 1.0), "fc.weight": torch.full((3, 2), 1.0)}
+    db = {"w": torch.full((2, 2), 3.0), "fc.weight": torch.full((3, 2), 3.0)}
+    mean, held = sliced_mean(shapes, [(da, a), (db, b)])
+    assert mean["w"][:, 0].tolist() == [2.0, 1.0, 0.0, 3.0]  # row 0 both, 1 only a, 2 nobody, 3 only b
+    assert held["w"][:, 1].tolist() == [True, True, False, True]
+    # classifier rows only from clients that hold the class: a holds classes {0, 2}, b {2}
+    rows = [({"fc.weight"}, torch.tensor([0, 2])), ({"fc.weight"}, torch.tensor([2]))]
+    mean, held = sliced_mean(shapes, [(da, a), (db, b)], rows)
+    assert mean["fc.weight"][:, 0].tolist() == [1.0, 0.0, 2.0]  # column 0: both clients' window
+    assert mean["fc.weight"][:, 3].tolist() == [0.0, 0.0, 3.0]  # column 3: b's only
+    assert not held["fc.weight"][1].any()  # class 1: nobody's
+    assert mean["w"][:, 0].tolist() == [2.0, 1.0, 0.0, 3.0]  # other entries as before
+
+
+def _update(shapes: dict[str, torch.Size], seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(s, generator=gen) * 1e-2 for k, s in shapes.items()}
+
+
+def test_inco_on_slices_held_everywhere_is_the_depth_step_and_leaves_uncovered_slices():
+    shapes = {k: v.shape for k, v in build_model("preresnet18", 10, 3).state_dict().items()}
+    update, pairs = _update(shapes, 0), find_pairs(shapes)
+    assert "layer2.1.conv1.weight" in pairs and pairs["layer2.1.conv1.weight"] == "layer2.0.conv2.weight"
+    everywhere = {k: torch.ones(s, dtype=torch.bool) for k, s in shapes.items()}
+    for variant in ("official", "paper"):
+        plain = cross_layer_update(update, pairs, variant=variant)
+        held = cross_layer_update(update, pairs, variant=variant, held=everywhere)
+        assert all(torch.equal(plain[k], held[k]) for k in plain)
+    # the reference held on half of its output channels: the target changes only there
+    half = dict(everywhere)
+    half["layer2.0.conv2.weight"] = everywhere["layer2.0.conv2.weight"].clone()
+    half["layer2.0.conv2.weight"][64:] = False
+    stats: dict = {}
+    out = cross_layer_update(update, pairs, held=half, stats=stats)
+    target = "layer2.1.conv1.weight"
+    assert torch.equal(out[target][64:], update[target][64:])
+    masked = {k: v.clone() for k, v in update.items()}
+    masked[target][64:], masked["layer2.0.conv2.weight"][64:] = 0, 0
+    assert torch.equal(out[target][:64], cross_layer_update(masked, pairs)[target][:64])
+    assert 0 < stats[target]["beta_pos"] < 1
+
+
+def test_level_costs_follow_the_width():
+    full = build_model("preresnet18", 10, 3)
+    levels = [build_model("preresnet18", 10, 3, rate=r) for r in (1.0, 0.5, 0.25)]
+    costs = Widths(full, levels, 32).costs
+    assert costs[0] == pytest.approx(1.0) and 0.2 < costs[1] < 0.3 and 0.05 < costs[2] < 0.08  # ~ rate^2
+
+
+@pytest.fixture(scope="module")
+def data():
+    return small_synthetic(64, 32)
+
+
+def _run(data, method: str, **settings):
+    engine = engine_on(data, method=method, **{**WIDTH, **settings})
+    engine.run_round(0)
+    return engine
+
+
+def test_fedrolex_first_round_is_heterofl_and_rolls_after_it(data):
+    rates = {"width_rates": [1.0, 0.5]}
+    hetero, rolex = _run(data, "HeteroFL", **rates), _run(data, "FedRolex", **rates)
+    assert hetero.fingerprint() == rolex.fingerprint()  # offset 0: leading channels
+    assert rolex.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(64, 32, 1).tolist()
+    assert hetero.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(64, 32, 0).tolist()
+    assert rolex.planner.plan(1, 0).view.index["conv1.weight"][0] is None  # rate 1: the full model
+
+
+@pytest.mark.parametrize("method", ["HeteroFL", "FedRolex", "InCoHeteroFL", "InCoRolex"])
+def test_width_methods_train_and_report_every_level(data, method):
+    engine = _run(data, method, width_rates=[1.0, 0.5], rate_assignment="dynamic", static_bn_samples=32)
+    row = engine.evaluate()
+    assert {"mean_acc", "acc_g0", "acc_g1"} <= set(row) and 0 <= row["mean_acc"] <= 100
+
+
+@pytest.mark.parametrize("method", ["ScaleFL", "InCoScaleFL"])
+def test_scalefl_reports_every_exit(data, method):
+    engine = _run(data, method, models=["resnet110"], width_rates=[0.5, 1.0], exits=[1, 4])
+    row = engine.evaluate()
+    assert {f"acc_exit{j}" for j in range(1, 5)} <= set(row) and "acc_exits_mean" in row
+    assert row["mean_acc"] == row["acc_exit4"]  # the headline: the global model's last exit
+    assert row["acc_exits_mean"] == pytest.approx(sum(row[f"acc_exit{j}"] for j in range(1, 5)) / 4)
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"width_rates": [0.0, 1.0]}, "width_rates"),
+        ({"width_rates": [1.5]}, "width_rates"),
+        ({"width_rates": [1.0] * 5}, "width_rates"),
+        ({"rate_assignment": "random"}, "rate_assignment"),
+        ({"models": ["resnet18"]}, "models"),
+        ({"models": ["resnet110"]}, "models"),  # HeteroFL has no early exits
+        ({"exits": [1, 2]}, "exits"),
+    ],
+)
+def test_bad_width_settings_are_refused_naming_the_key(settings, key):
+    with pytest.raises(ValueError, match=key):
+        RunConfig(**{**WIDTH, "method": "HeteroFL", **settings})
+
+
+def test_whole_model_methods_refuse_cut_levels():
+    with pytest.raises(ValueError, match="width_rates"):
+        RunConfig(**{**WIDTH, "method": "FedAvg", "width_rates": [1.0, 0.5]})
+    RunConfig(**{**WIDTH, "method": "FedAvg", "width_rates": [1.0]})  # uncut: a plain model
