@@ -169,3 +169,17 @@ def test_whole_model_methods_refuse_cut_levels():
     with pytest.raises(ValueError, match="width_rates"):
         RunConfig(**{**WIDTH, "method": "FedAvg", "width_rates": [1.0, 0.5]})
     RunConfig(**{**WIDTH, "method": "FedAvg", "width_rates": [1.0]})  # uncut: a plain model
+
+
+def test_a_resumed_dynamic_rolling_run_equals_an_uninterrupted_one(data):
+    settings = {**WIDTH, "method": "InCoRolex", "width_rates": [1.0, 0.5], "rate_assignment": "dynamic", "rounds": 2}
+    straight = engine_on(data, **settings)
+    straight.run_round(0)
+    straight.run_round(1)
+    first = engine_on(data, **settings)
+    first.run_round(0)
+    resumed = engine_on(data, **settings)
+    resumed.load_state_dict(first.state_dict())
+    resumed.run_round(1)
+    assert resumed.fingerprint() == straight.fingerprint()
+    assert straight.planner.plan(1, 0).group in (0, 1)
