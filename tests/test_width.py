@@ -183,3 +183,16 @@ def test_a_resumed_dynamic_rolling_run_equals_an_uninterrupted_one(data):
     resumed.run_round(1)
     assert resumed.fingerprint() == straight.fingerprint()
     assert straight.planner.plan(1, 0).group in (0, 1)
+
+
+def test_full_width_inco_heterofl_without_mask_and_clip_is_inco_avg_bit_for_bit(data):
+    """Every client at rate 1: the width machinery (views, per-element mean, held masks) must
+    reduce to the depth path (HeteroAvg's mean over holders, the plain InCo step)."""
+    plain = {"mask_classes": False, "class_rows": False, "grad_clip": 1e9}
+    settings = {**WIDTH, "width_rates": [1.0], "rounds": 2}
+    width = engine_on(data, method="InCoHeteroFL", method_args=plain, **settings)
+    depth = engine_on(data, method="InCoAvg", **settings)
+    for engine in (width, depth):
+        engine.run_round(0)
+        engine.run_round(1)
+    assert width.fingerprint() == depth.fingerprint()
