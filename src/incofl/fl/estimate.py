@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from incofl.fl.sampling import group_of
+from incofl.models.family import exit_logits
 
 if TYPE_CHECKING:
     from incofl.fl.simulation import Engine
@@ -23,8 +24,7 @@ if TYPE_CHECKING:
 def training_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """FLOPs of one training sample: forward and backward, counted by PyTorch's FlopCounterMode."""
     with FlopCounterMode(display=False) as counter:
-        out = model(x)
-        sum(F.cross_entropy(z, y) for z in (out if isinstance(out, list) else [out])).backward()  # exits: each
+        sum(F.cross_entropy(z, y) for z in exit_logits(model(x))).backward()  # every exit's loss
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / len(x)
 

@@ -100,11 +100,10 @@ class Sliced:
         return {name: s / self.counts[name].clamp(min=1) for name, s in self.sums.items()}, held
 
 
-def rows_of(index: Index, classes: torch.Tensor) -> tuple[Index, torch.Tensor]:
-    """A classifier entry's index narrowed to the rows of `classes` (rows are never cut), and
-    those rows' positions in the sub-tensor."""
-    rows = classes.to(torch.long).cpu()
-    return (rows, *index[1:]), rows
+def rows_of(index: Index, classes: torch.Tensor) -> Index:
+    """A classifier entry's index narrowed to the rows of `classes`: rows are never cut, so a
+    class's row has the same position in the sub-tensor and in the full one."""
+    return (classes.to(torch.long).cpu(), *index[1:])
 
 
 def sliced_mean(
@@ -122,7 +121,7 @@ def sliced_mean(
         for name, d in delta.items():
             ix = index[name]
             if name in classifier and classes is not None:
-                ix, positions = rows_of(ix, classes)
-                d = d.index_select(0, positions.to(d.device))
+                ix = rows_of(ix, classes)
+                d = d.index_select(0, ix[0].to(d.device))
             acc.add(name, ix, d, shapes[name])
     return acc.mean()

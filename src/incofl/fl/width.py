@@ -34,6 +34,7 @@ from incofl.fl.params import SlicedParams, WidthParams
 from incofl.fl.plan import ClientPlan, FullPlanner
 from incofl.fl.server import Average, Shared
 from incofl.fl.slicing import View, extract, index_map, sliced_mean
+from incofl.models.family import exit_logits
 from incofl.models.flops import forward_flops
 
 State = dict[str, torch.Tensor]
@@ -112,11 +113,6 @@ class SlicedMean(Shared):
         return {0: HeldAverage(mean, held)}
 
 
-def _logits(output: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
-    """Every exit's logits (a plain model has one)."""
-    return output if isinstance(output, list) else [output]
-
-
 @torch.no_grad()
 def gather_statistics(model: nn.Module, data: TensorSplit, indices: torch.Tensor, batch_size: int) -> None:
     """HeteroFL's static BN: fresh cumulative running statistics from `indices` of the training
@@ -136,7 +132,7 @@ def exit_scores(model: nn.Module, data: TensorSplit, batch_size: int) -> list[tu
     correct, loss = None, None
     for batch in torch.arange(len(data)).split(batch_size):
         x, y = data.batch(batch)
-        outs = [z.float() for z in _logits(model(x))]
+        outs = [z.float() for z in exit_logits(model(x))]
         c = torch.stack([(z.argmax(1) == y).sum() for z in outs])
         e = torch.stack([F.cross_entropy(z, y, reduction="sum") for z in outs])
         correct, loss = (c, e) if correct is None else (correct + c, loss + e)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from incofl.models.cnn import CNNS, cnn
@@ -43,6 +44,11 @@ def build_model(
     if name in DEPTHS:
         return vit(name, num_classes, in_channels, pretrained, img_size=image_size, projection_dim=projection_dim)
     raise ValueError(f"unknown model {name!r}")
+
+
+def exit_logits(output: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every exit's logits of a model's output: resnet110 returns one per exit, the others one."""
+    return output if isinstance(output, list) else [output]
 
 
 def input_size(name: str, image_size: int) -> int:
