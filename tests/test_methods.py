@@ -193,7 +193,7 @@ def test_fednova_aggregate_is_tau_eff_times_weighted_normalised_updates():
     cfg = RunConfig(**{**TINY, "method": "FedNova", "optimizer": "sgd", "momentum": rho})
     normalize = NovaNormalize(_hp("FedNova"), Setup(cfg, ["w"]))
     originals = [u.delta["w"].clone() for u in updates]
-    normalize(updates)
+    normalize(0, updates)
     for s in (0, 1):
         members = [i for i, (_, _, fed) in enumerate(spec) if fed == s]
         n = sum(spec[i][0] for i in members)

@@ -49,6 +49,35 @@ class ConfigError(ValueError):
     """A config problem, phrased as one line that names the key."""
 
 
+Rounds = list[Annotated[int, Field(ge=1)]]
+
+
+class Analyses(BaseModel):
+    """The paper's analyses as observers of the round (fl/analyses.py). Each `*_rounds` list
+    names the rounds (1-based, the round just trained) it runs after; an empty one costs nothing."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    # CKA of the trained clients' representations (stage and block outputs) on one probe batch of
+    # test images (the same images for every run), and the cosine of their updates (Figs. 1, 2, 10)
+    cka_rounds: Rounds = Field(default_factory=list)
+    probe_samples: int = Field(256, ge=4)
+    # histograms of the server's averaged update of every conv and linear weight, before and
+    # after the server's transforms (InCo's step) (Figs. 2c-d, 3)
+    gradient_rounds: Rounds = Field(default_factory=list)
+    gradient_bins: int = Field(50, ge=2)
+    # t-SNE of penultimate features of clients trained that round (Fig. 9d-f): one client of each
+    # listed model group (paper: one ResNet22, two ResNet26), test images of the listed classes
+    tsne_rounds: Rounds = Field(default_factory=list)
+    tsne_groups: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [3, 4, 4], min_length=1)
+    tsne_classes: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2, 3, 4, 5], min_length=2)
+    tsne_per_class: int = Field(50, ge=2)
+
+    @property
+    def rounds(self) -> set[int]:
+        return {*self.cka_rounds, *self.gradient_rounds, *self.tsne_rounds}
+
+
 class Settings(BaseModel):
     """What every run of an experiment shares (overridable per method and with --set)."""
 
@@ -99,6 +128,10 @@ class Settings(BaseModel):
     # before each evaluation) or batch (the test batch's: FedRolex, ScaleFL); unset: the model's
     eval_bn: Literal["static", "batch"] | None = None
     static_bn_samples: int | None = Field(None, ge=1)  # static BN: training images passed (None: all the clients')
+    # robustness (paper Fig. 7): each client update gets Gaussian noise of std update_noise x that
+    # update tensor's std before aggregation
+    update_noise: float = Field(0.0, ge=0.0)
+    analyses: Analyses = Field(default_factory=Analyses)
     vit_epoch_scale: Literal["inco", "all"] = "inco"  # ViTs: updates / local_epochs for InCo or every method
     method_args: dict[str, Any] = Field(default_factory=dict)  # the method's hyper-parameters
     label: str | None = Field(None, pattern=f"^{NAME}$")  # shown under in tables, figures (default: the method)
@@ -163,6 +196,19 @@ class Settings(BaseModel):
             raise ValueError(f"exits: one deepest exit per width rate ({len(self.exits)} given)")
         if self.eval_bn == "static" and self.models[0] == "resnet110":
             raise ValueError("eval_bn: resnet110 keeps no BN statistics (ScaleFL: batch statistics); use batch")
+        return self
+
+    @model_validator(mode="after")
+    def _analysis_rounds(self) -> Settings:
+        late = sorted(r for r in self.analyses.rounds if r > self.rounds)
+        if late:
+            key = next(
+                k for k in ("cka_rounds", "gradient_rounds", "tsne_rounds") if late[0] in getattr(self.analyses, k)
+            )
+            raise ValueError(f"analyses.{key}: round {late[0]} is past the run's last round ({self.rounds})")
+        groups = [g for g in self.analyses.tsne_groups if g >= self.groups]
+        if self.analyses.tsne_rounds and groups:
+            raise ValueError(f"analyses.tsne_groups: group {groups[0]} does not exist ({self.groups} model groups)")
         return self
 
     @model_validator(mode="after")

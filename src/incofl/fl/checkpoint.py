@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from incofl.atomic import atomic_path
+from incofl.config import Analyses
 
 # Settings that do not change what a run computes, so a checkpoint stays valid across them.
 # `rounds` is not one: the evaluation schedule (eval_last) and round-based schedules depend on it.
@@ -27,7 +28,8 @@ NON_SEMANTIC = {
 # semantic otherwise: it is the name summary.json records.
 ADDED = {"label": None, "client_samples": None, "bn_stats": "averaged", "shard_classes": 2, "width_rates": None,
          "exits": None, "rate_assignment": "fixed", "model_scale": 1.0, "eval_bn": None,
-         "static_bn_samples": None}  # fmt: skip
+         "static_bn_samples": None, "update_noise": 0.0,
+         "analyses": Analyses().model_dump()}  # fmt: skip
 
 
 class CheckpointMismatch(RuntimeError):

@@ -4,7 +4,8 @@ After each round the engine hands every observer a `RoundReport` (samples traine
 uploaded, compute units, per-client training losses, the transforms' diagnostics). An
 observer keeps what it needs, checkpoints it, and writes its file when the run ends. Methods
 name extra observers in their registry entry (InCo's theta/beta log); the cost log runs for
-every method.
+every method. The analyses (fl/analyses.py) are observers that also look at the round's
+trained models and averaged updates, in the rounds they ask for.
 """
 
 from __future__ import annotations
@@ -13,13 +14,20 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from incofl.atomic import atomic_path
 from incofl.fl.client import ClientUpdate
+
+if TYPE_CHECKING:
+    import torch
+
+    from incofl.fl.analyses import Trained
+
+    State = dict[str, torch.Tensor]
 
 FULL_UNITS, PARTIAL_UNITS = 3, 2  # compute per sample pass: forward + backward (+ weight gradients when full)
 BYTES_PER_PARAM = 4  # fp32 upload
@@ -53,7 +61,17 @@ class Observer:
         self.rows: list[dict[str, Any]] = []
 
     def observe(self, report: RoundReport) -> None:
-        raise NotImplementedError
+        """Keep what it needs of the round's report."""
+
+    def wants(self, round_: int) -> bool:
+        """Whether to be shown this round's trained client models and averaged updates."""
+        return False
+
+    def see_clients(self, round_: int, trained: list[Trained]) -> None:
+        """The round's trained clients (fl/analyses.py), before any transform of their updates."""
+
+    def see_average(self, round_: int, federation: int, aggregated: State, applied: State) -> None:
+        """One federation's averaged update before and after the server's transforms."""
 
     def write(self, out_dir: Path) -> None:
         if self.rows:

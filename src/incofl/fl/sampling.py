@@ -6,6 +6,7 @@ import numpy as np
 
 SAMPLING_STREAM = 1  # keeps the sampling RNG apart from every other use of the seed
 TRAINING_STREAM = 2
+NOISE_STREAM = 3  # update noise (robustness analysis)
 
 
 def clients_per_round(num_clients: int, ratio: float) -> int:
@@ -29,3 +30,8 @@ def client_seed(seed: int, round_: int, client: int) -> int:
     """Seed of one client's local training in one round: batches and augmentation depend on
     nothing else, which makes a resumed run bit-identical to an uninterrupted one."""
     return int(np.random.SeedSequence([seed, TRAINING_STREAM, round_, client]).generate_state(1)[0])
+
+
+def noise_seed(seed: int, round_: int, client: int) -> int:
+    """Seed of the noise added to one client's update in one round (`update_noise`)."""
+    return int(np.random.SeedSequence([seed, NOISE_STREAM, round_, client]).generate_state(1)[0])

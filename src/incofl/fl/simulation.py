@@ -30,7 +30,9 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, holdout_split, partition_for
 from incofl.data.tensors import to_device
 from incofl.fl import checkpoint
+from incofl.fl.analyses import Trained, analyses_for
 from incofl.fl.batched import BatchedTrainer
+from incofl.fl.client import ClientUpdate
 from incofl.fl.divergence import Diverged, check_states, check_updates
 from incofl.fl.estimate import Work
 from incofl.fl.evaluation import GroupEvaluator, PersonalEvaluator
@@ -42,7 +44,7 @@ from incofl.fl.sampling import group_of, sample_schedule
 from incofl.fl.server import apply_update
 from incofl.fl.slicing import extract
 from incofl.fl.trainer import SerialTrainer
-from incofl.fl.transforms import EpochScale, Setup
+from incofl.fl.transforms import EpochScale, Setup, UpdateNoise
 from incofl.fl.width import StaticBN, WidthEvaluator, Widths, statistics_indices
 from incofl.models.family import build_model, check_nested, input_size
 
@@ -108,10 +110,12 @@ class Engine:
         setup = Setup(cfg, list(server), self.widths)
         self.objective = method.objective(hp)
         self.aggregator = method.aggregator(hp, setup)
-        self.pre = [transform(hp, setup) for transform in method.pre]
+        noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
+        self.pre = [*noise, *(transform(hp, setup) for transform in method.pre)]
         self.post = [EpochScale(hp, setup), *(transform(hp, setup) for transform in method.post)]
         self.costs = CostLog()  # every method's; its totals go into metrics.csv and summary.json
         self.observers = [self.costs, *(observer() for observer in method.observers)]
+        self.observers += analyses_for(cfg, self.models, self.test_data)  # none unless `analyses` lists rounds
         self.planner = method.planner(hp, setup, self.models, self.aggregator.federation)
         autocast = cfg.bf16 and device.type == "cuda"
         trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
@@ -155,22 +159,38 @@ class Engine:
         return self.client_state(plan.client, plan.group)
 
     def run_round(self, round_: int) -> RoundReport:
-        """plan -> train -> transform -> aggregate (-> transform) -> apply; the round's report."""
+        """plan -> train -> transform -> aggregate (-> transform) -> apply; the round's report.
+        Analyses that want the round see its trained clients and averaged updates."""
         plans = [self.planner.plan(round_, int(c)) for c in self.schedule[round_]]
         updates = self.trainer.train(round_, plans, self.start, self.objective)
         self.kept |= {u.client: u.kept for u in updates if u.kept}
         check_updates(round_ + 1, updates)
+        probes = [o for o in self.observers if o.wants(round_ + 1)]
+        if probes:
+            trained = [self.trained(plan, u) for plan, u in zip(plans, updates, strict=True)]
+            for probe in probes:
+                probe.see_clients(round_ + 1, trained)
         self.planner.observe(round_, updates)
         for transform in self.pre:
-            updates = transform(updates)
+            updates = transform(round_, updates)
         for federation, average in self.aggregator.aggregate(updates).items():
+            aggregated = {k: v.clone() for k, v in average.items()} if probes else {}
             for post in self.post:
                 average = post(average)
+            for probe in probes:
+                probe.see_average(round_ + 1, federation, aggregated, average)
             apply_update(self.states[federation], average)
         check_states(round_ + 1, self.states)
         self.objective.server_round_end(updates)
         diagnostics = {k: v for post in self.post for k, v in post.diagnostics().items()}
         return RoundReport.of(round_ + 1, updates, self.cfg.local_epochs, diagnostics)
+
+    def trained(self, plan: ClientPlan, update: ClientUpdate) -> Trained:
+        """A client's model after this round's training (before the round is applied): its start,
+        what it keeps, and its update."""
+        start = self.start(plan)
+        state = {**start, **update.kept, **{k: start[k] + d for k, d in update.delta.items()}}
+        return Trained(plan.client, plan.group, state, {k: d.clone() for k, d in update.delta.items()}, plan.view)
 
     def observe(self, report: RoundReport) -> None:
         for observer in self.observers:

@@ -37,6 +37,7 @@ from incofl.config import RunConfig
 from incofl.fl.client import ClientUpdate
 from incofl.fl.inco import cross_layer_update, find_pairs, vit_pairs
 from incofl.fl.params import InCoParams, NovaParams, Params
+from incofl.fl.sampling import noise_seed
 
 if TYPE_CHECKING:
     from incofl.fl.width import Widths
@@ -61,7 +62,27 @@ class UpdateTransform:
     def __init__(self, hp: Any, setup: Setup):
         self.hp = hp
 
-    def __call__(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+    def __call__(self, round_: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        return updates
+
+
+class UpdateNoise(UpdateTransform):
+    """Robustness (paper Fig. 7): every floating-point tensor of a client's update gets Gaussian
+    noise of std `update_noise` x that tensor's std, before aggregation (so before any other
+    transform). Drawn from (seed, round, client): a resumed run is bit-identical. The engine
+    adds it for every method when `update_noise` > 0."""
+
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
+        self.scale, self.seed = setup.cfg.update_noise, setup.cfg.seed
+
+    def __call__(self, round_: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        for u in updates:
+            gen = torch.Generator().manual_seed(noise_seed(self.seed, round_, u.client))
+            for delta in u.delta.values():
+                if delta.numel() > 1:
+                    noise = torch.randn(delta.shape, generator=gen, dtype=delta.dtype)
+                    delta.add_(noise.to(delta.device), alpha=self.scale * float(delta.std()))
         return updates
 
 
@@ -94,7 +115,7 @@ class NovaNormalize(UpdateTransform):
         momentum = setup.cfg.momentum if setup.cfg.optimizer == "sgd" else 0.0
         self.rho = momentum if hp.rho is None else float(hp.rho)
 
-    def __call__(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+    def __call__(self, round_: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         a = {u.client: normalizer(u.steps, self.rho) for u in updates}
         for state in {u.state for u in updates}:
             federation = [u for u in updates if u.state == state]
