@@ -2,6 +2,7 @@
 
     config --validate--> prepare (resources/data) --> partition (results/partitions)
       --> train (results/runs) --> table, metrics.json, figures, curve data (results/)
+      (--> analyses, study runs in results/studies --> results/analysis/<analysis>/)
 
     snakemake --cores 2                                      # config/config.yaml
     snakemake --cores 2 --configfile config/ablation.yaml    # another experiment
@@ -29,6 +30,7 @@ include: "workflow/rules/config.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/analysis.smk"
 
 
 rule all:

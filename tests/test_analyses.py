@@ -13,8 +13,8 @@ from helpers import QUIET, engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig
 from incofl.fl.client import ClientUpdate
-from incofl.fl.simulation import Run
 from incofl.fl.similarity import cka, cosine, gram
+from incofl.fl.simulation import Run
 from incofl.fl.transforms import Setup, UpdateNoise
 
 SMALL = {"clients": 4, "ratio": 1.0, "models": ["resnet10", "resnet14"], "rounds": 2, "batch_size": 16,
@@ -90,7 +90,7 @@ def test_cka_rows_cover_every_pair_and_shared_probe_point(data):
     rows = pd.DataFrame(engine.observers[-1].rows)
     probe = engine.observers[-1]
     assert len(rows.groupby(["client_a", "client_b"])) == 6  # 4 clients, all pairs, none with itself
-    for (a, b), pair in rows.groupby(["client_a", "client_b"]):
+    for _, pair in rows.groupby(["client_a", "client_b"]):
         shared = [p for p in probe.points[pair.group_a.iloc[0]] if p in probe.points[pair.group_b.iloc[0]]]
         assert list(pair.layer) == shared
     assert rows.cka.between(0, 1 + 1e-9).all()

@@ -26,8 +26,9 @@ from incofl.fl.methods import METHODS
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TINY = REPO / "tests" / "data" / "tiny.yaml"
+TINY_ANALYSIS = REPO / "tests" / "data" / "tiny-analysis.yaml"
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
-CONFIGS = sorted((REPO / "config").glob("*.yaml")) + [TINY]
+CONFIGS = sorted((REPO / "config").glob("*.yaml")) + [TINY, TINY_ANALYSIS]
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
 
 
@@ -70,17 +71,44 @@ def grid_jobs(cfg: dict) -> dict[str, int]:
         (s.clients, s.partition_seed)
         for s in (exp.run_config(exp.datasets[0], exp.alphas[0], m, 0) for m in exp.methods)
     }
-    return {
-        "experiment_config": 1,
-        "prepare": len(exp.datasets),
-        "run_config": runs,
-        "partition": len(exp.datasets) * len(exp.alphas) * len(parts),
-        "train": runs,
-        "table": 1,
-        "figures": 1,
-        "plot_data": 1,
-        "all": 1,
-    } | ({"fedpart_table": 1} if any(METHODS[exp.method_of(m)].partial for m in exp.methods) else {})
+    return (
+        {
+            "experiment_config": 1,
+            "prepare": len(exp.datasets),
+            "run_config": runs,
+            "partition": len(exp.datasets) * len(exp.alphas) * len(parts),
+            "train": runs,
+            "table": 1,
+            "figures": 1,
+            "plot_data": 1,
+            "all": 1,
+        }
+        | ({"fedpart_table": 1} if any(METHODS[exp.method_of(m)].partial for m in exp.methods) else {})
+        | analysis_jobs(exp)
+    )
+
+
+def analysis_jobs(exp) -> dict[str, int]:
+    """The analysis jobs a config asks for (README "Analyses"): one per analysis of the grid's
+    runs it turns on (plus per-group accuracy, and theta/beta with an InCo method), and a config
+    and a training job per study run."""
+    a = exp.analyses
+    grid = [a.cka_rounds, a.gradient_rounds, a.tsne_rounds]
+    studies = {}
+    if exp.robustness:
+        rob = exp.robustness
+        points = len({(b, 0.0) for b in rob.batch_sizes} | {(exp.batch_size, n) for n in rob.noise})
+        seeds = len(rob.seeds or exp.seeds)
+        studies["robustness"] = len(exp.datasets) * len(exp.alphas) * len(rob.methods) * points * seeds
+    if exp.case_study:
+        seeds = len(exp.case_study.seeds or exp.seeds)
+        studies["case_study"] = len(exp.datasets) * len(exp.case_study.families) * 4 * seeds
+    if not any(grid) and not studies:
+        return {}
+    inco = any(m.startswith("InCo") for m in exp.methods)
+    runs = sum(studies.values())
+    analyses = sum(map(bool, grid)) + 1 + inco + len(studies)
+    return {"analysis": analyses} | ({"study_config": runs, "study_train": runs} if runs else {})
 
 
 # --- schema and configs (fast) -----------------------------------------------------------
@@ -99,8 +127,18 @@ def test_shipped_configs_are_valid(path):
     "path",
     [
         REPO / "config" / f"{name}.yaml"
-        for name in ("config", "paper-resnet", "fedpart", "fedpart-cpu", "fedlag-cpu", "hetero-split-cpu")
-    ],
+        for name in (
+            "config",
+            "paper-resnet",
+            "fedpart",
+            "fedpart-cpu",
+            "fedlag-cpu",
+            "hetero-split-cpu",
+            "analysis",
+            "analysis-cpu",
+        )  # fmt: skip
+    ]
+    + [TINY_ANALYSIS],
     ids=lambda p: p.name,
 )
 def test_dry_run_plans_exactly_the_grid(tmp_path, path):

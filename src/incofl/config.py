@@ -20,6 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator, with_config
 from typing_extensions import TypedDict  # pydantic needs this one, not typing's, before Python 3.12
 
+from incofl.studies import CaseStudy, Robustness, check_studies
+
 DATASETS = ("digits", "synthetic", "cifar10", "cinic10", "fmnist", "svhn")
 RESNETS = ("resnet10", "resnet14", "resnet18", "resnet22", "resnet26")
 VITS = ("vit_d8", "vit_d9", "vit_d10", "vit_d11", "vit_d12")
@@ -377,6 +379,8 @@ class ExperimentConfig(Settings):
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     table_metric: Literal["final_acc", "best_acc", "last10_acc"] = "final_acc"
     resources: Resources = Field(default_factory=Resources)  # workflow job resources
+    robustness: Robustness | None = None  # studies beside the grid (studies.py): paper Fig. 7
+    case_study: CaseStudy | None = None  # and Table 1
 
     @field_validator("datasets")
     @classmethod
@@ -440,6 +444,11 @@ class ExperimentConfig(Settings):
                     problem = _key_and_message(err)
                     where = self._override_key(method, dataset, problem.split(":")[0].split(".")[0])
                     raise ValueError(f"{where}.{problem}" if where else problem) from None
+        return self
+
+    @model_validator(mode="after")
+    def _studies(self) -> ExperimentConfig:
+        check_studies(self)
         return self
 
     def _override_key(self, method: str, dataset: str, key: str) -> str:

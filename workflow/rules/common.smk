@@ -11,6 +11,7 @@ a grown grid only adds jobs."""
 import functools
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from snakemake.utils import validate
 
 from incofl.config import NAME, ConfigError, validate_experiment
 from incofl.data.release import ReleasePartitionError, release_file
+from incofl.studies import CASE, ROBUSTNESS, study_points, study_run, study_seeds
 
 # Settings one partition artifact stands for (incofl.config.SHARED_SETTINGS) are refused in
 # per_method and variants by validate_experiment: `incofl` refuses them too.
@@ -118,6 +120,15 @@ CELLS = [(d, a) for d in EXP.datasets for a in EXP.alphas]  # one curve figure p
 # recorded (which runs, SLURM job, GPUs) by a train_batch job; see runs_per_gpu below.
 RUNS_PER_GPU = EXP.resources.get("runs_per_gpu", 1)
 BATCH = "results/logs/train/batches/b{batch}.txt"
+ANALYSIS = "results/analysis"  # one folder per analysis (analysis.smk)
+STUDIES_ROOT = "results/studies"  # the runs of the studies beside the grid (incofl.studies)
+STUDY_RUN = f"{STUDIES_ROOT}/{{study}}/{{point}}/s{{seed}}"
+STUDY_POINTS = study_points(EXP)
+# The analyses (analysis.smk) of the grid's runs, each with what it needs: an `analyses` setting
+# listing rounds (any method's: per_method may turn one on for some), or an InCo method in the grid.
+GRID_ANALYSES = {"cka": "cka_rounds", "gradients": "gradient_rounds", "tsne": "tsne_rounds",
+                 "theta_beta": None, "groups": None}  # fmt: skip
+STUDIES = ("robustness", "case_study")
 
 wildcard_constraints:
     dataset=r"[a-z0-9]+",
@@ -127,6 +138,9 @@ wildcard_constraints:
     clients=r"\d+",
     pseed=r"\d+",
     batch=r"\d+",
+    study="|".join(STUDIES),
+    point="|".join(re.sub(r"\?P<\w+>", "", p.pattern) for p in (ROBUSTNESS, CASE)),
+    analysis="|".join([*GRID_ANALYSES, *STUDIES]),
 
 
 def figures(ext):
@@ -142,7 +156,44 @@ def partial_in_grid():
 
 def all_targets():
     fedpart = [FEDPART_TABLE] if partial_in_grid() else []
-    return [*TABLES, METRICS, *figures("png"), *figures("pdf"), PLOT_DATA, *fedpart, *batches()]
+    return [*TABLES, METRICS, *figures("png"), *figures("pdf"), PLOT_DATA, *fedpart, *batches(), *analyses()]
+
+
+# --- analyses (analysis.smk) ---------------------------------------------------------------
+
+
+def analyses():
+    """The analysis folders this config asks for: none without `analyses` rounds or a study."""
+    from incofl.fl.methods import METHODS
+
+    settings = [EXP.settings_for(m, d)["analyses"] for m in EXP.methods for d in EXP.datasets]
+    asked = {name for name, key in GRID_ANALYSES.items() if key and any(a[key] for a in settings)}
+    if not asked and not STUDY_POINTS:
+        return []
+    inco = any(METHODS[EXP.method_of(m)].post for m in EXP.methods)
+    asked |= {"groups"} | ({"theta_beta"} if inco else set())
+    return [f"{ANALYSIS}/{name}" for name in [*GRID_ANALYSES, *STUDY_POINTS] if name in asked | set(STUDY_POINTS)]
+
+
+def study_config(wc):
+    return study_run(EXP, wc.study, wc.point, int(wc.seed))
+
+
+def analysis_runs(wc):
+    """What an analysis reads: a study's runs, or the grid's."""
+    if wc.analysis in STUDIES:
+        seeds = study_seeds(EXP, wc.analysis)
+        return expand(f"{STUDY_RUN}/summary.json", study=wc.analysis, point=STUDY_POINTS[wc.analysis], seed=seeds)
+    return RUNS
+
+
+def analysis_command(wc, input):
+    """`incofl analysis <name>` over its runs: a study's folder, or the grid's (restricted to the
+    grid by the experiment config)."""
+    name = wc.analysis.replace("_", "-")
+    if wc.analysis in STUDIES:
+        return f"incofl analysis {name} --runs {STUDIES_ROOT}/{wc.analysis}"
+    return f"incofl analysis {name} --config {input.config} --runs {runs_root(wc, input)}"
 
 
 def cli_sets(settings):
@@ -205,7 +256,11 @@ def run_file(wc):
     variant's applied: `methods: [<its method>]` and `label: <the variant>`), minus what the
     train job sets itself. Without a label, none is written (the file a method's run had before
     labels: such a run is not redone)."""
-    run = run_config(wc)
+    return config_file(run_config(wc))
+
+
+def config_file(run):
+    """A run config as a one-point experiment file (run_file; the studies' runs too)."""
     cfg = run.model_dump(exclude=JOB_SETTINGS if run.label else JOB_SETTINGS | {"label"})
     point = {plural: [cfg.pop(key)] for key, plural in
              (("dataset", "datasets"), ("alpha", "alphas"), ("method", "methods"), ("seed", "seeds"))}
