@@ -134,6 +134,7 @@ def test_shipped_configs_are_valid(path):
             "fedpart-cpu",
             "fedlag-cpu",
             "hetero-split-cpu",
+            "scalefl-cpu",
             "analysis",
             "analysis-cpu",
         )  # fmt: skip
