@@ -204,3 +204,39 @@ def test_bad_analysis_settings_are_refused(settings, message):
 def test_cka_on_a_model_without_stages_is_refused(data):
     with pytest.raises(ConfigError, match="analyses.cka_rounds"):
         engine_on(data, method="FedAvg", **{**SMALL, "models": ["cnn20"], "analyses": {"cka_rounds": [1]}})
+
+
+# --- studies beside the grid ------------------------------------------------------------------
+def test_study_points_and_their_runs():
+    from incofl.config import ExperimentConfig
+    from incofl.studies import study_points, study_run
+
+    exp = ExperimentConfig(datasets=["cifar10"], alphas=[0.5], methods=["FedAvg", "InCoAvg"], batch_size=64,
+                           robustness={"methods": ["InCoAvg"], "batch_sizes": [16, 64], "noise": [0.0, 0.5]},
+                           case_study={"families": {"resnet": {"clients": 10}}, "alpha": 1.0})  # fmt: skip
+    points = study_points(exp)
+    # (64, no noise) is on both axes but one run
+    assert points["robustness"] == [f"cifar10/a0.5/InCoAvg/{p}" for p in ("b16-n0.0", "b64-n0.0", "b64-n0.5")]
+    noisy = study_run(exp, "robustness", points["robustness"][-1], 2)
+    assert (noisy.method, noisy.batch_size, noisy.update_noise, noisy.seed) == ("InCoAvg", 64, 0.5, 2)
+    runs = {p.split("/")[1]: study_run(exp, "case_study", p, 0) for p in points["case_study"]}
+    assert list(runs) == ["resnet-iid-homo", "resnet-iid-hetero", "resnet-noniid-homo", "resnet-noniid-hetero"]
+    assert runs["resnet-iid-homo"].models == ["resnet26"] and runs["resnet-iid-homo"].partition == "iid"
+    assert runs["resnet-noniid-hetero"].models == ["resnet10", "resnet14", "resnet18", "resnet22", "resnet26"]
+    assert runs["resnet-noniid-hetero"].partition == "dirichlet" and runs["resnet-noniid-hetero"].alpha == 1.0
+    assert {r.clients for r in runs.values()} == {10} and {r.method for r in runs.values()} == {"HeteroAvg"}
+
+
+@pytest.mark.parametrize(
+    ("study", "message"),
+    [
+        ({"robustness": {"methods": ["Nope"]}}, "robustness.methods: unknown method 'Nope'"),
+        ({"robustness": {"batch_sizes": [1]}}, "robustness.batch_sizes.0"),
+        ({"case_study": {"families": {"resnet": {"clients": 3}}}}, r"case_study \(digits/resnet-iid-hetero\): clients"),
+    ],
+)
+def test_bad_studies_are_refused(study, message):
+    from incofl.config import ExperimentConfig
+
+    with pytest.raises(ValueError, match=message):
+        ExperimentConfig(**study)

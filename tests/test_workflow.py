@@ -289,6 +289,42 @@ def test_a_config_change_reruns_exactly_what_it_affects(tiny_run, override, expe
     assert planned_jobs(tiny_run, "--config", override) == {**expected, "all": 1}
 
 
+@pytest.mark.slow
+def test_analysis_workflow_writes_every_analysis(tmp_path):
+    """tests/data/tiny-analysis.yaml end to end: the grid's runs write their probes' files, the
+    studies' runs land under results/studies, every analysis folder gets its figures and tables,
+    and the report shows them."""
+    proc = run_snakemake(tmp_path, "--cores", "2", config=TINY_ANALYSIS, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = tmp_path / "results"
+    run = results / "runs" / "synthetic" / "a0.5" / "InCoAvg" / "s0"
+    for name in ("cka.csv", "update_similarity.csv", "gradients.csv", "tsne.csv", "inco.csv"):
+        assert len(pd.read_csv(run / name)) > 0, name
+    studies = sorted(
+        p.parent.relative_to(results / "studies").as_posix() for p in (results / "studies").rglob("summary.json")
+    )
+    assert studies == sorted([f"robustness/synthetic/a0.5/{m}/{p}/s0" for m in ("FedAvg", "InCoAvg")
+                              for p in ("b32-n0.0", "b64-n0.5")]
+                             + [f"case_study/synthetic/resnet-{i}-{h}/s0" for i in ("iid", "noniid")
+                                for h in ("homo", "hetero")])  # fmt: skip
+    noisy = json.loads((results / "studies" / "robustness" / "synthetic" / "a0.5" / "InCoAvg" / "b64-n0.5" / "s0"
+                        / "summary.json").read_text())  # fmt: skip
+    assert noisy["config"]["update_noise"] == 0.5 and noisy["config"]["batch_size"] == 64
+    homo = json.loads((results / "studies" / "case_study" / "synthetic" / "resnet-iid-homo" / "s0" / "summary.json")
+                      .read_text())["config"]  # fmt: skip
+    assert homo["models"] == ["resnet26"] and homo["partition"] == "iid" and homo["clients"] == 5
+    analysis = results / "analysis"
+    assert sorted(p.name for p in analysis.iterdir()) == ["case_study", "cka", "gradients", "groups", "robustness",
+                                                          "theta_beta", "tsne"]  # fmt: skip
+    for folder in analysis.iterdir():
+        assert any(f.suffix in (".png", ".md") and f.stat().st_size > 100 for f in folder.iterdir()), folder
+    assert planned_jobs(tmp_path, config=TINY_ANALYSIS) == {}  # all done
+    proc = run_snakemake(tmp_path, "--report", "results/report.html", config=TINY_ANALYSIS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = (results / "report.html").read_text()
+    assert "Linear CKA between the models" in html and "cka_layers.png" in html
+
+
 # --- interrupt and resume (slow) ---------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
