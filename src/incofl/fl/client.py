@@ -25,6 +25,7 @@ from torch import nn
 from incofl.data.tensors import TensorSplit
 from incofl.fl.params import Params
 from incofl.fl.slicing import View
+from incofl.models.family import exit_logits
 
 
 @dataclass
@@ -199,14 +200,27 @@ def evaluate(
 def count_correct(
     model: nn.Module, data: TensorSplit, batch_size: int, drop_last: bool = False, indices: torch.Tensor | None = None
 ) -> tuple[int, float, int]:
-    """(correct predictions, summed cross-entropy, samples scored)."""
+    """(correct predictions, summed cross-entropy, samples scored) of the model's (last) output."""
+    correct, loss, n = exit_counts(model, data, batch_size, drop_last, indices)
+    return correct[-1], loss[-1], n
+
+
+@torch.inference_mode()
+def exit_counts(
+    model: nn.Module, data: TensorSplit, batch_size: int, drop_last: bool = False, indices: torch.Tensor | None = None
+) -> tuple[list[int], list[float], int]:
+    """Per exit (one for a model without early exits): correct predictions and summed
+    cross-entropy; and the samples scored."""
     model.eval()
     order = torch.arange(len(data)) if indices is None else indices
     n = len(order) // batch_size * batch_size if drop_last and len(order) >= batch_size else len(order)
-    correct, loss = 0, 0.0
+    correct: list[int] = []
+    loss: list[float] = []
     for batch in order[:n].split(batch_size):
         x, y = data.batch(batch)
-        logits = model(x).float()
-        loss += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += int((logits.argmax(1) == y).sum().item())
-    return correct, loss, n
+        outs = [z.float() for z in exit_logits(model(x))]
+        correct, loss = correct or [0] * len(outs), loss or [0.0] * len(outs)
+        for j, logits in enumerate(outs):
+            loss[j] += F.cross_entropy(logits, y, reduction="sum").item()
+            correct[j] += int((logits.argmax(1) == y).sum().item())
+    return correct or [0], loss or [0.0], n

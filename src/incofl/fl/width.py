@@ -25,16 +25,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.client import ClientUpdate
+from incofl.fl.client import ClientUpdate, exit_counts
 from incofl.fl.params import SlicedParams, WidthParams
 from incofl.fl.plan import ClientPlan, FullPlanner
 from incofl.fl.server import Average, Shared
 from incofl.fl.slicing import View, extract, index_map, sliced_mean
-from incofl.models.family import exit_logits
 from incofl.models.flops import forward_flops
 
 State = dict[str, torch.Tensor]
@@ -128,16 +126,8 @@ def gather_statistics(model: nn.Module, data: TensorSplit, indices: torch.Tensor
 @torch.inference_mode()
 def exit_scores(model: nn.Module, data: TensorSplit, batch_size: int) -> list[tuple[float, float]]:
     """(accuracy in percent, mean cross-entropy) of every exit on a split; BN as the model is set."""
-    model.eval()
-    correct, loss = None, None
-    for batch in torch.arange(len(data)).split(batch_size):
-        x, y = data.batch(batch)
-        outs = [z.float() for z in exit_logits(model(x))]
-        c = torch.stack([(z.argmax(1) == y).sum() for z in outs])
-        e = torch.stack([F.cross_entropy(z, y, reduction="sum") for z in outs])
-        correct, loss = (c, e) if correct is None else (correct + c, loss + e)
-    n = len(data)
-    return [(100.0 * float(c) / n, float(e) / n) for c, e in zip(correct, loss, strict=True)]
+    correct, loss, n = exit_counts(model, data, batch_size)
+    return [(100.0 * c / n, e / n) for c, e in zip(correct, loss, strict=True)]
 
 
 def statistics_indices(parts: list[np.ndarray], samples: int | None, seed: int) -> torch.Tensor:
