@@ -1,5 +1,5 @@
-"""Command-line interface: `incofl prepare | partition | train | table | figures | paired | fedpart | bench |
-methods`."""
+"""Command-line interface: `incofl prepare | partition | train | table | figures | paired | fedpart |
+analysis | bench | methods`."""
 
 from __future__ import annotations
 
@@ -161,6 +161,23 @@ def cmd_fedpart(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analysis(args: argparse.Namespace) -> int:
+    from incofl.report import analyses
+
+    if args.what in analyses.STUDIES:
+        paths = analyses.STUDIES[args.what](args.runs, args.out)
+    else:
+        exp = load_experiment(args.config) if args.config else None
+        grid = exp and {"dataset": exp.datasets, "alpha": exp.alphas, "method": exp.names, "seed": exp.seeds}
+        options = {}
+        if args.what == "theta-beta":
+            named = dict(pair.split("=", 1) for pair in args.paper_name)
+            options = {"layers": args.layers, "paper_names": {**analyses.PAPER_NAMES, **named}}
+        paths = analyses.ANALYSES[args.what](args.runs, args.out, exp and exp.names, grid, **options)
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from incofl.bench import benchmark, format_report
 
@@ -235,6 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", required=True, help="root of the run directories")
     p.add_argument("--out", required=True, help="the Markdown file to write")
     p.set_defaults(func=cmd_fedpart)
+    p = sub.add_parser("analysis", help="the paper's analyses from the runs' files (figures and tables)")
+    p.add_argument("what", choices=["cka", "gradients", "theta-beta", "tsne", "groups", "robustness", "case-study"])
+    _add_config(p, sets=False)
+    p.add_argument("--runs", required=True, help="root of the run directories (a study's: its folder)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--layers", type=int, nargs="+", default=[11, 13], help="theta-beta: InCo targets (1-based)")
+    p.add_argument("--paper-name", action="append", default=[], metavar="OURS=PAPER",
+                   help="theta-beta: the paper's row of a method (InCoAvg-noOpt='w/o optimisation')")  # fmt: skip
+    p.set_defaults(func=cmd_analysis)
     p = sub.add_parser("bench", help="engine vs plain PyTorch throughput, and aggregation share")
     p.add_argument("--json", action="store_true")
     p.add_argument("--model", default="resnet18")

@@ -1,0 +1,435 @@
+"""The paper's analyses from the runs' files (README "Analyses"): `incofl analysis <name>`.
+
+Every function reads finished runs under a root (every value from the run's own files: its
+summary.json and the observers' CSVs), writes figures (PNG and PDF, as report/figures.py) and
+Markdown tables into an output folder, and returns the paths. Means are over client pairs
+first, then mean ± std over seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from incofl.atomic import atomic_path
+from incofl.config import ConfigError
+from incofl.report.figures import STYLE, _save
+from incofl.report.published import PAPER_TABLE1, PAPER_TABLE3
+
+Runs = list[tuple[dict, Path]]  # (summary, run directory)
+
+
+class NoRuns(FileNotFoundError):
+    """No finished run under the root has the file an analysis reads."""
+
+
+def runs_with(root: str | os.PathLike, filename: str | None, grid: dict[str, list] | None = None) -> Runs:
+    """Finished runs under `root` (in the grid's values, if given) that have `filename`; a run
+    without it is named on stderr and skipped."""
+    runs = []
+    for path in sorted(Path(root).rglob("summary.json")):
+        summary = json.loads(path.read_text())
+        if summary.get("status") != "completed":
+            continue
+        if grid and any(summary[key] not in values for key, values in grid.items()):
+            continue
+        if filename and not (path.parent / filename).exists():
+            print(f"incofl analysis: {path.parent} has no {filename}, skipped", file=sys.stderr)
+            continue
+        runs.append((summary, path.parent))
+    if not runs:
+        raise NoRuns(f"no {filename or 'finished run'} under {root}")
+    return runs
+
+
+def frame(runs: Runs, filename: str) -> pd.DataFrame:
+    """One CSV of every run, with the run's method, seed, dataset and alpha."""
+    parts = [pd.read_csv(path / filename).assign(method=s["method"], seed=s["seed"], dataset=s["dataset"],
+                                                   alpha=s["alpha"]) for s, path in runs]  # fmt: skip
+    return pd.concat(parts, ignore_index=True)
+
+
+def ordered(values: Sequence[str], order: Sequence[str] | None) -> list[str]:
+    """`values` in `order` (a config's methods), the others after them in their own order."""
+    present = list(dict.fromkeys(values))
+    first = [v for v in order or [] if v in present]
+    return first + [v for v in present if v not in first]
+
+
+def mean_std(values: pd.Series, digits: int = 1) -> str:
+    std = values.std()
+    return f"{values.mean():.{digits}f}" + ("" if math.isnan(std) else f" ± {std:.{digits}f}")
+
+
+def first_seed(rows: pd.DataFrame, method: str) -> pd.DataFrame:
+    """A method's rows of its first seed (figures that show one run)."""
+    mine = rows[rows["method"] == method]
+    return mine[mine["seed"] == mine["seed"].min()]
+
+
+def _write(out_dir: str | os.PathLike, name: str, text: str) -> Path:
+    path = Path(out_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)
+    return path
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    return table.to_markdown(index=False, disable_numparse=True) + "\n"
+
+
+def _figure(rows: int, cols: int, width: float = 3.6, height: float = 3.0) -> tuple[Figure, np.ndarray]:
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
+        axes = np.atleast_2d(fig.subplots(rows, cols, squeeze=False))
+    return fig, axes
+
+
+# --- CKA and update cosines (Figs. 1, 2a-b, 10) --------------------------------------------------
+def last_probe(cka: pd.DataFrame) -> pd.DataFrame:
+    """Each run's rows of its last probed round."""
+    last = cka.groupby(["method", "seed"])["round"].transform("max")
+    return cka[cka["round"] == last]
+
+
+def layer_order(cka: pd.DataFrame) -> list[str]:
+    """Probe points in network order (the deepest model's rows list every point in order)."""
+    return list(dict.fromkeys(cka.sort_values(["group_a"], kind="stable", ascending=False)["layer"]))
+
+
+def cka_by_layer(cka: pd.DataFrame) -> pd.DataFrame:
+    """Per method and layer: the mean over client pairs of each seed, then mean and std over seeds."""
+    per_seed = cka.groupby(["method", "layer", "seed"])["cka"].mean()
+    return per_seed.groupby(["method", "layer"]).agg(["mean", "std", "count"]).reset_index()
+
+
+def cka_table(cka: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
+    """cka.md: stage CKA at the last probed round per method (mean ± std over seeds), and the
+    first stage minus the last (positive: deeper layers less similar)."""
+    stages = last_probe(cka[cka["kind"] == "stage"])
+    names = layer_order(stages)
+    per_seed = stages.groupby(["method", "seed", "layer"])["cka"].mean().unstack("layer")
+    rows = []
+    for method in methods:
+        seeds = per_seed.loc[method]
+        row = {"method": method, "seeds": len(seeds)}
+        row |= {name: mean_std(seeds[name], 3) for name in names}
+        row["first - last stage"] = mean_std(seeds[names[0]] - seeds[names[-1]], 3)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | os.PathLike,
+             methods: Sequence[str]) -> list[Path]:  # fmt: skip
+    colors = {m: matplotlib.colormaps["tab10"](i % 10) for i, m in enumerate(methods)}
+    last = last_probe(cka)
+    paths = []
+    fig, axes = _figure(1, 2, 5.0)
+    for ax, kind in zip(axes[0], ("stage", "block"), strict=True):
+        rows = last[last["kind"] == kind]
+        names = layer_order(rows)
+        stats = cka_by_layer(rows)
+        for method in methods:
+            s = stats[stats["method"] == method].set_index("layer").reindex(names)
+            x = np.arange(len(names))
+            ax.plot(x, s["mean"], marker="o", ms=3, color=colors[method], label=method)
+            ax.fill_between(x, s["mean"] - s["std"].fillna(0), s["mean"] + s["std"].fillna(0), color=colors[method],
+                            alpha=0.15, lw=0)  # fmt: skip
+        ax.set_xticks(np.arange(len(names)), names, rotation=90 if kind == "block" else 0, fontsize=7)
+        ax.set(ylabel="linear CKA between clients", title=f"{kind} outputs, last probed round", ylim=(0, 1.02))
+    axes[0, 1].legend(loc="lower left")
+    paths += _save(fig, out_dir, "cka_layers")
+
+    stages = layer_order(last[last["kind"] == "stage"])
+    fig, axes = _figure(len(methods), len(stages), 2.6, 2.4)
+    for i, method in enumerate(methods):
+        run = first_seed(last, method)
+        clients = run[["client_a", "group_a"]].drop_duplicates().to_numpy().tolist()
+        clients += run[["client_b", "group_b"]].drop_duplicates().to_numpy().tolist()
+        order = sorted(set(map(tuple, clients)), key=lambda c: (c[1], c[0]))
+        index = {c: k for k, (c, _) in enumerate(order)}
+        for j, stage in enumerate(stages):
+            matrix = np.eye(len(order))
+            for r in run[run["layer"] == stage].itertuples():
+                matrix[index[r.client_a], index[r.client_b]] = matrix[index[r.client_b], index[r.client_a]] = r.cka
+            ax = axes[i, j]
+            ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis")
+            ax.set_xticks(range(len(order)), [f"g{g}" for _, g in order], fontsize=6)
+            ax.set_yticks(range(len(order)), [f"g{g}" for _, g in order], fontsize=6)
+            ax.grid(False)
+            ax.set_title(f"{method}: {stage}" if j == 0 else stage, fontsize=8)
+    paths += _save(fig, out_dir, "cka_heatmaps")
+
+    fig, axes = _figure(1, len(methods), 3.4)
+    per_round = cka[cka["kind"] == "stage"].groupby(["method", "seed", "round"])["cka"].mean()
+    for ax, method in zip(axes[0], methods, strict=True):
+        curve = per_round.loc[method].groupby("round").mean()
+        ax.plot(curve.index, curve.to_numpy(), marker="o", color="tab:blue", label="mean stage CKA")
+        ax.set(xlabel="round", ylabel="mean stage CKA", title=method, ylim=(0, 1.02))
+        acc = metrics[metrics["method"] == method].groupby("round")["mean_acc"].mean()
+        twin = ax.twinx()
+        twin.plot(acc.index, acc.to_numpy(), ls="--", marker="s", ms=3, color="tab:red", label="accuracy")
+        twin.set_ylabel("test accuracy (%)", color="tab:red")
+    paths += _save(fig, out_dir, "cka_rounds")
+
+    fig, axes = _figure(1, len(methods), 4.0)
+    sim = last_probe(similarity).assign(same=lambda d: d["group_a"] == d["group_b"])
+    for ax, method in zip(axes[0], methods, strict=True):
+        rows = sim[sim["method"] == method]
+        names = list(dict.fromkeys(rows["layer"]))
+        for same, style in ((True, "-"), (False, "--")):
+            mean = rows[rows["same"] == same].groupby("layer")["cosine"].mean().reindex(names)
+            label = "same model group" if same else "different groups"
+            ax.plot(np.arange(len(names)), mean.to_numpy(), ls=style, marker=".", label=label)
+        ax.set(xlabel="layer (network order)", ylabel="cosine of two clients' updates", title=method)
+    axes[0, 0].legend()
+    paths += _save(fig, out_dir, "update_similarity")
+    return paths
+
+
+def cka_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
+                 grid: dict | None = None) -> list[Path]:  # fmt: skip
+    runs = runs_with(root, "cka.csv", grid)
+    cka = frame(runs, "cka.csv")
+    similarity, metrics = frame(runs, "update_similarity.csv"), frame(runs, "metrics.csv")
+    methods = ordered(cka["method"], methods)
+    paths = plot_cka(cka, similarity, metrics, out_dir, methods)
+    text = ("Linear CKA between the sampled clients' models at each stage output, last probed round "
+            "(mean over client pairs, then mean ± std over seeds).\n\n")  # fmt: skip
+    return [*paths, _write(out_dir, "cka.md", text + _markdown(cka_table(cka, methods)))]
+
+
+# --- update histograms (Figs. 2c-d, 3) -------------------------------------------------------------
+def histogram_moments(hist: pd.DataFrame) -> tuple[float, float]:
+    """(std, excess kurtosis) of a histogram, its values at the bin centres."""
+    centre = (hist["bin_left"] + hist["bin_right"]).to_numpy() / 2
+    weight = hist["count"].to_numpy().astype(float)
+    mean = np.average(centre, weights=weight)
+    var = np.average((centre - mean) ** 2, weights=weight)
+    kurt = np.average((centre - mean) ** 4, weights=weight) / var**2 - 3.0 if var > 0 else math.nan
+    return float(np.sqrt(var)), float(kurt)
+
+
+def depth(name: str) -> tuple[int, ...]:
+    """A state entry's place in the network from the numbers in its name (conv1 < layer1.0.conv1 <
+    layer4.2.conv2; the classifier, without numbers, last), for files that list entries in another order."""
+    return tuple(int(n) for n in re.findall(r"\d+", name)) or (sys.maxsize,)
+
+
+def gradients_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
+                       grid: dict | None = None) -> list[Path]:  # fmt: skip
+    """The first conv's and the deepest block conv's histogram at each run's last histogrammed
+    round (of its largest federation: FedAvg's is its ResNet26 group), before and after the
+    server's transforms; gradients.md: std and excess kurtosis per layer."""
+    hist = frame(runs_with(root, "gradients.csv", grid), "gradients.csv")
+    for key in ("federation", "round"):
+        hist = hist[hist[key] == hist.groupby(["method", "seed"])[key].transform("max")]
+    methods = ordered(hist["method"], methods)
+    fig, axes = _figure(len(methods), 2, 3.8, 2.6)
+    for i, method in enumerate(methods):
+        run = first_seed(hist, method)
+        names = sorted(dict.fromkeys(run["layer"]), key=depth)
+        deep = [n for n in names if re.fullmatch(r"(layer\d+\.\d+\.conv\d|blocks\.\d+\..+)\.weight", n)] or names
+        for j, layer in enumerate((names[0], deep[-1])):
+            ax = axes[i, j]
+            for which, color in (("aggregated", "tab:gray"), ("applied", "tab:orange")):
+                h = run[(run["layer"] == layer) & (run["which"] == which)]
+                width = (h["bin_right"] - h["bin_left"]).to_numpy()
+                density = h["count"].to_numpy() / max(h["count"].sum(), 1) / width
+                ax.step(h["bin_left"], density, where="post", color=color, label=which)
+            ax.set_title(f"{method}: {layer}", fontsize=8)
+            ax.set(xlabel="update value", ylabel="density")
+    axes[0, 0].legend(fontsize=7)
+    paths = _save(fig, out_dir, "gradients")
+    rows = []
+    for (method, layer, which, seed), h in hist.groupby(["method", "layer", "which", "seed"], sort=False):
+        rows.append((method, layer, which, seed, *histogram_moments(h)))
+    moments = pd.DataFrame(rows, columns=["method", "layer", "which", "seed", "std", "kurtosis"])
+    table = moments.groupby(["method", "layer", "which"], sort=False)[["std", "kurtosis"]].mean().reset_index()
+    table["method"] = pd.Categorical(table["method"], methods)
+    table = table.sort_values(["method", "layer"], key=lambda c: c.map(depth) if c.name == "layer" else c)
+    text = ("Std and excess kurtosis of the averaged update per layer (bin centres), last histogrammed "
+            "round, mean over seeds; `applied` is after the server's transforms (InCo's step).\n\n")  # fmt: skip
+    return [*paths, _write(out_dir, "gradients.md", text + table.to_markdown(index=False, floatfmt=".4g") + "\n")]
+
+
+# --- theta and beta (Fig. 9a-c, Table 3) ----------------------------------------------------------
+PAPER_NAMES = {"InCoAvg": "InCoAvg", "InCoAvg-noOpt": "w/o optimisation"}
+
+
+def table3(
+    inco: pd.DataFrame, methods: Sequence[str], layers: Sequence[int], paper_names: dict[str, str]
+) -> pd.DataFrame:
+    """The share (%) of slices with beta > 0 of target layers `layers` (1-based, inco.csv order),
+    mean over rounds per seed, then mean ± std over seeds; the paper's number beside."""
+    rows = []
+    for method in methods:
+        runs = inco[inco["method"] == method]
+        row = {"method": method}
+        for k in layers:
+            shares = []
+            for seed, run in runs.groupby("seed"):
+                targets = list(dict.fromkeys(run["layer"]))
+                if k > len(targets):
+                    raise ConfigError(f"--layers: {k}, but {method} seed {seed} has {len(targets)} InCo targets")
+                shares.append(100 * run[run["layer"] == targets[k - 1]]["beta_pos"].mean())
+            row[f"layer {k}"] = mean_std(pd.Series(shares))
+            paper = PAPER_TABLE3.get(paper_names.get(method, ""), {}).get(k)
+            row[f"layer {k} (paper)"] = "n/a" if paper is None else f"{paper:.1f}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def theta_beta_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
+                        grid: dict | None = None, layers: Sequence[int] = (11, 13),
+                        paper_names: dict[str, str] | None = None) -> list[Path]:  # fmt: skip
+    inco = frame(runs_with(root, "inco.csv", grid), "inco.csv")
+    methods = ordered(inco["method"], methods)
+    names = paper_names or PAPER_NAMES
+    table = table3(inco, methods, layers, names)
+    fig, axes = _figure(1, len(methods) + 1, 3.8)
+    for ax, method in zip(axes[0], methods, strict=False):
+        runs = inco[inco["method"] == method]
+        targets = list(dict.fromkeys(runs["layer"]))
+        cmap = matplotlib.colormaps["viridis"]
+        for k, layer in enumerate(targets):
+            theta = runs[runs["layer"] == layer].groupby("round")["theta"].mean()
+            ax.plot(theta.index, theta.to_numpy(), color=cmap(k / max(len(targets) - 1, 1)), lw=1)
+        ax.set(xlabel="round", ylabel="theta (mean over slices)", title=f"{method} (dark: shallow)")
+    ax = axes[0, -1]
+    for method in methods:
+        runs = inco[inco["method"] == method]
+        targets = list(dict.fromkeys(runs["layer"]))
+        for k, style in zip(layers, ("-", "--"), strict=False):
+            share = runs[runs["layer"] == targets[k - 1]].groupby("round")["beta_pos"].mean() * 100
+            ax.plot(share.index, share.to_numpy(), ls=style, label=f"{method}, layer {k}")
+    ax.set(xlabel="round", ylabel="slices with beta > 0 (%)", title="share of beta > 0")
+    ax.legend(fontsize=7)
+    paths = _save(fig, out_dir, "theta_beta")
+    text = (f"Share of kernel slices with beta > 0 (%) of InCo target layers {', '.join(map(str, layers))} "
+            "(1-based, in inco.csv order), mean over rounds, mean ± std over seeds; paper: Table 3.\n\n")  # fmt: skip
+    return [*paths, _write(out_dir, "table3.md", text + _markdown(table))]
+
+
+# --- t-SNE (Fig. 9d-f) and per-group accuracy (Fig. 10e) ------------------------------------------
+def tsne_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
+                  grid: dict | None = None) -> list[Path]:  # fmt: skip
+    points = frame(runs_with(root, "tsne.csv", grid), "tsne.csv")
+    methods = ordered(points["method"], methods)
+    fig, axes = _figure(1, len(methods), 3.6, 3.4)
+    markers = "o^sDv*"
+    for ax, method in zip(axes[0], methods, strict=True):
+        run = points[
+            (points["method"] == method) & (points["seed"] == points[points["method"] == method]["seed"].min())
+        ]
+        run = run[run["round"] == run["round"].max()]
+        for k, (client, rows) in enumerate(run.groupby("client", sort=False)):
+            ax.scatter(rows["x"], rows["y"], c=[matplotlib.colormaps["tab10"](c % 10) for c in rows["label"]],
+                       marker=markers[k % len(markers)], s=9, alpha=0.8,
+                       label=f"client {client} (group {rows['group'].iloc[0]})")  # fmt: skip
+        ax.set(title=method, xticks=[], yticks=[])
+        ax.legend(fontsize=6, loc="best")
+    return _save(fig, out_dir, "tsne")
+
+
+def groups_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
+                    grid: dict | None = None) -> list[Path]:  # fmt: skip
+    runs = runs_with(root, None, grid)
+    rows = [(s["method"], s["seed"], g, acc) for s, _ in runs for g, acc in enumerate(s["group_final_acc"])]
+    acc = pd.DataFrame(rows, columns=["method", "seed", "group", "acc"])
+    methods = ordered(acc["method"], methods)
+    stats = acc.groupby(["method", "group"])["acc"].agg(["mean", "std"]).reset_index()
+    groups = sorted(acc["group"].unique())
+    fig, axes = _figure(1, 1, 6.0, 3.2)
+    ax, width = axes[0, 0], 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        s = stats[stats["method"] == method].set_index("group").reindex(groups)
+        ax.bar(np.arange(len(groups)) + i * width, s["mean"], width, yerr=s["std"].fillna(0), label=method, capsize=2)
+    ax.set_xticks(np.arange(len(groups)) + width * (len(methods) - 1) / 2, [f"group {g}" for g in groups])
+    ax.set(ylabel="final test accuracy (%)", title="accuracy of each model group")
+    ax.legend(fontsize=7)
+    paths = _save(fig, out_dir, "groups")
+    table = acc.groupby(["method", "group"])["acc"].apply(mean_std).unstack("group")
+    table = table.reindex(methods).rename(columns=lambda g: f"group {g}").reset_index()
+    text = "Final test accuracy (%) of each model group's global model, mean ± std over seeds.\n\n"
+    return [*paths, _write(out_dir, "groups.md", text + _markdown(table))]
+
+
+# --- studies: robustness (Fig. 7) and the case study (Table 1) -------------------------------------
+def robustness_frame(root: str | os.PathLike) -> pd.DataFrame:
+    runs = runs_with(root, None)
+    return pd.DataFrame([{"method": s["method"], "seed": s["seed"], "batch_size": s["config"]["batch_size"],
+                          "noise": s["config"].get("update_noise", 0.0), "acc": s["final_acc"]}
+                         for s, _ in runs])  # fmt: skip
+
+
+def robustness_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
+    """Accuracy against batch size (runs without noise) and against noise (at the batch size the
+    noisy runs share)."""
+    runs = robustness_frame(root)
+    methods = ordered(runs["method"], None)
+    noisy = runs[runs["noise"] > 0]
+    batch = int(noisy["batch_size"].mode().iloc[0]) if len(noisy) else int(runs["batch_size"].mode().iloc[0])
+    axes_data = {"batch size (no noise)": (runs[runs["noise"] == 0], "batch_size"),
+                 f"update noise (batch {batch})": (runs[runs["batch_size"] == batch], "noise")}  # fmt: skip
+    fig, axes = _figure(1, 2, 3.8)
+    for ax, (label, (data, key)) in zip(axes[0], axes_data.items(), strict=True):
+        for method in methods:
+            s = data[data["method"] == method].groupby(key)["acc"].agg(["mean", "std"])
+            ax.errorbar(s.index, s["mean"], yerr=s["std"].fillna(0), marker="o", capsize=3, label=method)
+        ax.set(xlabel=label, ylabel="final test accuracy (%)")
+    axes[0, 0].set_xscale("log", base=2)
+    axes[0, 0].legend()
+    paths = _save(fig, out_dir, "robustness")
+    table = runs.groupby(["method", "batch_size", "noise"])["acc"].agg([mean_std, "count"]).reset_index()
+    table = table.rename(columns={"mean_std": "final accuracy (%)", "count": "seeds"})
+    table["method"] = pd.Categorical(table["method"], methods)
+    text = "Final test accuracy against the local batch size and the noise on client updates.\n\n"
+    return [*paths, _write(out_dir, "robustness.md", text + _markdown(table.sort_values(["method", "noise"])))]
+
+
+def case_setting(config: dict) -> tuple[str, str, str]:
+    """(family, partition, models) of a case-study run, from its config."""
+    family = "ViT" if config["models"][0].startswith("vit") else "ResNet"
+    partition = "IID" if config["partition"] in ("iid", "iid_draw") else "non-IID"
+    return family, partition, "homogeneous" if len(config["models"]) == 1 else "heterogeneous"
+
+
+def case_study_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
+    runs = runs_with(root, None)
+    acc = pd.DataFrame([(*case_setting(s["config"]), s["final_acc"]) for s, _ in runs],
+                       columns=["family", "partition", "models", "acc"])  # fmt: skip
+    rows = []
+    for (family, partition), cell in acc.groupby(["family", "partition"], sort=False):
+        row = {"family": family, "partition": partition}
+        for models in ("homogeneous", "heterogeneous"):
+            ours = cell[cell["models"] == models]["acc"]
+            paper = PAPER_TABLE1.get((family, partition, models))
+            row[models] = mean_std(ours) if len(ours) else "–"
+            row[f"{models} (paper)"] = "n/a" if paper is None else f"{paper:.1f}"
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    tidy = acc.groupby(["family", "partition", "models"])["acc"].agg(["mean", "std", "count"]).reset_index()
+    csv = Path(out_dir) / "table1.csv"
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(csv) as tmp:
+        tidy.to_csv(tmp, index=False)
+    text = ("Case study (paper Table 1): final test accuracy (%), mean ± std over seeds; homogeneous: every "
+            "client the family's largest model; the paper's numbers where it gives them.\n\n")  # fmt: skip
+    return [_write(out_dir, "table1.md", text + _markdown(table)), csv]
+
+
+ANALYSES = {"cka": cka_analysis, "gradients": gradients_analysis, "theta-beta": theta_beta_analysis,
+            "tsne": tsne_analysis, "groups": groups_analysis}  # fmt: skip
+STUDIES = {"robustness": robustness_analysis, "case-study": case_study_analysis}
