@@ -47,7 +47,7 @@ class Trained:
     client: int
     group: int
     state: State  # its weights: the round's start with the update added
-    delta: State  # its update (trained minus start) of every uploaded entry
+    delta: State  # its update of every uploaded entry (the round's own tensors: read it in `see_clients`)
     view: View | None  # width splitting: where its (sub-shaped) entries sit in the global model
 
 

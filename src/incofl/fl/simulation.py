@@ -190,7 +190,7 @@ class Engine:
         what it keeps, and its update."""
         start = self.start(plan)
         state = {**start, **update.kept, **{k: start[k] + d for k, d in update.delta.items()}}
-        return Trained(plan.client, plan.group, state, {k: d.clone() for k, d in update.delta.items()}, plan.view)
+        return Trained(plan.client, plan.group, state, update.delta, plan.view)
 
     def observe(self, report: RoundReport) -> None:
         for observer in self.observers:
