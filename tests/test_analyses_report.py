@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from incofl.cli import run
-from incofl.report.analyses import case_setting, histogram_moments, robustness_frame
+from incofl.report.analyses import case_setting, histogram_moments, layer_order, robustness_frame
 
 STAGES = ["layer1", "layer2"]
 
@@ -109,9 +109,12 @@ def test_case_study_settings_and_the_paper_beside(tmp_path):
     runs = tmp_path / "runs"
     _run(runs, "HeteroAvg", 0, {"models": ["resnet26"], "partition": "iid"})
     assert run(["analysis", "case-study", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
-    row = (tmp_path / "out" / "table1.md").read_text().splitlines()[-1]
-    # final_acc 10 * 0 + len("HeteroAvg"); the heterogeneous cell has no run and the paper no number
-    assert [c.strip() for c in row.strip("|").split("|")] == ["ResNet", "IID", "9.0", "81.0", "–", "n/a"]
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in (tmp_path / "out" / "table1.md").read_text().splitlines()[-2:]]  # fmt: skip
+    # final_acc 10 * 0 + len("HeteroAvg"); the heterogeneous cell has no run and the paper no number;
+    # the non-IID row is there for the paper's numbers even without a run of ours
+    assert rows == [["CIFAR10", "ResNet", "IID", "9.0", "81.0", "–", "n/a"],
+                    ["CIFAR10", "ResNet", "non-IID", "–", "62.3", "–", "52.3"]]  # fmt: skip
     assert pd.read_csv(tmp_path / "out" / "table1.csv")["count"].tolist() == [1]
 
 
@@ -131,3 +134,79 @@ def test_a_missing_file_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"incofl analysis: error: no tsne.csv under {runs}"
     assert "has no tsne.csv, skipped" in err[0]
+
+
+def test_probe_points_are_in_network_order_whatever_the_rows_order():
+    # client 0 (ResNet26, group 4) before client 1 (ResNet10, group 0): the first pair lists only the
+    # blocks both have, the deeper model's own blocks come later in the file
+    rows = pd.DataFrame({"group_a": [4, 4, 4, 4, 4], "layer": ["layer1.0", "layer2.0", "layer1.1", "layer2.1",
+                                                              "layer1.10"]})  # fmt: skip
+    assert layer_order(rows) == ["layer1.0", "layer1.1", "layer1.10", "layer2.0", "layer2.1"]
+    assert layer_order(pd.DataFrame({"layer": ["blocks.10", "blocks.2", "blocks.0"]})) == [
+        "blocks.0", "blocks.2", "blocks.10"]  # fmt: skip
+
+
+def test_a_vit_without_stage_outputs_is_compared_at_its_blocks(tmp_path, capsys):
+    rows = [{"round": 10, "client_a": 0, "client_b": 1, "group_a": 0, "group_b": 0, "layer": f"blocks.{i}",
+             "kind": "block", "cka": 1.0 - i / 20, "cka_debiased": 0.0} for i in range(12)]  # fmt: skip
+    runs = tmp_path / "runs"
+    _run(runs, "FedAvg", 0, {"models": ["vit_d12"]}, cka=pd.DataFrame(rows))  # and no update_similarity.csv
+    assert run(["analysis", "cka", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
+    lines = (tmp_path / "out" / "cka.md").read_text().splitlines()
+    header, row = ([c.strip() for c in line.strip("|").split("|")] for line in (lines[2], lines[4]))
+    assert header[2:5] == ["blocks.0", "blocks.1", "blocks.2"] and header[-1] == "first - last block"
+    assert row[2] == "1.000" and row[-1] == "0.550"  # blocks.0 - blocks.11 = 11 / 20
+    assert (tmp_path / "out" / "cka_heatmaps.png").stat().st_size > 1000
+    assert not (tmp_path / "out" / "update_similarity.png").exists()
+    assert "has no update_similarity.csv" in capsys.readouterr().err
+
+
+def _move(folder: Path, dataset: str) -> None:
+    """The run re-labelled as a run of another data set (its summary says so)."""
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "dataset": dataset}))
+    target = folder.parents[3] / dataset / "a0.5" / folder.parent.name / folder.name
+    target.parent.mkdir(parents=True)
+    folder.rename(target)
+
+
+def test_runs_of_several_cells_are_refused_not_averaged(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    _move(_run(runs, "FedAvg", 0, cka=_cka({"layer1": [0.9, 0.9, 0.9]})), "svhn")
+    _run(runs, "FedAvg", 0, cka=_cka({"layer1": [0.1, 0.1, 0.1]}))  # same method and seed: must not be pooled
+    assert run(["analysis", "cka", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "span 2 (dataset, alpha) cells (cifar10 a0.5, svhn a0.5)" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_from_before_status_counts_as_completed(tmp_path):
+    folder = _run(tmp_path / "runs", "FedAvg", 0)
+    summary = json.loads((folder / "summary.json").read_text())
+    del summary["status"]
+    (folder / "summary.json").write_text(json.dumps(summary))
+    assert run(["analysis", "groups", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
+
+
+def test_robustness_keeps_the_cells_of_a_study_apart(tmp_path):
+    runs = tmp_path / "runs"
+    _run(runs, "FedAvg", 0)
+    _move(_run(runs, "FedAvg", 1), "svhn")
+    frame = robustness_frame(runs)
+    assert sorted(frame["line"]) == ["FedAvg, CIFAR10 α=0.5", "FedAvg, SVHN α=0.5"]
+    assert run(["analysis", "robustness", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
+    rows = [line for line in (tmp_path / "out" / "robustness.md").read_text().splitlines() if "FedAvg" in line]
+    assert [[c.strip() for c in row.strip("|").split("|")][::4] for row in rows] == [
+        ["FedAvg, CIFAR10 α=0.5", "1"],
+        ["FedAvg, SVHN α=0.5", "1"],
+    ]  # one seed each, not two pooled
+
+
+def test_a_config_of_several_cells_gets_a_folder_per_cell(tmp_path):
+    runs = tmp_path / "runs"
+    _move(_run(runs, "FedAvg", 0), "svhn")
+    _run(runs, "FedAvg", 0, config={})
+    config = tmp_path / "c.yaml"
+    config.write_text("datasets: [cifar10, svhn]\nalphas: [0.5]\nmethods: [FedAvg]\nseeds: [0]\n")
+    assert run(["analysis", "groups", "--config", str(config), "--runs", str(runs), "--out", str(tmp_path / "o")]) == 0
+    assert sorted(p.parent.name for p in (tmp_path / "o").rglob("groups.md")) == ["cifar10_a0.5", "svhn_a0.5"]

@@ -165,15 +165,23 @@ def cmd_analysis(args: argparse.Namespace) -> int:
     from incofl.report import analyses
 
     if args.what in analyses.STUDIES:
-        paths = analyses.STUDIES[args.what](args.runs, args.out)
-    else:
-        exp = load_experiment(args.config) if args.config else None
-        grid = exp and {"dataset": exp.datasets, "alpha": exp.alphas, "method": exp.names, "seed": exp.seeds}
-        options = {}
-        if args.what == "theta-beta":
-            named = dict(pair.split("=", 1) for pair in args.paper_name)
-            options = {"layers": args.layers, "paper_names": {**analyses.PAPER_NAMES, **named}}
-        paths = analyses.ANALYSES[args.what](args.runs, args.out, exp and exp.names, grid, **options)
+        print("\n".join(str(p) for p in analyses.STUDIES[args.what](args.runs, args.out)))
+        return 0
+    options = {}
+    if args.what == "theta-beta":
+        named = dict(pair.split("=", 1) for pair in args.paper_name)
+        options = {"layers": args.layers, "paper_names": {**analyses.PAPER_NAMES, **named}}
+    analysis = analyses.ANALYSES[args.what]
+    if not args.config:
+        paths = analysis(args.runs, args.out, None, None, **options)
+    else:  # one folder per (dataset, alpha) cell of the grid when it has several
+        exp = load_experiment(args.config)
+        cells = [(d, a) for d in exp.datasets for a in exp.alphas]
+        paths = []
+        for dataset, alpha in cells:
+            grid = {"dataset": [dataset], "alpha": [alpha], "method": exp.names, "seed": exp.seeds}
+            out = Path(args.out) / (f"{dataset}_a{float(alpha)}" if len(cells) > 1 else "")
+            paths += analysis(args.runs, out, exp.names, grid, **options)
     print("\n".join(str(p) for p in paths))
     return 0
 
@@ -257,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(p, sets=False)
     p.add_argument("--runs", required=True, help="root of the run directories (a study's: its folder)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--layers", type=int, nargs="+", default=[11, 13], help="theta-beta: InCo targets (1-based)")
+    p.add_argument("--layers", type=int, nargs="+", help="theta-beta: InCo targets, 1-based (default 11 13)")
     p.add_argument("--paper-name", action="append", default=[], metavar="OURS=PAPER",
                    help="theta-beta: the paper's row of a method (InCoAvg-noOpt='w/o optimisation')")  # fmt: skip
     p.set_defaults(func=cmd_analysis)

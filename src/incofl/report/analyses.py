@@ -25,6 +25,7 @@ from incofl.atomic import atomic_path
 from incofl.config import ConfigError
 from incofl.report.figures import STYLE, _save
 from incofl.report.published import PAPER_TABLE1, PAPER_TABLE3
+from incofl.report.runs import dataset_label
 
 Runs = list[tuple[dict, Path]]  # (summary, run directory)
 
@@ -33,13 +34,16 @@ class NoRuns(FileNotFoundError):
     """No finished run under the root has the file an analysis reads."""
 
 
-def runs_with(root: str | os.PathLike, filename: str | None, grid: dict[str, list] | None = None) -> Runs:
+def runs_with(root: str | os.PathLike, filename: str | None, grid: dict[str, list] | None = None,
+              cells: bool = False) -> Runs:  # fmt: skip
     """Finished runs under `root` (in the grid's values, if given) that have `filename`; a run
-    without it is named on stderr and skipped."""
+    without it is named on stderr and skipped. A run from before `status` counts as completed
+    (as in report/runs.py). Runs of several (dataset, alpha) cells are refused unless `cells`
+    (the caller keeps them apart): seeds of different cells would be averaged together."""
     runs = []
     for path in sorted(Path(root).rglob("summary.json")):
         summary = json.loads(path.read_text())
-        if summary.get("status") != "completed":
+        if summary.get("status", "completed") != "completed":
             continue
         if grid and any(summary[key] not in values for key, values in grid.items()):
             continue
@@ -49,6 +53,11 @@ def runs_with(root: str | os.PathLike, filename: str | None, grid: dict[str, lis
         runs.append((summary, path.parent))
     if not runs:
         raise NoRuns(f"no {filename or 'finished run'} under {root}")
+    found = sorted({(s["dataset"], float(s["alpha"])) for s, _ in runs})
+    if len(found) > 1 and not cells:
+        names = ", ".join(f"{d} a{a}" for d, a in found)
+        raise ConfigError(f"runs under {root} span {len(found)} (dataset, alpha) cells ({names}): "
+                          "pass --config with one dataset and alpha, or a --runs folder of one cell")  # fmt: skip
     return runs
 
 
@@ -104,8 +113,20 @@ def last_probe(cka: pd.DataFrame) -> pd.DataFrame:
 
 
 def layer_order(cka: pd.DataFrame) -> list[str]:
-    """Probe points in network order (the deepest model's rows list every point in order)."""
-    return list(dict.fromkeys(cka.sort_values(["group_a"], kind="stable", ascending=False)["layer"]))
+    """Probe points in network order, from the numbers in their names (layer1 < layer2, layer1.2 <
+    layer2.0, blocks.2 < blocks.10), whatever order the pairs' rows list them in."""
+    return sorted(dict.fromkeys(cka["layer"]), key=depth)
+
+
+def main_points(cka: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the points cka.md, the heatmaps and the per-round curve use: stage outputs, or
+    for a model without stages (ViT) block outputs."""
+    return cka[cka["kind"] == ("stage" if (cka["kind"] == "stage").any() else "block")]
+
+
+def spread(names: list[str], k: int = 4) -> list[str]:
+    """At most `k` of `names`, evenly spread, first and last included (the ViT's heatmap columns)."""
+    return names if len(names) <= k else [names[round(i * (len(names) - 1) / (k - 1))] for i in range(k)]
 
 
 def cka_by_layer(cka: pd.DataFrame) -> pd.DataFrame:
@@ -115,9 +136,9 @@ def cka_by_layer(cka: pd.DataFrame) -> pd.DataFrame:
 
 
 def cka_table(cka: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
-    """cka.md: stage CKA at the last probed round per method (mean ± std over seeds), and the
-    first stage minus the last (positive: deeper layers less similar)."""
-    stages = last_probe(cka[cka["kind"] == "stage"])
+    """cka.md: stage CKA (a ViT: block CKA) at the last probed round per method (mean ± std over
+    seeds), and the first stage minus the last (positive: deeper layers less similar)."""
+    stages = last_probe(main_points(cka))
     names = layer_order(stages)
     per_seed = stages.groupby(["method", "seed", "layer"])["cka"].mean().unstack("layer")
     rows = []
@@ -125,7 +146,7 @@ def cka_table(cka: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
         seeds = per_seed.loc[method]
         row = {"method": method, "seeds": len(seeds)}
         row |= {name: mean_std(seeds[name], 3) for name in names}
-        row["first - last stage"] = mean_std(seeds[names[0]] - seeds[names[-1]], 3)
+        row[f"first - last {stages['kind'].iloc[0]}"] = mean_std(seeds[names[0]] - seeds[names[-1]], 3)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -138,6 +159,9 @@ def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame,
     fig, axes = _figure(1, 2, 5.0)
     for ax, kind in zip(axes[0], ("stage", "block"), strict=True):
         rows = last[last["kind"] == kind]
+        if rows.empty:  # a ViT has no stage outputs
+            ax.set_axis_off()
+            continue
         names = layer_order(rows)
         stats = cka_by_layer(rows)
         for method in methods:
@@ -148,10 +172,10 @@ def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame,
                             alpha=0.15, lw=0)  # fmt: skip
         ax.set_xticks(np.arange(len(names)), names, rotation=90 if kind == "block" else 0, fontsize=7)
         ax.set(ylabel="linear CKA between clients", title=f"{kind} outputs, last probed round", ylim=(0, 1.02))
-    axes[0, 1].legend(loc="lower left")
+    next(ax for ax in axes[0] if ax.axison).legend(loc="lower left")
     paths += _save(fig, out_dir, "cka_layers")
 
-    stages = layer_order(last[last["kind"] == "stage"])
+    stages = spread(layer_order(main_points(last)))
     fig, axes = _figure(len(methods), len(stages), 2.6, 2.4)
     for i, method in enumerate(methods):
         run = first_seed(last, method)
@@ -172,7 +196,7 @@ def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame,
     paths += _save(fig, out_dir, "cka_heatmaps")
 
     fig, axes = _figure(1, len(methods), 3.4)
-    per_round = cka[cka["kind"] == "stage"].groupby(["method", "seed", "round"])["cka"].mean()
+    per_round = main_points(cka).groupby(["method", "seed", "round"])["cka"].mean()
     for ax, method in zip(axes[0], methods, strict=True):
         curve = per_round.loc[method].groupby("round").mean()
         ax.plot(curve.index, curve.to_numpy(), marker="o", color="tab:blue", label="mean stage CKA")
@@ -183,6 +207,8 @@ def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame,
         twin.set_ylabel("test accuracy (%)", color="tab:red")
     paths += _save(fig, out_dir, "cka_rounds")
 
+    if similarity.empty:  # no run wrote update_similarity.csv
+        return paths
     fig, axes = _figure(1, len(methods), 4.0)
     sim = last_probe(similarity).assign(same=lambda d: d["group_a"] == d["group_b"])
     for ax, method in zip(axes[0], methods, strict=True):
@@ -202,7 +228,11 @@ def cka_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: S
                  grid: dict | None = None) -> list[Path]:  # fmt: skip
     runs = runs_with(root, "cka.csv", grid)
     cka = frame(runs, "cka.csv")
-    similarity, metrics = frame(runs, "update_similarity.csv"), frame(runs, "metrics.csv")
+    metrics = frame(runs, "metrics.csv")
+    cosines = [(s, path) for s, path in runs if (path / "update_similarity.csv").exists()]
+    for _, path in (run for run in runs if run not in cosines):
+        print(f"incofl analysis: {path} has no update_similarity.csv, left out of update_similarity", file=sys.stderr)
+    similarity = frame(cosines, "update_similarity.csv") if cosines else pd.DataFrame()
     methods = ordered(cka["method"], methods)
     paths = plot_cka(cka, similarity, metrics, out_dir, methods)
     text = ("Linear CKA between the sampled clients' models at each stage output, last probed round "
@@ -292,10 +322,15 @@ def table3(
 
 
 def theta_beta_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
-                        grid: dict | None = None, layers: Sequence[int] = (11, 13),
+                        grid: dict | None = None, layers: Sequence[int] | None = None,
                         paper_names: dict[str, str] | None = None) -> list[Path]:  # fmt: skip
+    """`layers` (1-based InCo targets): default the paper's 11 and 13, or the two deepest targets
+    of a model with fewer (ResNet26 has 16)."""
     inco = frame(runs_with(root, "inco.csv", grid), "inco.csv")
     methods = ordered(inco["method"], methods)
+    if layers is None:
+        fewest = int(inco.groupby(["method", "seed"])["layer"].nunique().min())
+        layers = (11, 13) if fewest >= 13 else tuple(range(max(fewest - 1, 1), fewest + 1))
     names = paper_names or PAPER_NAMES
     table = table3(inco, methods, layers, names)
     fig, axes = _figure(1, len(methods) + 1, 3.8)
@@ -368,17 +403,24 @@ def groups_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods
 
 # --- studies: robustness (Fig. 7) and the case study (Table 1) -------------------------------------
 def robustness_frame(root: str | os.PathLike) -> pd.DataFrame:
-    runs = runs_with(root, None)
-    return pd.DataFrame([{"method": s["method"], "seed": s["seed"], "batch_size": s["config"]["batch_size"],
-                          "noise": s["config"].get("update_noise", 0.0), "acc": s["final_acc"]}
-                         for s, _ in runs])  # fmt: skip
+    """One row per run: method, seed, dataset, alpha, batch_size, noise, acc (from summary.json; a
+    config without update_noise predates it: 0). `line` names a curve: the method, with its
+    (dataset, alpha) cell when the study ran at several."""
+    runs = runs_with(root, None, cells=True)
+    frame = pd.DataFrame([{"method": s["method"], "seed": s["seed"], "dataset": s["dataset"],
+                           "alpha": float(s["alpha"]), "batch_size": s["config"]["batch_size"],
+                           "noise": s["config"].get("update_noise") or 0.0, "acc": s["final_acc"]}
+                          for s, _ in runs])  # fmt: skip
+    several = frame[["dataset", "alpha"]].drop_duplicates().shape[0] > 1
+    cell = frame["dataset"].map(dataset_label) + " α=" + frame["alpha"].astype(str)
+    return frame.assign(line=frame["method"] + (", " + cell if several else ""))
 
 
 def robustness_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
     """Accuracy against batch size (runs without noise) and against noise (at the batch size the
     noisy runs share)."""
     runs = robustness_frame(root)
-    methods = ordered(runs["method"], None)
+    methods = ordered(runs["line"], None)
     noisy = runs[runs["noise"] > 0]
     batch = int(noisy["batch_size"].mode().iloc[0]) if len(noisy) else int(runs["batch_size"].mode().iloc[0])
     axes_data = {"batch size (no noise)": (runs[runs["noise"] == 0], "batch_size"),
@@ -386,14 +428,14 @@ def robustness_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> 
     fig, axes = _figure(1, 2, 3.8)
     for ax, (label, (data, key)) in zip(axes[0], axes_data.items(), strict=True):
         for method in methods:
-            s = data[data["method"] == method].groupby(key)["acc"].agg(["mean", "std"])
+            s = data[data["line"] == method].groupby(key)["acc"].agg(["mean", "std"])
             ax.errorbar(s.index, s["mean"], yerr=s["std"].fillna(0), marker="o", capsize=3, label=method)
         ax.set(xlabel=label, ylabel="final test accuracy (%)")
     axes[0, 0].set_xscale("log", base=2)
     axes[0, 0].legend()
     paths = _save(fig, out_dir, "robustness")
-    table = runs.groupby(["method", "batch_size", "noise"])["acc"].agg([mean_std, "count"]).reset_index()
-    table = table.rename(columns={"mean_std": "final accuracy (%)", "count": "seeds"})
+    table = runs.groupby(["line", "batch_size", "noise"])["acc"].agg([mean_std, "count"]).reset_index()
+    table = table.rename(columns={"line": "method", "mean_std": "final accuracy (%)", "count": "seeds"})
     table["method"] = pd.Categorical(table["method"], methods)
     text = "Final test accuracy against the local batch size and the noise on client updates.\n\n"
     return [*paths, _write(out_dir, "robustness.md", text + _markdown(table.sort_values(["method", "noise"])))]
@@ -407,20 +449,26 @@ def case_setting(config: dict) -> tuple[str, str, str]:
 
 
 def case_study_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
-    runs = runs_with(root, None)
-    acc = pd.DataFrame([(*case_setting(s["config"]), s["final_acc"]) for s, _ in runs],
-                       columns=["family", "partition", "models", "acc"])  # fmt: skip
+    """table1.md: rows data set x family x {IID, non-IID} (both partitions of every family that has
+    a run), columns homogeneous / heterogeneous, the paper's number beside (CIFAR-10 only; "n/a"
+    where the paper gives none); table1.csv: the tidy numbers."""
+    runs = runs_with(root, None, cells=True)
+    acc = pd.DataFrame([(s["dataset"], *case_setting(s["config"]), s["final_acc"]) for s, _ in runs],
+                       columns=["dataset", "family", "partition", "models", "acc"])  # fmt: skip
     rows = []
-    for (family, partition), cell in acc.groupby(["family", "partition"], sort=False):
-        row = {"family": family, "partition": partition}
-        for models in ("homogeneous", "heterogeneous"):
-            ours = cell[cell["models"] == models]["acc"]
-            paper = PAPER_TABLE1.get((family, partition, models))
-            row[models] = mean_std(ours) if len(ours) else "–"
-            row[f"{models} (paper)"] = "n/a" if paper is None else f"{paper:.1f}"
-        rows.append(row)
+    cells = acc[["dataset", "family"]].drop_duplicates().itertuples(index=False)
+    for dataset, family in cells:
+        for partition in ("IID", "non-IID"):
+            cell = acc[(acc["dataset"] == dataset) & (acc["family"] == family) & (acc["partition"] == partition)]
+            row = {"dataset": dataset_label(dataset), "family": family, "partition": partition}
+            for models in ("homogeneous", "heterogeneous"):
+                ours = cell[cell["models"] == models]["acc"]
+                paper = PAPER_TABLE1.get((family, partition, models)) if dataset == "cifar10" else None
+                row[models] = mean_std(ours) if len(ours) else "–"
+                row[f"{models} (paper)"] = "n/a" if paper is None else f"{paper:.1f}"
+            rows.append(row)
     table = pd.DataFrame(rows)
-    tidy = acc.groupby(["family", "partition", "models"])["acc"].agg(["mean", "std", "count"]).reset_index()
+    tidy = acc.groupby(["dataset", "family", "partition", "models"])["acc"].agg(["mean", "std", "count"]).reset_index()
     csv = Path(out_dir) / "table1.csv"
     csv.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(csv) as tmp:
