@@ -17,7 +17,9 @@ SMALL = {"model": "resnet10", "clients": 2, "samples": 32, "epochs": 1, "batch_s
 def test_cpu_bench_names_its_device_and_measures_every_path():
     result = benchmark(**SMALL)
     assert result["device"] == "cpu" and result["device_name"]
-    assert set(result["paths"]) == {"serial_fp32", "batched_fp32"}  # bf16 autocast only on a GPU
+    # bf16 autocast only on a GPU; the serial trainer also with the analyses idle and probing
+    assert set(result["paths"]) == {"serial_fp32", "batched_fp32", "serial_fp32_analyses-idle",
+                                    "serial_fp32_analyses-probing"}  # fmt: skip
     plain = result["plain"]["samples_per_s"]
     for path in result["paths"].values():
         assert path["samples_per_s"] > 0 and path["ratio"] == pytest.approx(path["samples_per_s"] / plain, rel=1e-2)
