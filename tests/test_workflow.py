@@ -303,8 +303,7 @@ def test_analysis_workflow_writes_every_analysis(tmp_path):
     studies = sorted(
         p.parent.relative_to(results / "studies").as_posix() for p in (results / "studies").rglob("summary.json")
     )
-    assert studies == sorted([f"robustness/synthetic/a0.5/{m}/{p}/s0" for m in ("FedAvg", "InCoAvg")
-                              for p in ("b32-n0.0", "b64-n0.5")]
+    assert studies == sorted([f"robustness/synthetic/a0.5/InCoAvg/{p}/s0" for p in ("b32-n0.0", "b64-n0.5")]
                              + [f"case_study/synthetic/resnet-{i}-{h}/s0" for i in ("iid", "noniid")
                                 for h in ("homo", "hetero")])  # fmt: skip
     noisy = json.loads((results / "studies" / "robustness" / "synthetic" / "a0.5" / "InCoAvg" / "b64-n0.5" / "s0"
