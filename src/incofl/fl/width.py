@@ -48,22 +48,23 @@ def _shapes(model: nn.Module) -> dict[str, torch.Size]:
 
 class Widths:
     """The server model's entry shapes, and per level its sub-model's shapes and cost (forward
-    FLOPs per sample over the server model's, exits included); views of a round, cached."""
+    FLOPs per sample over the server model's, exits included); the views of the current round's
+    offset and the leading ones (offset 0: HeteroFL, evaluation), cached."""
 
     def __init__(self, server: nn.Module, levels: Sequence[nn.Module], image_size: int):
         self.shapes = _shapes(server)
         self.level_shapes = [_shapes(m) for m in levels]
         full = forward_flops(server, image_size)
         self.costs = [forward_flops(m, image_size) / full for m in levels]
-        self.offset, self.views = -1, {}
+        self.views: dict[tuple[int, int], View] = {}
 
     def view(self, level: int, offset: int = 0) -> View:
         """A level's sub-model after `offset` rounds of rolling (0: leading channels)."""
-        if offset != self.offset:
-            self.offset, self.views = offset, {}
-        if level not in self.views:
-            self.views[level] = View(level, index_map(self.shapes, self.level_shapes[level], offset), self.costs[level])
-        return self.views[level]
+        key = (level, offset)
+        if key not in self.views:
+            self.views = {k: v for k, v in self.views.items() if k[1] in (0, offset)}  # other rounds' rolled views
+            self.views[key] = View(level, index_map(self.shapes, self.level_shapes[level], offset), self.costs[level])
+        return self.views[key]
 
 
 class HeldAverage(dict):
