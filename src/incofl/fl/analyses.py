@@ -31,7 +31,7 @@ from torch import nn
 
 from incofl.config import ConfigError, RunConfig
 from incofl.data.tensors import TensorSplit
-from incofl.fl.observers import Observer
+from incofl.fl.observers import Observer, write_rows
 from incofl.fl.similarity import cka, cosine, gram
 from incofl.fl.slicing import View
 
@@ -137,7 +137,7 @@ class CKAProbe(ModelProbe):
 
     def write(self, out_dir) -> None:
         super().write(out_dir)
-        UpdateSimilarity(self.similarity).write(out_dir)
+        write_rows(out_dir / "update_similarity.csv", self.similarity)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "similarity": list(self.similarity)}
@@ -145,16 +145,6 @@ class CKAProbe(ModelProbe):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.similarity = list(state["similarity"])
-
-
-class UpdateSimilarity(Observer):
-    """update_similarity.csv (written by CKAProbe, which gathers its rows)."""
-
-    filename = "update_similarity.csv"
-
-    def __init__(self, rows: list[dict]):
-        super().__init__()
-        self.rows = rows
 
 
 class FeatureMap(ModelProbe):

@@ -74,15 +74,20 @@ class Observer:
         """One federation's averaged update before and after the server's transforms."""
 
     def write(self, out_dir: Path) -> None:
-        if self.rows:
-            with atomic_path(out_dir / self.filename) as tmp:
-                pd.DataFrame(self.rows).to_csv(tmp, index=False)
+        write_rows(out_dir / self.filename, self.rows)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows": list(self.rows)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rows = list(state["rows"])
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Rows as a CSV, atomically; nothing when there are none."""
+    if rows:
+        with atomic_path(path) as tmp:
+            pd.DataFrame(rows).to_csv(tmp, index=False)
 
 
 def mean_trained(losses: Iterable[float]) -> float:
