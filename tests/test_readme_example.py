@@ -67,7 +67,7 @@ def test_example_clip_bounds_every_update(example):
     updates = [ClientUpdate(i, 0, {"a": torch.randn(5, generator=g) * 10, "b": torch.randn(3, generator=g)}, 10, 1)
                for i in range(3)]  # fmt: skip
     clip = example["ClipUpdates"](METHODS["FedAvgClip"].parse_args({"max_norm": 0.5}), Setup(RunConfig(), []))
-    for u in clip(updates):
+    for u in clip(0, updates):
         assert float(torch.sqrt(sum(d.pow(2).sum() for d in u.delta.values()))) == pytest.approx(0.5, rel=1e-5)
 
 
