@@ -205,14 +205,34 @@ def count_correct(
     return correct[-1], loss[-1], n
 
 
+EVAL_ORDER_SEED = 0  # one fixed order for every run and evaluation: all methods score the same batches
+
+
+def batch_statistics(model: nn.Module) -> bool:
+    """Whether the model's BN layers normalise with the batch's statistics at evaluation too
+    (no running statistics: ScaleFL's ResNet-110, width models without static BN)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is None for m in model.modules())
+
+
+def mixed_order(order: torch.Tensor) -> torch.Tensor:
+    """`order` shuffled by a fixed seed. With batch statistics a prediction depends on the rest of
+    its batch, and data sets read from class folders (the CIFAR-10 archive here) list each class
+    together: scored in that order, every batch is one class and its statistics erase what tells
+    classes apart (ScaleFL stayed near chance). torchvision's CIFAR-10 test set is mixed alike."""
+    return order[torch.randperm(len(order), generator=torch.Generator().manual_seed(EVAL_ORDER_SEED))]
+
+
 @torch.inference_mode()
 def exit_counts(
     model: nn.Module, data: TensorSplit, batch_size: int, drop_last: bool = False, indices: torch.Tensor | None = None
 ) -> tuple[list[int], list[float], int]:
     """Per exit (one for a model without early exits): correct predictions and summed
-    cross-entropy; and the samples scored."""
+    cross-entropy; and the samples scored. A model that normalises with each batch's own
+    statistics scores the samples in a fixed shuffled order (`mixed_order`)."""
     model.eval()
     order = torch.arange(len(data)) if indices is None else indices
+    if batch_statistics(model):
+        order = mixed_order(order)
     n = len(order) // batch_size * batch_size if drop_last and len(order) >= batch_size else len(order)
     correct: list[int] = []
     loss: list[float] = []

@@ -133,11 +133,14 @@ def exit_scores(model: nn.Module, data: TensorSplit, batch_size: int) -> list[tu
 
 def statistics_indices(parts: list[np.ndarray], samples: int | None, seed: int) -> torch.Tensor:
     """The training images static BN gathers statistics from: every client's, or `samples` of
-    them drawn once from the run seed (the same at every evaluation)."""
+    them, in an order drawn once from the run seed (the same at every evaluation). Shuffled, not
+    sorted: the cumulative running variance averages per-batch variances, and sorted indices of
+    a class-ordered training set give one-class batches, whose variance is the within-class one."""
     pooled = np.sort(np.concatenate(parts))
+    rng = np.random.default_rng([seed, STATIC_BN_STREAM])
     if samples is not None and samples < len(pooled):
-        pooled = np.sort(np.random.default_rng([seed, STATIC_BN_STREAM]).choice(pooled, samples, replace=False))
-    return torch.from_numpy(pooled)
+        return torch.from_numpy(rng.choice(pooled, samples, replace=False))
+    return torch.from_numpy(rng.permutation(pooled))
 
 
 @dataclass(frozen=True)
