@@ -107,8 +107,9 @@ def analysis_jobs(exp) -> dict[str, int]:
         return {}
     inco = any(m.startswith("InCo") for m in exp.methods)
     runs = sum(studies.values())
-    analyses = sum(map(bool, grid)) + 1 + inco + len(studies)
-    return {"analysis": analyses} | ({"study_config": runs, "study_train": runs} if runs else {})
+    names = [n for n, rounds in zip(("cka", "gradients", "tsne"), grid, strict=True) if rounds]
+    names += ["groups", *(["theta_beta"] if inco else []), *studies]  # one job of the rule named for each
+    return dict.fromkeys(names, 1) | ({"study_config": runs, "study_train": runs} if runs else {})
 
 
 # --- schema and configs (fast) -----------------------------------------------------------

@@ -45,21 +45,26 @@ rule study_train:
         " || [ $? -eq 3 ]"  # diverged: a finished run (summary.json says so)
 
 
-rule analysis:
-    """One analysis: `incofl analysis <name>` over the grid's runs (cka, gradients, theta_beta,
-    tsne, groups) or over a study's runs (robustness, case_study)."""
-    input:
-        runs=analysis_runs,
-        config=CONFIG,
-    output:
-        report(directory(f"{ANALYSIS}/{{analysis}}"), patterns=["{name}.png"], caption="../report/analysis.rst",
-               category="Analyses", subcategory="{analysis}"),
-    log:
-        "results/logs/analysis/{analysis}.log",
-    params:
-        command=analysis_command,
-    conda:
-        SOFTWARE
-    localrule: True
-    shell:
-        "{params.command} --out {output} > {log} 2>&1"
+# One rule per analysis, named for what it computes (`snakemake cka` makes results/analysis/cka).
+for _analysis in (*GRID_ANALYSES, *STUDIES):
+
+    rule:
+        """`incofl analysis <name>` over the grid's runs (cka, gradients, theta_beta, tsne,
+        groups) or over a study's runs (robustness, case_study)."""
+        name:
+            _analysis
+        input:
+            runs=lambda wc, name=_analysis: analysis_runs(name),
+            config=CONFIG,
+        output:
+            report(directory(f"{ANALYSIS}/{_analysis}"), patterns=["{name}.png"], caption="../report/analysis.rst",
+                   category="Analyses", subcategory=_analysis),
+        log:
+            f"results/logs/analysis/{_analysis}.log",
+        params:
+            command=lambda wc, input, name=_analysis: analysis_command(name, input),
+        conda:
+            SOFTWARE
+        localrule: True
+        shell:
+            "{params.command} --out {output} > {log} 2>&1"

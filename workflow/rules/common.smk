@@ -140,7 +140,6 @@ wildcard_constraints:
     batch=r"\d+",
     study="|".join(STUDIES),
     point="|".join(re.sub(r"\?P<\w+>", "", p.pattern) for p in (ROBUSTNESS, CASE)),
-    analysis="|".join([*GRID_ANALYSES, *STUDIES]),
 
 
 def figures(ext):
@@ -179,21 +178,21 @@ def study_config(wc):
     return study_run(EXP, wc.study, wc.point, int(wc.seed))
 
 
-def analysis_runs(wc):
+def analysis_runs(analysis):
     """What an analysis reads: a study's runs, or the grid's."""
-    if wc.analysis in STUDIES:
-        seeds = study_seeds(EXP, wc.analysis)
-        return expand(f"{STUDY_RUN}/summary.json", study=wc.analysis, point=STUDY_POINTS[wc.analysis], seed=seeds)
+    if analysis in STUDIES:
+        seeds = study_seeds(EXP, analysis)
+        return expand(f"{STUDY_RUN}/summary.json", study=analysis, point=STUDY_POINTS[analysis], seed=seeds)
     return RUNS
 
 
-def analysis_command(wc, input):
+def analysis_command(analysis, input):
     """`incofl analysis <name>` over its runs: a study's folder, or the grid's (restricted to the
     grid by the experiment config)."""
-    name = wc.analysis.replace("_", "-")
-    if wc.analysis in STUDIES:
-        return f"incofl analysis {name} --runs {STUDIES_ROOT}/{wc.analysis}"
-    return f"incofl analysis {name} --config {input.config} --runs {runs_root(wc, input)}"
+    name = analysis.replace("_", "-")
+    if analysis in STUDIES:
+        return f"incofl analysis {name} --runs {STUDIES_ROOT}/{analysis}"
+    return f"incofl analysis {name} --config {input.config} --runs {runs_root(None, input)}"
 
 
 def cli_sets(settings):
