@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from incofl.cli import run
-from incofl.report.analyses import case_setting, histogram_moments, layer_order, robustness_frame
+from incofl.report.analyses import case_setting, histogram_moments, layer_order, robustness_frame, separation
 
 STAGES = ["layer1", "layer2"]
 
@@ -125,6 +125,41 @@ def test_groups_table_is_the_seed_mean_of_each_group(tmp_path):
     assert run(["analysis", "groups", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
     row = next(line for line in (tmp_path / "out" / "groups.md").read_text().splitlines() if "FedAvg" in line)
     assert [c.strip() for c in row.strip("|").split("|")] == ["FedAvg", "11.0 ± 1.4", "21.0 ± 1.4"]
+
+
+def _map(by_class: bool, seed: int = 0) -> pd.DataFrame:
+    """Three clients x two classes x 20 points of a t-SNE map: tight clusters, one per class
+    (every client's points of a class together) or one per client."""
+    rng = np.random.default_rng(seed)
+    rows = [{"round": 10, "client": client, "group": 4, "label": label,
+             "x": 10.0 * (label if by_class else client) + rng.normal(0, 0.1), "y": rng.normal(0, 0.1)}
+            for client in (3, 7, 9) for label in (0, 1) for _ in range(20)]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("by_class", [True, False])
+def test_tsne_separation_tells_class_clusters_from_client_clusters(by_class):
+    score = separation(_map(by_class))
+    clustered, mixed = ("class", "client") if by_class else ("client", "class")
+    assert score[clustered] > 0.9 and score[mixed] < 0.1
+
+
+def test_tsne_separation_of_a_one_client_map_is_nan_by_client():
+    score = separation(_map(by_class=True).query("client == 3"))
+    assert score["class"] > 0.9 and np.isnan(score["client"])
+
+
+def test_tsne_table_is_the_seed_mean_of_each_runs_separation(tmp_path):
+    runs = tmp_path / "runs"
+    _run(runs, "FedAvg", 0, tsne=_map(by_class=False))
+    _run(runs, "InCoAvg", 0, tsne=_map(by_class=True, seed=0))
+    _run(runs, "InCoAvg", 1, tsne=_map(by_class=True, seed=1))
+    assert run(["analysis", "tsne", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
+    rows = {line.split("|")[1].strip(): line.split("|")[2:5] for line in
+            (tmp_path / "out" / "tsne.md").read_text().splitlines() if line.startswith("| ")}  # fmt: skip
+    expected = np.mean([separation(_map(True, seed))["class"] for seed in (0, 1)])
+    assert rows["InCoAvg"][0].strip() == "2" and rows["InCoAvg"][1].strip().startswith(f"{expected:.3f} ± ")
+    assert float(rows["FedAvg"][2]) > 0.9  # one seed: no std
 
 
 def test_a_missing_file_is_one_line_and_exit_2(tmp_path, capsys):

@@ -20,6 +20,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from sklearn.metrics import silhouette_score
 
 from incofl.atomic import atomic_path
 from incofl.config import ConfigError
@@ -358,24 +359,43 @@ def theta_beta_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, met
 
 
 # --- t-SNE (Fig. 9d-f) and per-group accuracy (Fig. 10e) ------------------------------------------
+def separation(points: pd.DataFrame) -> pd.Series:
+    """Silhouette (scikit-learn) of one t-SNE map's points by class and by client: near 1 when the
+    points form one cluster per value of that label, near 0 or below when they do not. The
+    paper's Fig. 9d-f reads by eye whether clients' features cluster by class or by client. NaN
+    where the label has one value (a map of one client) or a value per point."""
+    xy = points[["x", "y"]].to_numpy()
+    return pd.Series({by: float(silhouette_score(xy, points[column])) if 1 < points[column].nunique() < len(xy)
+                      else math.nan for by, column in (("class", "label"), ("client", "client"))})  # fmt: skip
+
+
 def tsne_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
                   grid: dict | None = None) -> list[Path]:  # fmt: skip
     points = frame(runs_with(root, "tsne.csv", grid), "tsne.csv")
+    points = points[points["round"] == points.groupby(["method", "seed"])["round"].transform("max")]
     methods = ordered(points["method"], methods)
-    fig, axes = _figure(1, len(methods), 3.6, 3.4)
-    markers = "o^sDv*"
+    fig, axes = _figure(1, len(methods), 3.6, 4.2)
+    markers, colour = "o^sDv*", matplotlib.colormaps["tab10"]
     for ax, method in zip(axes[0], methods, strict=True):
-        run = points[
-            (points["method"] == method) & (points["seed"] == points[points["method"] == method]["seed"].min())
-        ]
-        run = run[run["round"] == run["round"].max()]
+        run = first_seed(points, method)
         for k, (client, rows) in enumerate(run.groupby("client", sort=False)):
-            ax.scatter(rows["x"], rows["y"], c=[matplotlib.colormaps["tab10"](c % 10) for c in rows["label"]],
-                       marker=markers[k % len(markers)], s=9, alpha=0.8,
-                       label=f"client {client} (group {rows['group'].iloc[0]})")  # fmt: skip
-        ax.set(title=method, xticks=[], yticks=[])
-        ax.legend(fontsize=6, loc="best")
-    return _save(fig, out_dir, "tsne")
+            ax.scatter(rows["x"], rows["y"], c=[colour(c % 10) for c in rows["label"]],
+                       marker=markers[k % len(markers)], s=9, alpha=0.8)  # fmt: skip
+            ax.scatter([], [], c="grey", marker=markers[k % len(markers)], label=f"client {client} (group "
+                       f"{rows['group'].iloc[0]})")  # fmt: skip
+        for c in sorted(run["label"].unique()):
+            ax.scatter([], [], c=[colour(c % 10)], marker="o", label=f"class {c}")
+        ax.set(title=f"{method} (seed {run['seed'].iloc[0]}, round {run['round'].iloc[0]})", xticks=[], yticks=[])
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, 0), ncols=3)  # below the map
+    paths = _save(fig, out_dir, "tsne")
+    scores = points.groupby(["method", "seed"])[["x", "y", "label", "client"]].apply(separation).reset_index()
+    table = scores.groupby("method").agg(seeds=("seed", "size"), **{
+        f"silhouette by {by}": (by, lambda v: mean_std(v, 3)) for by in ("class", "client")})  # fmt: skip
+    text = (
+        "Silhouette of the t-SNE map (last mapped round) by class and by client: higher means the points "
+        "cluster by that label; mean ± std over seeds.\n\n"
+    )
+    return [*paths, _write(out_dir, "tsne.md", text + _markdown(table.reindex(methods).reset_index()))]
 
 
 def groups_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
