@@ -84,9 +84,10 @@ GOLDEN = {
 
 def machine() -> str:
     """What decides the floating-point results of a CPU run besides the code."""
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
-        else platform.processor()  # fmt: skip
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.exists() else [])
+             if line.startswith("model name")]  # fmt: skip
+    model = names[0] if names else platform.processor()
     return f"{model} | {torch.backends.cpu.get_cpu_capability()} | {torch.__version__}"
 
 
