@@ -79,6 +79,13 @@ class RowOptimizer:
 
 
 class BatchedTrainer(Trainer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for model in self.models:
+            for module in model.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.register_forward_pre_hook(_input_in_weight_dtype)
+
     def train(
         self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
     ) -> list[ClientUpdate]:
@@ -162,6 +169,15 @@ class BatchedTrainer(Trainer):
             loss=loss / steps if steps else float("nan"), full=plan.full, upload_params=uploaded, kept=kept,
             extra=extra if plan.signal else {},
         )  # fmt: skip
+
+
+def _input_in_weight_dtype(module: nn.Module, args: tuple) -> tuple:
+    """A batch norm's input in its weights' dtype. Under bf16 autocast a convolution hands a
+    bf16 input to a float32 batch norm; eager cuDNN normalises that in float32, but vmap's
+    batch_norm rule refuses the mix ("expected scalar type BFloat16 but found Float"), so the
+    input is cast first (a no-op without autocast)."""
+    ref = module.weight if module.weight is not None else module.running_mean
+    return args if ref is None else (args[0].to(ref.dtype), *args[1:])
 
 
 def _steps(batches: list[Iterator[Batch]]) -> Iterator[dict[int, Batch]]:
