@@ -119,7 +119,6 @@ def test_the_batchable_objectives_are_those_without_hooks_or_with_a_batched_corr
     assert not {"SCAFFOLD", "MOON", "InCoScaffold", "InCoMOON"} & batchable
 
 
-
 def test_bf16_autocast_trains_side_by_side_as_the_serial_trainer_does(data):
     """vmap's batch_norm refused a bf16 input with float32 weights (first seen on an H200).
     One step per client; the engine turns autocast on only on a GPU, so it is switched on here."""
