@@ -35,3 +35,19 @@ def test_paired_differences_by_seed():
     assert "| cifar10 | 0.5 | final_acc | 3 | +0.83 ± 0.73 | 2/1 | 1.000 | +2.00, +1.00, -0.50 |" in to_markdown(
         table, "InCoAvg", "HeteroAvg"
     )
+
+
+def test_replicates_of_a_seed_are_paired_within_and_averaged():
+    """A seed rerun on another device (a replicate) is paired within its replicate, and the
+    seed counts once, with the mean of its replicates' differences."""
+    rows = [(0, 0, 30.0, 28.0), (0, 1, 31.0, 32.0), (1, 0, 25.0, 24.0), (1, 1, 27.0, None)]
+    runs = pd.DataFrame(
+        [
+            {"dataset": "cifar10", "alpha": 0.5, "seed": s, "replicate": r, "method": m, "final_acc": acc}
+            for s, r, a, b in rows
+            for m, acc in (("InCoAvg", a), ("HeteroAvg", b))
+            if acc is not None
+        ]
+    )  # seed 1's replicate 1 has no HeteroAvg: its InCoAvg run pairs with nothing
+    final = paired(runs, "InCoAvg", "HeteroAvg", ["final_acc"]).iloc[0]
+    assert (final.n, final.diffs) == (2, [0.5, 1.0])  # seed 0: (+2 - 1) / 2; seed 1: +1

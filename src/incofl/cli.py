@@ -135,10 +135,17 @@ def cmd_figures(args: argparse.Namespace) -> int:
 
 
 def cmd_paired(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from incofl.atomic import atomic_path
     from incofl.report.paired import paired, to_markdown
+    from incofl.report.runs import collect_summaries
 
-    exp, summaries = _report_inputs(args)
+    exp = load_experiment(args.config)
+    summaries = pd.concat(
+        [_in_grid(collect_summaries(root), exp).assign(replicate=i) for i, root in enumerate(args.runs)],
+        ignore_index=True,
+    )
     text = to_markdown(paired(summaries, args.method, args.base, ["final_acc", "last10_acc"]), args.method, args.base)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -250,7 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
     p = sub.add_parser("paired", help="a method against a base, paired by seed: difference, standard error, sign test")
     _add_config(p, sets=False)
-    p.add_argument("--runs", required=True, help="root of the run directories")
+    p.add_argument("--runs", required=True, nargs="+", help="roots of the run directories; several are "
+                   "replicates of the same seeds (e.g. CPU and GPU reruns): a seed's difference is "
+                   "taken within each root, then averaged")  # fmt: skip
     p.add_argument("--method", required=True)
     p.add_argument("--base", required=True)
     p.add_argument("--out", help="also write the Markdown table here")

@@ -4,6 +4,11 @@ A seed fixes the partition, the client sampling and the initialisation, so the r
 methods with one seed differ only in the method: the per-seed difference is the measured
 effect, its standard error is std(d) / sqrt(n), and the sign test asks how likely as many
 wins would be if each sign were a coin flip (exact binomial, two-sided, ties dropped).
+
+Runs of one seed made again elsewhere (another device: a GPU rerun is not bit-identical to a
+CPU run) are replicates, told apart by a `replicate` column: a seed's difference is taken
+within each replicate, where both runs come from one machine, and averaged over them, so the
+seed still counts once.
 """
 
 from __future__ import annotations
@@ -25,15 +30,18 @@ def sign_test(diffs: list[float]) -> float:
 
 
 def paired(summaries: pd.DataFrame, method: str, base: str, metrics: list[str]) -> pd.DataFrame:
-    """Per data set, alpha and metric: n pairs, mean difference (method - base), its standard
-    error, wins/losses and the sign test's p; only seeds where both methods have a run count."""
+    """Per data set, alpha and metric: n pairs (seeds), mean difference (method - base), its
+    standard error, wins/losses and the sign test's p; only seeds where both methods have a run
+    in one replicate count."""
     rows = []
+    if "replicate" not in summaries:
+        summaries = summaries.assign(replicate=0)
     for (dataset, alpha), runs in summaries.groupby(["dataset", "alpha"], sort=True):
-        wide = runs.pivot_table(index="seed", columns="method", values=metrics, aggfunc="first")
+        wide = runs.pivot_table(index=["seed", "replicate"], columns="method", values=metrics, aggfunc="first")
         for metric in metrics:
             if (metric, method) not in wide or (metric, base) not in wide:
                 continue
-            d = (wide[(metric, method)] - wide[(metric, base)]).dropna()
+            d = (wide[(metric, method)] - wide[(metric, base)]).dropna().groupby(level="seed").mean()
             n = len(d)
             rows.append({"dataset": dataset, "alpha": alpha, "metric": metric, "n": n,
                          "mean_diff": float(d.mean()) if n else np.nan,
