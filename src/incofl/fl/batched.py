@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -79,13 +80,6 @@ class RowOptimizer:
 
 
 class BatchedTrainer(Trainer):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        for model in self.models:
-            for module in model.modules():
-                if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                    module.register_forward_pre_hook(_input_in_weight_dtype)
-
     def train(
         self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
     ) -> list[ClientUpdate]:
@@ -95,7 +89,8 @@ class BatchedTrainer(Trainer):
             buckets[plan.group, plan.trainable].append(plan)
         updates: dict[int, ClientUpdate] = {}
         for bucket in buckets.values():
-            trained = self.train_bucket(round_, bucket, [start_of(plan) for plan in bucket], objective)
+            with _batch_norm_inputs_cast(self.models[bucket[0].group], self.autocast):
+                trained = self.train_bucket(round_, bucket, [start_of(plan) for plan in bucket], objective)
             updates |= {plan.client: update for plan, update in zip(bucket, trained, strict=True)}
         return [updates[plan.client] for plan in plans]
 
@@ -171,11 +166,22 @@ class BatchedTrainer(Trainer):
         )  # fmt: skip
 
 
+@contextmanager
+def _batch_norm_inputs_cast(model: nn.Module, autocast: bool) -> Iterator[None]:
+    """Under bf16 autocast a convolution hands a bf16 input to a float32 batch norm; eager
+    cuDNN normalises that in float32, but vmap's batch_norm rule refuses the mix ("expected
+    scalar type BFloat16 but found Float"). While training with autocast, each batch norm of
+    `model` gets its input cast to its weights' dtype first; without autocast nothing is hooked."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] if autocast else []
+    handles = [m.register_forward_pre_hook(_input_in_weight_dtype) for m in norms]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _input_in_weight_dtype(module: nn.Module, args: tuple) -> tuple:
-    """A batch norm's input in its weights' dtype. Under bf16 autocast a convolution hands a
-    bf16 input to a float32 batch norm; eager cuDNN normalises that in float32, but vmap's
-    batch_norm rule refuses the mix ("expected scalar type BFloat16 but found Float"), so the
-    input is cast first (a no-op without autocast)."""
     ref = module.weight if module.weight is not None else module.running_mean
     return args if ref is None else (args[0].to(ref.dtype), *args[1:])
 
