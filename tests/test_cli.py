@@ -4,6 +4,7 @@ used the config's value for every key set earlier."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,14 @@ def test_set_accumulates_for_every_subcommand(command):
     args = parser.parse_args([command, "--set", "a=1", "--set", "b=2", "c=3", "-s", "d=4", *extra])
     assert args.set == ["a=1", "b=2", "c=3", "d=4"]
     assert parser.parse_args([command, *extra]).set == []  # the default list is not shared between parses
+
+
+def test_train_without_a_config_runs_on_the_built_in_defaults(tmp_path):
+    """No --config: digits with the embedded experiment's federation (100 clients could not each get 10 images)."""
+    out = tmp_path / "run"
+    sets = ["rounds=1", "models=[resnet10]", "eval_last=0", "progress=false", "cache_dir=cache"]
+    cmd = [str(INCOFL), "train", "--out", str(out), "--set", *sets]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dataset"] == "digits" and summary["config"]["clients"] == 20 and summary["rounds"] == 1
