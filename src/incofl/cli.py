@@ -19,7 +19,8 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4
 
 
 def _add_config(p: argparse.ArgumentParser, sets: bool = True) -> None:
-    p.add_argument("--config", "-c", help="experiment config (YAML); default: built-in defaults (digits, 20 clients, ratio 0.25)")
+    default = "default: built-in defaults (digits, 20 clients, ratio 0.25)"
+    p.add_argument("--config", "-c", help=f"experiment config (YAML); {default}")
     if sets:
         # action="extend": `--set a=1 --set b=2` = `--set a=1 b=2` (with the default "store", only the
         # last --set counted and the keys set before it silently kept the config's values)
