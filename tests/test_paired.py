@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from incofl.report.paired import paired, sign_test, to_markdown
+from incofl.report.paired import paired, sign_test, statistics, to_markdown
 
 
 def test_sign_test_is_the_exact_binomial():
@@ -51,3 +51,19 @@ def test_replicates_of_a_seed_are_paired_within_and_averaged():
     )  # seed 1's replicate 1 has no HeteroAvg: its InCoAvg run pairs with nothing
     final = paired(runs, "InCoAvg", "HeteroAvg", ["final_acc"]).iloc[0]
     assert (final.n, final.diffs) == (2, [0.5, 1.0])  # seed 0: (+2 - 1) / 2; seed 1: +1
+
+
+def test_scalefl_runs_are_also_compared_on_the_mean_over_exits():
+    """ScaleFL's summaries carry the release's statistic; other methods' do not, and get no row for it."""
+    scalefl = pd.DataFrame(
+        [
+            {"dataset": "cifar10", "alpha": 0.5, "seed": 0, "method": m, "final_acc": a, "last10_acc": a,
+             "final_exits_mean": e}
+            for m, a, e in (("InCoScaleFL", 22.5, 23.3), ("ScaleFL", 21.1, 23.0))
+        ]
+    )  # fmt: skip
+    assert statistics(scalefl) == ["final_acc", "last10_acc", "final_exits_mean"]
+    table = paired(scalefl, "InCoScaleFL", "ScaleFL", statistics(scalefl))
+    assert table[table.metric == "final_exits_mean"].iloc[0].mean_diff == pytest.approx(0.3)
+    others = scalefl.drop(columns="final_exits_mean").assign(final_exits_mean=float("nan"))
+    assert statistics(others) == ["final_acc", "last10_acc"]

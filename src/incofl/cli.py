@@ -139,7 +139,7 @@ def cmd_paired(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from incofl.atomic import atomic_path
-    from incofl.report.paired import paired, to_markdown
+    from incofl.report.paired import paired, statistics, to_markdown
     from incofl.report.runs import collect_summaries
 
     exp = load_experiment(args.config)
@@ -147,7 +147,7 @@ def cmd_paired(args: argparse.Namespace) -> int:
         [_in_grid(collect_summaries(root), exp).assign(replicate=i) for i, root in enumerate(args.runs)],
         ignore_index=True,
     )
-    text = to_markdown(paired(summaries, args.method, args.base, ["final_acc", "last10_acc"]), args.method, args.base)
+    text = to_markdown(paired(summaries, args.method, args.base, statistics(summaries)), args.method, args.base)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(args.out) as tmp:

@@ -29,6 +29,16 @@ def sign_test(diffs: list[float]) -> float:
     return min(1.0, 2 * tail)
 
 
+# compared when the runs report them: the final and last-10 accuracy, and ScaleFL's released
+# statistic (the mean over its exits)
+STATISTICS = ("final_acc", "last10_acc", "final_exits_mean")
+
+
+def statistics(summaries: pd.DataFrame) -> list[str]:
+    """The STATISTICS some run in `summaries` reports."""
+    return [s for s in STATISTICS if s in summaries and summaries[s].notna().any()]
+
+
 def paired(summaries: pd.DataFrame, method: str, base: str, metrics: list[str]) -> pd.DataFrame:
     """Per data set, alpha and metric: n pairs (seeds), mean difference (method - base), its
     standard error, wins/losses and the sign test's p; only seeds where both methods have a run
