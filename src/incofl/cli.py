@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from incofl.config import ConfigError, load_experiment, load_run_config, parse_overrides
+from incofl.config import BUILT_IN, ConfigError, ExperimentConfig, load_experiment, load_run_config, parse_overrides
 
 # glibc's allocator costs 20-30% system time in CPU training; these must be set before
 # Python starts, so the console script re-executes itself once with them (DESIGN.md).
@@ -19,7 +19,8 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4
 
 
 def _add_config(p: argparse.ArgumentParser, sets: bool = True) -> None:
-    default = "default: built-in defaults (digits, 20 clients, ratio 0.25)"
+    data = ExperimentConfig.model_fields["datasets"].get_default(call_default_factory=True)[0]
+    default = f"default: built-in defaults ({data}, {BUILT_IN['clients']} clients, ratio {BUILT_IN['ratio']})"
     p.add_argument("--config", "-c", help=f"experiment config (YAML); {default}")
     if sets:
         # action="extend": `--set a=1 --set b=2` = `--set a=1 b=2` (with the default "store", only the
