@@ -14,7 +14,11 @@ export INCOFL_DATA_DIR ?= $(abspath ../shared/data)
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 4294967296
 
-.PHONY: run test bench clean-results
+# pytest's workers: the suite's tests are single-threaded (threads: 1), so one per core.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
+
+.PHONY: run test test-fast coverage lint bench clean-results
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,15 +30,29 @@ run: $(BIN)/.installed
 	$(BIN)/snakemake --cores $(CORES)
 
 # Fails fast, in this order: ruff lint, ruff format check, Snakemake's linter on the workflow
-# (parses it with config/config.yaml; no data, no jobs; exit 1 on any lint), the test suite.
+# (parses it with config/config.yaml; no data, no jobs; exit 1 on any lint), the test suite on
+# $(TEST_WORKERS) pytest-xdist workers, printing its 25 slowest tests (README "Tests").
 # tests/slurm_smoke/Snakefile (a by-hand SLURM check, no test runs it) is not linted: its rules
 # are bash and SLURM variables, and the linter's "conda environment or container" lint, which
 # has no per-rule switch, cannot be met sensibly there.
-test: $(BIN)/.installed
+lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/snakemake --lint
-	$(BIN)/pytest
+
+test: lint
+	$(PYTEST)
+
+# The inner loop while working (about a minute): lint, then the tests that train nothing
+# end to end (`-m "not slow"`).
+test-fast: lint
+	$(PYTEST) -m "not slow"
+
+# Line coverage of src/incofl, subprocesses (the CLI, Snakemake's jobs) included:
+# [tool.coverage] in pyproject.toml. Writes htmlcov/ and prints the per-file table.
+coverage: $(BIN)/.installed
+	$(BIN)/coverage erase
+	COVERAGE_FILE=$(abspath .coverage) $(PYTEST) --cov --cov-report=term --cov-report=html
 
 bench: $(BIN)/.installed
 	$(BIN)/incofl bench

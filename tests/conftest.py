@@ -7,8 +7,15 @@ import os
 from pathlib import Path
 
 import pytest
+from workflows import REPO, run_snakemake
 
-REPO = Path(__file__).resolve().parents[1]
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow end-to-end tests first: under `pytest -n` the workers then start the long ones
+    early and fill the rest of their time with the short ones, instead of one worker finishing
+    a late long test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +32,17 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """The suite's one real local workflow run: tests/data/tiny.yaml on 2 cores (2 training runs,
+    the tables, figures and metrics). Tests that read it share the xdist group "tiny_run", so
+    under `pytest -n` it is made once, on one worker; they must not change it."""
+    workdir = tmp_path_factory.mktemp("tiny")
+    proc = run_snakemake(workdir, "--cores", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir
+
+
 # Directories that may change while the tests run: caches of tools, and evidence runs that a
 # person may be running beside the suite (results/runs-*, never written by a test).
 _NOT_WATCHED = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".snakemake"}
@@ -36,7 +54,7 @@ def _repo_files() -> set[Path]:
         rel = Path(root).relative_to(REPO)
         dirs[:] = [d for d in dirs if d not in _NOT_WATCHED and not d.endswith(".egg-info")
                    and not (rel == Path("results") and d.startswith("runs-"))]  # fmt: skip
-        files.update(rel / n for n in names)
+        files.update(rel / n for n in names if not n.startswith(".coverage"))  # `make coverage`'s data
     return files
 
 
