@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_workflow import ENV, REPO, TINY
+from workflows import ENV, REPO, TINY
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # end to end: the README's test table
 
 GIT_ENV = {
     **ENV,

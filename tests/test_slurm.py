@@ -1,7 +1,9 @@
 """The workflow through the SLURM profile (profiles/slurm) on a running cluster (CI: the
-one-node cluster of .ci/slurm-up.sh): tests/data/tiny.yaml, each job a SLURM job, the
-training jobs asking for a GPU, gives the same Table 2 as the same config run locally; with
-`resources.runs_per_gpu: 2` its two training runs are one SLURM job sharing one GPU."""
+one-node cluster of .ci/slurm-up.sh): tests/data/tiny.yaml with `resources.runs_per_gpu: 2`,
+the suite's one SLURM run. prepare and partition are SLURM jobs of their own; the two training
+runs (and their batch record) are ONE SLURM job sharing one GPU; the Table 2 it gives equals
+the local run's (conftest.py's tiny_run). How a single training job asks for its GPU is the
+dry run's (tests/test_workflow.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_workflow import ENV, REPO, run_snakemake, snakemake_cmd
+from workflows import ENV, REPO, snakemake_cmd
 
 
 def _cluster_up() -> bool:
@@ -27,27 +29,20 @@ def _cluster_up() -> bool:
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.slow,
+    pytest.mark.xdist_group("tiny_run"),
+    pytest.mark.timeout(900),
     pytest.mark.skipif(not _cluster_up(), reason="no SLURM cluster (`sinfo` fails); CI starts one"),
 ]
 
-# Training jobs ask for a GPU: on the CI cluster a fake one, and torch (device auto) uses the CPU.
-RESOURCES = "resources={gpu: 1, runtime: 10, mem_mb: 1000}"
-# ... and with runs_per_gpu 2 (README, "Several runs per GPU") both runs share one job and GPU.
+# Training asks for a GPU (on the CI cluster a fake one; torch, device auto, uses the CPU), and
+# with runs_per_gpu 2 (README, "Several runs per GPU") both runs share one job and that GPU.
 SHARED = "resources={gpu: 1, runtime: 10, mem_mb: 1000, runs_per_gpu: 2}"
-
-
-@pytest.fixture(scope="module")
-def local_table(tmp_path_factory) -> pd.DataFrame:
-    workdir = tmp_path_factory.mktemp("local")
-    local = run_snakemake(workdir, "--cores", "2")
-    assert local.returncode == 0, local.stderr[-3000:]
-    return pd.read_csv(workdir / "results" / "tables" / "table2.csv")
 
 
 def run_slurm(workdir: Path, *args: str) -> str:
     """The workflow through the profile, under `timeout -s INT`: at the limit Snakemake cancels
     its SLURM jobs (README, "SLURM details"). Its log (stdout and stderr)."""
-    cmd = ["timeout", "-s", "INT", "-k", "30", "900", *snakemake_cmd(workdir, "--profile", "profiles/slurm", *args)]
+    cmd = ["timeout", "-s", "INT", "-k", "30", "600", *snakemake_cmd(workdir, "--profile", "profiles/slurm", *args)]
     proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
@@ -63,30 +58,15 @@ def scontrol(job: str) -> str:
     return subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
 
 
-def test_slurm_run_equals_local_run(tmp_path, local_table):
-    log = run_slurm(tmp_path, "--config", RESOURCES)
-
-    jobs = slurm_jobs(log)
-    assert {"rule_prepare", "rule_partition", "rule_train"} <= set(jobs.values()), log[-5000:]
-    train_jobs = [job for job, rule in jobs.items() if rule == "rule_train"]
-    assert len(train_jobs) == 2
-    for job in train_jobs:
-        info = scontrol(job)
-        assert "TresPerJob=gres:gpu:1" in info and "mem=1000M" in info and "TimeLimit=00:10:00" in info, info
-
-    ours = pd.read_csv(tmp_path / "results" / "tables" / "table2.csv")
-    pd.testing.assert_frame_equal(ours, local_table)
-    assert ours["n_seeds"].tolist() == [1, 1]
-
-
-def test_runs_per_gpu_train_side_by_side_in_one_slurm_job_on_one_gpu(tmp_path, local_table):
-    """runs_per_gpu 2: the tiny config's 2 training runs (and their batch record) are ONE SLURM
-    job asking for one GPU, 2 x 1,000 MB, 2 x 1 CPU and 10 + 1 minutes; inside it one Snakemake
-    starts both runs at once (its log is kept); the table is the local run's."""
+def test_slurm_run_trains_side_by_side_in_one_job_and_equals_the_local_run(tmp_path, tiny_run):
+    """prepare and partition are SLURM jobs; the tiny config's 2 training runs (and their batch
+    record) are ONE SLURM job asking for one GPU, 2 x 1,000 MB, 2 x 1 CPU and 10 + 1 minutes;
+    inside it one Snakemake starts both runs at once (its log is kept); the table is the local
+    run's."""
     log = run_slurm(tmp_path, "--slurm-keep-successful-logs", "--config", SHARED)
 
     jobs = slurm_jobs(log)
-    assert "rule_train" not in jobs.values(), log[-5000:]
+    assert {"rule_prepare", "rule_partition"} <= set(jobs.values()) and "rule_train" not in jobs.values(), log[-5000:]
     grouped = [job for job, name in jobs.items() if name.startswith("group_")]
     assert [jobs[job] for job in grouped] == ["group_gpu_train_train_batch"], log[-5000:]
     job = grouped[0]
@@ -106,4 +86,5 @@ def test_runs_per_gpu_train_side_by_side_in_one_slurm_job_on_one_gpu(tmp_path, l
     assert started.count("localrule train:") == 2, inner
 
     ours = pd.read_csv(tmp_path / "results" / "tables" / "table2.csv")
-    pd.testing.assert_frame_equal(ours, local_table)
+    pd.testing.assert_frame_equal(ours, pd.read_csv(tiny_run / "results" / "tables" / "table2.csv"))
+    assert ours["n_seeds"].tolist() == [1, 1]

@@ -11,56 +11,19 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import jsonschema
 import pandas as pd
 import pytest
 import yaml
+from workflows import ENV, REPO, TINY, TINY_ANALYSIS, planned_jobs, run_snakemake, snakemake_cmd
 
 from incofl.config import validate_experiment
 from incofl.fl.methods import METHODS
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-TINY = REPO / "tests" / "data" / "tiny.yaml"
-TINY_ANALYSIS = REPO / "tests" / "data" / "tiny-analysis.yaml"
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 CONFIGS = sorted((REPO / "config").glob("*.yaml")) + [TINY, TINY_ANALYSIS]
-ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-
-
-def snakemake_cmd(workdir: Path, *args: str, config: Path = TINY) -> list[str]:
-    return [
-        str(BIN / "snakemake"),
-        "-s",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        str(config),
-        *args,
-    ]
-
-
-def run_snakemake(workdir: Path, *args: str, config: Path = TINY, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        snakemake_cmd(workdir, *args, config=config), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def planned_jobs(workdir: Path, *args: str, config: Path = TINY) -> dict[str, int]:
-    """Jobs per rule of a dry run (empty when nothing is to be done)."""
-    proc = run_snakemake(workdir, "--dry-run", "--quiet", "rules", *args, config=config)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    text = proc.stdout + proc.stderr
-    if "Job stats:" not in text:
-        assert "Nothing to be done" in text, text
-        return {}
-    table = text.split("Job stats:", 1)[1].split("total", 1)[0]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
 
 
 def grid_jobs(cfg: dict) -> dict[str, int]:
@@ -124,6 +87,7 @@ def test_shipped_configs_are_valid(path):
     validate_experiment(raw, str(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "path",
     [
@@ -147,6 +111,7 @@ def test_dry_run_plans_exactly_the_grid(tmp_path, path):
     assert planned_jobs(tmp_path, config=path) == grid_jobs(yaml.safe_load(path.read_text()))
 
 
+@pytest.mark.slow
 def test_release_config_plans_its_grid_from_the_release_partitions(tmp_path):
     """config/paper-resnet-release.yaml runs from the workflow once the release's partition files
     are there (every data set x alpha, FMNIST reading CIFAR-10's), and stops naming the first
@@ -166,6 +131,7 @@ def test_release_config_plans_its_grid_from_the_release_partitions(tmp_path):
     assert planned_jobs(tmp_path, "--config", f"release_partitions={folder}", config=path) == grid_jobs(raw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override,key",
     [
@@ -190,11 +156,13 @@ def test_bad_config_stops_before_any_job(tmp_path, override, key):
     assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
 
 
+@pytest.mark.slow
 def test_runs_per_gpu_plans_the_runs_as_one_group_job(tmp_path):
     """resources.runs_per_gpu 2 (README, "Several runs per GPU"): a dry run plans the tiny
     config's 2 training runs and their batch record as ONE group job (one SLURM job on a
     cluster: tests/test_slurm.py), the GPU as `gres`, a string, which a group asks for once
-    (an integer `gpu` would be summed over its runs); 1, the default, plans no group; 0 stops."""
+    (an integer `gpu` would be summed over its runs); 1, the default, plans no group and each
+    training job asks for its GPU; 0 stops."""
     shared = "resources={mem_mb: 1000, runtime: 10, gpu: 1, runs_per_gpu: 2}"
     proc = run_snakemake(tmp_path, "--dry-run", "--cores", "2", "--config", shared)
     assert proc.returncode == 0, proc.stderr + proc.stdout
@@ -206,22 +174,29 @@ def test_runs_per_gpu_plans_the_runs_as_one_group_job(tmp_path):
     cfg = {**yaml.safe_load(TINY.read_text()), "resources": {"mem_mb": 1000, "runs_per_gpu": 2}}
     assert planned_jobs(tmp_path, "--config", shared) == {**grid_jobs(cfg), "train_batch": 1}
 
-    proc = run_snakemake(tmp_path, "--dry-run", "--cores", "2")
-    assert proc.returncode == 0 and "Group job" not in proc.stdout + proc.stderr, proc.stderr
+    # one run per job (the default): each training job asks for the GPU itself (sbatch --gpus=1
+    # through the SLURM plugin), with its own memory, time and CPU
+    proc = run_snakemake(
+        tmp_path, "--dry-run", "--cores", "2", "--config", "resources={gpu: 1, runtime: 10, mem_mb: 1000}"
+    )
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Group job" not in text, proc.stderr
+    train = [job for job in text.split("rule ")[1:] if job.startswith("train:")]
+    assert len(train) == 2 and all("gpu=1, runtime=10, cpus_per_task=1, mem_mb=1000," in job for job in train), train
     proc = run_snakemake(tmp_path, "--dry-run", "--cores", "2", "--config", "resources={runs_per_gpu: 0}")
     assert proc.returncode == 2 and "resources.runs_per_gpu: 0 is less than the minimum of 1" in proc.stderr
 
 
-# --- local end-to-end run (slow) ---------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("tiny")
-    proc = run_snakemake(workdir, "--cores", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return workdir
+# --- local end-to-end run (slow): conftest.py's tiny_run ------------------------------------
+TINY_RUN = pytest.mark.xdist_group("tiny_run")
+# The README's test table names the end-to-end tests, with their times; a test that is first to
+# use tiny_run on its worker also pays for making it.
+END_TO_END = pytest.mark.timeout(900)
 
 
 @pytest.mark.slow
+@TINY_RUN
+@END_TO_END
 def test_local_run_writes_tables_figures_metrics(tiny_run):
     results = tiny_run / "results"
     table = pd.read_csv(results / "tables" / "table2.csv")
@@ -244,6 +219,8 @@ def test_local_run_writes_tables_figures_metrics(tiny_run):
 
 
 @pytest.mark.slow
+@TINY_RUN
+@END_TO_END
 def test_report_html(tiny_run):
     proc = run_snakemake(tiny_run, "--report", "results/report.html")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -253,6 +230,8 @@ def test_report_html(tiny_run):
 
 
 @pytest.mark.slow
+@TINY_RUN
+@END_TO_END  # the first of these may be the one that makes tiny_run
 @pytest.mark.parametrize(
     "override,expected",
     [
@@ -291,6 +270,7 @@ def test_a_config_change_reruns_exactly_what_it_affects(tiny_run, override, expe
 
 
 @pytest.mark.slow
+@END_TO_END
 def test_analysis_workflow_writes_every_analysis(tmp_path):
     """tests/data/tiny-analysis.yaml end to end: the grid's runs write their probes' files, the
     studies' runs land under results/studies, every analysis folder gets its figures and tables,
@@ -327,13 +307,14 @@ def test_analysis_workflow_writes_every_analysis(tmp_path):
 
 # --- interrupt and resume (slow) ---------------------------------------------------------
 @pytest.mark.slow
+@END_TO_END
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_killed_workflow_resumes_without_redoing_finished_runs(tmp_path, sig):
     """Signal the whole process group (snakemake and its training job: Ctrl-C in a terminal,
     or a kill -9) once one run has finished and the other has a checkpoint; the rerun keeps
     the finished run and resumes the other from its checkpoint."""
     config = tmp_path / "resume.yaml"
-    config.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "rounds": 8, "checkpoint_every": 1}))
+    config.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "rounds": 3, "checkpoint_every": 1}))
     runs = tmp_path / "results" / "runs" / "synthetic" / "a0.5"
     # SIGINT as in a terminal, even when the tests themselves run in the background (nohup, &),
     # where it is ignored and the ignoring is inherited.
