@@ -1,15 +1,16 @@
-"""Golden runs: six methods' final weights and metrics pinned.
+"""Golden runs: six methods' final weights and metrics pinned, bit for bit, per machine.
 
 An equivalence test whose two sides both move with a refactor cannot catch a change in what
 the engine computes; these constants can. Floating-point results differ across CPU types
-(oneDNN and MKL pick kernels by instruction set) and thread counts, so two things are pinned:
-- on the machine the constants were made on (`MACHINE`: CPU model, ATen's CPU capability,
-  torch version) the SHA-256 of the final weights and of the metrics, bit for bit;
-- everywhere, every round's test loss (relative 1e-3) and per-group accuracy (1 point), which
-  float reassociation over 3 tiny rounds moves by far less and a change to a method's
-  arithmetic moves by far more.
+(oneDNN and MKL pick kernels by instruction set), and Adam turns those last-bit differences
+into visibly different runs: the same code gave round-3 losses 9% apart on an AVX-512 Xeon
+and an AVX2 EPYC. So the constants are pinned per machine fingerprint (CPU model, ATen's CPU
+capability, torch version): the SHA-256 of the final weights and of the metrics, with every
+round's loss and per-group accuracy for a readable failure. The machines CI runs on are
+pinned; elsewhere the test is skipped, naming the fingerprint.
 If a change is *meant* to alter training, say so in the commit and regenerate the constants
-with `python tests/test_golden.py` (it prints them, with this machine's fingerprint).
+on each pinned machine with `python tests/test_golden.py` (it prints them, with the machine's
+fingerprint).
 """
 
 from __future__ import annotations
@@ -40,44 +41,84 @@ SETTINGS = {
     "progress": False,
 }
 METRIC_COLUMNS = ["round", "mean_acc", "mean_loss", "acc_g0", "acc_g1"]  # not `seconds` (timing)
-GOLDEN_MACHINE = "Intel(R) Xeon(R) Processor @ 2.80GHz | AVX512 | 2.14.1+cu130"
-# method: state_sha256, SHA-256 of metrics.csv's METRIC_COLUMNS, mean_loss per round, (acc_g0, acc_g1) per round
+# fingerprint -> method -> state_sha256, SHA-256 of metrics.csv's METRIC_COLUMNS, mean_loss per
+# round, (acc_g0, acc_g1) per round
 GOLDEN = {
-    "FedAvg": {
-        "state": "b49f2e8fbda22e434cb17ea1e31199ae9690aab0d289aca8853cbcd929ed1fe8",
-        "metrics": "d2feee2293d3122824de7b5c0a2a7e7d2f876d65872455815a50ae3d0fbfc4b2",
-        "loss": [1.1244858, 0.652279, 0.6783673],
-        "acc": [[70.0, 61.6], [79.8, 79.4], [80.0, 66.6]],
+    "Intel(R) Xeon(R) Processor @ 2.80GHz | AVX512 | 2.14.1+cu130": {
+        "FedAvg": {
+            "state": "b49f2e8fbda22e434cb17ea1e31199ae9690aab0d289aca8853cbcd929ed1fe8",
+            "metrics": "d2feee2293d3122824de7b5c0a2a7e7d2f876d65872455815a50ae3d0fbfc4b2",
+            "loss": [1.1244858, 0.652279, 0.6783673],
+            "acc": [[70.0, 61.6], [79.8, 79.4], [80.0, 66.6]],
+        },
+        "InCoAvg": {
+            "state": "bfd03488ab7b49cbb03927ce25fedb55a31b83a837eb604f0c22c6a5bec4394a",
+            "metrics": "5612f2803fdc41fac2746254d8901333ddaae14edde5f3e7ba2bd6b3f3263a58",
+            "loss": [1.4655037, 0.4296469, 0.0964111],
+            "acc": [[71.8, 80.8], [98.4, 97.0], [100.0, 94.2]],
+        },
+        "SCAFFOLD": {
+            "state": "a1c2c8b93886ee492699bf0e30149a9c0357356ee448d480cb2355ec686eb745",
+            "metrics": "6e9c11c64289d7d64866e39feb7bf1f52d97c3221cafd05e1b3c054fd6ab7996",
+            "loss": [1.1244858, 0.559417, 1.8439172],
+            "acc": [[70.0, 61.6], [84.8, 75.6], [100.0, 48.0]],
+        },
+        "MOON": {
+            "state": "c9e7ff69cf4d2870cbbb1c08c949556452f78fe0111dcc5566be360af9897aeb",
+            "metrics": "d56557fe012b0bf2df28c0289186fbce9cdcd4dc6dbcfe78de1c6d8d650f0671",
+            "loss": [1.5659819, 2.6893059, 0.954737],
+            "acc": [[40.0, 57.2], [50.0, 40.8], [70.0, 70.0]],
+        },
+        "FedNova": {
+            "state": "ba2b28b7996b89e1a285638b540ce280952fce7b82b5d4816ad73b68e259177f",
+            "metrics": "e6a5532f5e9cfa4031169603e6aae3711ef43d6a5bb137c94b09809fd627155c",
+            "loss": [1.0858762, 0.6138804, 0.5296616],
+            "acc": [[70.0, 61.2], [79.8, 84.2], [80.6, 76.0]],
+        },
+        "InCoProx": {
+            "state": "5eebad71a01fa4e910416caaa26251cf2d4021c6db6d7d265e321042692722f6",
+            "metrics": "67d8eaf4e7e52db7330acf17b63513479dc6cb8040c4b8792dea1ad4f1a63b0a",
+            "loss": [1.5584973, 0.4997718, 0.082747],
+            "acc": [[71.8, 80.6], [98.4, 97.4], [100.0, 100.0]],
+        },
     },
-    "InCoAvg": {
-        "state": "bfd03488ab7b49cbb03927ce25fedb55a31b83a837eb604f0c22c6a5bec4394a",
-        "metrics": "5612f2803fdc41fac2746254d8901333ddaae14edde5f3e7ba2bd6b3f3263a58",
-        "loss": [1.4655037, 0.4296469, 0.0964111],
-        "acc": [[71.8, 80.8], [98.4, 97.0], [100.0, 94.2]],
-    },
-    "SCAFFOLD": {
-        "state": "a1c2c8b93886ee492699bf0e30149a9c0357356ee448d480cb2355ec686eb745",
-        "metrics": "6e9c11c64289d7d64866e39feb7bf1f52d97c3221cafd05e1b3c054fd6ab7996",
-        "loss": [1.1244858, 0.559417, 1.8439172],
-        "acc": [[70.0, 61.6], [84.8, 75.6], [100.0, 48.0]],
-    },
-    "MOON": {
-        "state": "c9e7ff69cf4d2870cbbb1c08c949556452f78fe0111dcc5566be360af9897aeb",
-        "metrics": "d56557fe012b0bf2df28c0289186fbce9cdcd4dc6dbcfe78de1c6d8d650f0671",
-        "loss": [1.5659819, 2.6893059, 0.954737],
-        "acc": [[40.0, 57.2], [50.0, 40.8], [70.0, 70.0]],
-    },
-    "FedNova": {
-        "state": "ba2b28b7996b89e1a285638b540ce280952fce7b82b5d4816ad73b68e259177f",
-        "metrics": "e6a5532f5e9cfa4031169603e6aae3711ef43d6a5bb137c94b09809fd627155c",
-        "loss": [1.0858762, 0.6138804, 0.5296616],
-        "acc": [[70.0, 61.2], [79.8, 84.2], [80.6, 76.0]],
-    },
-    "InCoProx": {
-        "state": "5eebad71a01fa4e910416caaa26251cf2d4021c6db6d7d265e321042692722f6",
-        "metrics": "67d8eaf4e7e52db7330acf17b63513479dc6cb8040c4b8792dea1ad4f1a63b0a",
-        "loss": [1.5584973, 0.4997718, 0.082747],
-        "acc": [[71.8, 80.6], [98.4, 97.4], [100.0, 100.0]],
+    "AMD EPYC | AVX2 | 2.14.1+cu130": {
+        "FedAvg": {
+            "state": "2b14d9331f110360a8d7276711be386045985cf32934301e34ee46416d6e2767",
+            "metrics": "5ad0e83eb456adf385a154f177e8055cd03221da10499c864122a1d7142516f9",
+            "loss": [1.128031, 0.6645563, 0.6193634],
+            "acc": [[70.0, 62.0], [80.0, 77.8], [79.0, 71.8]],
+        },
+        "InCoAvg": {
+            "state": "c979cadc3c096a4ff89050bba3b30a52095ea0048d58fad767e7d2ad7bdaba9d",
+            "metrics": "e93453aee274a2d66c0d66dd4198c17b32e15a03ac150be22c50715a8d369e8c",
+            "loss": [1.4690342, 0.413356, 0.1487357],
+            "acc": [[71.4, 80.6], [99.4, 98.2], [100.0, 90.0]],
+        },
+        "SCAFFOLD": {
+            "state": "06b5f1658cddca1ee7a81d827238ef60b8da730bcb132c99fdf1a933a90a1b89",
+            "metrics": "3a550176f104a1b6af404e81116a17916c8e8c1044ef2af9ad20dcb9b6396fae",
+            "loss": [1.128031, 0.5474043, 1.9745637],
+            "acc": [[70.0, 62.0], [81.6, 81.6], [100.0, 43.8]],
+        },
+        "MOON": {
+            "state": "d480b1ab4c37819e06006f14989aafdbd8a1607e7e4343f163ccd1abe219666a",
+            "metrics": "5b7676295326b9db51cc997be568652f636440d360133b5fb00427d676fd47fc",
+            "loss": [1.5678461, 2.6574124, 0.93099],
+            "acc": [[40.0, 56.6], [50.0, 40.4], [70.0, 69.6]],
+        },
+        "FedNova": {
+            "state": "659301fe41722077c0d5191f535724facbeb5480c224f6f68742bd471ec3290d",
+            "metrics": "a6f7368c365acac2f5d6544278ffa05523130f02c480e805b2262a790ea9da9d",
+            "loss": [1.0895654, 0.6232794, 0.5624481],
+            "acc": [[70.0, 61.2], [80.0, 79.8], [79.6, 77.6]],
+        },
+        "InCoProx": {
+            "state": "914ef6eabf812193a015384c3b72d305badcc9d56720966070605b8587bb6fa7",
+            "metrics": "12ad9f31c99a6ac961b31c221cfb727c785f1d7e14538395e2484ab52291d981",
+            "loss": [1.5622708, 0.5472257, 0.079],
+            "acc": [[72.2, 80.2], [97.2, 95.0], [100.0, 99.8]],
+        },
     },
 }
 
@@ -103,24 +144,28 @@ def golden_run(method: str, out, cache) -> dict:
     }
 
 
-@pytest.mark.parametrize("method", list(GOLDEN))
+METHODS = ["FedAvg", "InCoAvg", "SCAFFOLD", "MOON", "FedNova", "InCoProx"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
 def test_golden_run(method, tmp_path):
-    got, pinned = golden_run(method, tmp_path / "run", tmp_path / "cache"), GOLDEN[method]
-    assert got["loss"] == pytest.approx(pinned["loss"], rel=1e-3)
-    for acc, expected in zip(got["acc"], pinned["acc"], strict=True):
-        assert acc == pytest.approx(expected, abs=1.0)
-    if machine() == GOLDEN_MACHINE:  # the pinning machine: bit for bit
-        assert (got["state"], got["metrics"]) == (pinned["state"], pinned["metrics"])
+    pins = GOLDEN.get(machine())
+    if pins is None:
+        pytest.skip(f"no golden constants for this machine ({machine()}): print them with python tests/test_golden.py")
+    got = golden_run(method, tmp_path / "run", tmp_path / "cache")
+    assert got == pins[method]
 
 
-def test_golden_covers_the_pinned_methods():
-    assert set(GOLDEN) == {"FedAvg", "InCoAvg", "SCAFFOLD", "MOON", "FedNova", "InCoProx"}
+def test_golden_covers_the_pinned_methods_on_every_pinned_machine():
+    assert all(list(pins) == METHODS for pins in GOLDEN.values())
 
 
 if __name__ == "__main__":  # print fresh constants (only when training is meant to change)
     import tempfile
 
-    print(f"GOLDEN_MACHINE = {machine()!r}")
+    print(f"{machine()!r}: {{")
     with tempfile.TemporaryDirectory() as tmp:
-        for name in ("FedAvg", "InCoAvg", "SCAFFOLD", "MOON", "FedNova", "InCoProx"):
+        for name in METHODS:
             print(f"    {name!r}: {golden_run(name, Path(tmp) / name, Path(tmp) / 'cache')!r},")
+    print("},")
