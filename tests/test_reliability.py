@@ -282,6 +282,7 @@ def test_truncated_or_altered_data_cache_is_rebuilt(tmp_path, caplog):
 
 
 # --- results never lie --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_divergence_stops_the_run_and_is_recorded(tmp_path, capsys):
     cfg = _config(tmp_path, optimizer="sgd", lr=1e6, rounds=3)
     code = run(["train", "--config", str(cfg), "--out", str(tmp_path / "run")])
@@ -319,6 +320,7 @@ def test_tables_and_figures_show_a_diverged_run_and_never_average_it(tmp_path):
     assert all(p.exists() for p in paths)
 
 
+@pytest.mark.slow
 def test_finished_run_is_not_redone_and_other_settings_are_refused(tmp_path, capsys):
     cfg = _config(tmp_path)
     assert run(["train", "--config", str(cfg), "--out", str(tmp_path / "run")]) == 0
@@ -356,6 +358,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
     assert path.exists(), f"{path} never appeared"
 
 
+@pytest.mark.slow
 def test_second_writer_on_a_run_directory_is_refused(tmp_path):
     cfg = _config(tmp_path, rounds=50)
     first = subprocess.Popen([*CMD, "--config", str(cfg), "--out", str(tmp_path / "run")], stderr=subprocess.DEVNULL)
@@ -371,10 +374,13 @@ def test_second_writer_on_a_run_directory_is_refused(tmp_path):
         first.wait()
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_checkpoint_and_exits_130(tmp_path):
     cfg = _config(tmp_path, rounds=50, checkpoint_every=1)
+    # SIGINT as in a terminal, even when the tests run in the background (nohup, &), where it is
+    # ignored and the ignoring is inherited (Python then installs no KeyboardInterrupt handler).
     proc = subprocess.Popen([*CMD, "--config", str(cfg), "--out", str(tmp_path / "run")], stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     _wait_for(tmp_path / "run" / "ckpt.pt", proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
@@ -383,6 +389,7 @@ def test_ctrl_c_keeps_the_checkpoint_and_exits_130(tmp_path):
     assert (tmp_path / "run" / "ckpt.pt").exists() and not list((tmp_path / "run").glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
     import socket
 
@@ -400,11 +407,13 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # end to end: the README's test table names it, with its time
 def test_random_sigkills_resume_bit_identically_and_leave_nothing_behind(tmp_path):
     """SIGKILL at random moments (checkpoints are written every round, so some kills land in a
     checkpoint write), resume each time: the result equals an uninterrupted run's, and no
     temporary file or checkpoint is left."""
-    cfg = _config(tmp_path, rounds=8, checkpoint_every=1, methods=["InCoAvg"])
+    # 8 clients of ~250 images, 2 a round: cheap rounds, and enough of them to be killed in
+    cfg = _config(tmp_path, rounds=8, checkpoint_every=1, methods=["InCoAvg"], clients=8, ratio=0.25)
     assert subprocess.run([*CMD, "--config", str(cfg), "--out", str(tmp_path / "full")]).returncode == 0
     out, rng, kills = tmp_path / "killed", random.Random(0), 0
     log, ckpt = out / "train.log", out / "ckpt.pt"
