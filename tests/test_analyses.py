@@ -70,6 +70,7 @@ def test_cosine():
 
 
 # --- the engine's probes --------------------------------------------------------------------
+@pytest.mark.slow
 def test_probes_see_each_client_as_it_trained(data):
     """FedAvg with one client per model group: each group's new global model is its one
     client's trained model, so the state a probe sees must equal it exactly."""
@@ -99,6 +100,7 @@ def test_cka_rows_cover_every_pair_and_shared_probe_point(data):
                                    "layer4.0"}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_update_histograms_count_every_weight_and_show_the_inco_step(data):
     counts = {}
     for method in ("HeteroAvg", "InCoAvg"):
@@ -130,6 +132,7 @@ def test_tsne_rows_one_client_per_listed_group(data):
     assert rows[["x", "y"]].notna().all().all() and report.round == 1
 
 
+@pytest.mark.slow
 def test_analyses_do_not_change_training(data):
     plain = engine_on(data, method="InCoAvg", **SMALL)
     probed = engine_on(data, method="InCoAvg", **{**SMALL, "analyses": ALL})
@@ -140,6 +143,7 @@ def test_analyses_do_not_change_training(data):
     assert len(probed.observers) == len(plain.observers) + 3
 
 
+@pytest.mark.slow
 def test_resumed_analyses_equal_uninterrupted(data, tmp_path):
     cfg = RunConfig(**{**QUIET, **SMALL, "method": "InCoAvg", "rounds": 3, "checkpoint_every": 1, "analyses": ALL})
     for name in ("full", "resumed"):

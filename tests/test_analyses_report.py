@@ -48,6 +48,7 @@ def _similarity() -> pd.DataFrame:
                          "layer": "conv1.weight", "cosine": [0.5, 0.1]})  # fmt: skip
 
 
+@pytest.mark.slow
 def test_cka_table_averages_pairs_then_seeds(tmp_path):
     runs = tmp_path / "runs"
     _run(runs, "InCoAvg", 0, cka=_cka({"layer1": [0.9, 0.6, 0.3], "layer2": [0.6, 0.3, 0.0]}),

@@ -74,6 +74,7 @@ def assert_same_updates(serial, batched):
         assert u.extra.keys() == v.extra.keys()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
     [
@@ -92,6 +93,7 @@ def test_batched_updates_equal_serial_updates(float64, data, settings):
     assert_same_updates(round_updates(data, "serial", **settings), round_updates(data, "batched", **settings))
 
 
+@pytest.mark.slow
 def test_a_partial_round_trains_only_its_group_side_by_side(float64, data):
     settings = {"method": "FedPart", "models": ["resnet10"], "method_args": {"warmup": 0}}
     part, full = round_updates(data, "batched", **settings), round_updates(data, "batched", models=["resnet10"])
@@ -99,6 +101,7 @@ def test_a_partial_round_trains_only_its_group_side_by_side(float64, data):
     assert part[0].delta.keys() < full[0].delta.keys()
 
 
+@pytest.mark.slow
 def test_float32_batched_training_is_deterministic(data):
     first, again = round_updates(data, "batched"), round_updates(data, "batched")
     for u, v in zip(first, again, strict=True):
@@ -119,12 +122,14 @@ def test_the_batchable_objectives_are_those_without_hooks_or_with_a_batched_corr
     assert not {"SCAFFOLD", "MOON", "InCoScaffold", "InCoMOON"} & batchable
 
 
+@pytest.mark.slow
 def test_bf16_autocast_trains_side_by_side_as_the_serial_trainer_does(data):
     """vmap's batch_norm refused a bf16 input with float32 weights (first seen on an H200).
     One step per client; the engine turns autocast on only on a GPU, so it is switched on here."""
 
     def flat_deltas(trainer: str, autocast: bool) -> list[torch.Tensor]:
-        engine = engine_on(data, **{**BASE, "trainer": trainer, "local_epochs": 1, "batch_size": 128})
+        settings = {"trainer": trainer, "local_epochs": 1, "batch_size": 128, "ratio": 0.5}  # 2 clients side by side
+        engine = engine_on(data, **{**BASE, **settings})
         engine.trainer.autocast = autocast
         plans = [engine.planner.plan(0, int(c)) for c in engine.schedule[0]]
         updates = engine.trainer.train(0, plans, lambda p: engine.client_state(p.client, p.group), engine.objective)

@@ -14,6 +14,7 @@ from incofl.fl.estimate import training_flops
 SMALL = {"model": "resnet10", "clients": 2, "samples": 32, "epochs": 1, "batch_size": 16, "repeats": 1, "threads": 1}
 
 
+@pytest.mark.slow
 def test_cpu_bench_names_its_device_and_measures_every_path():
     result = benchmark(**SMALL)
     assert result["device"] == "cpu" and result["device_name"]
@@ -40,6 +41,7 @@ def test_peak_flops_know_the_gpus_and_not_a_cpu():
     assert peak_flops("x86_64", "fp32") is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_without_a_gpu_is_one_line_and_exit_2():
     proc = subprocess.run([sys.executable, "-m", "incofl.cli", "bench", "--device", "cuda", "--json"],
@@ -50,6 +52,7 @@ def test_cuda_without_a_gpu_is_one_line_and_exit_2():
     )
 
 
+@pytest.mark.slow
 def test_the_work_said_before_a_run_is_what_it_trains():
     """Sample-passes from the drawn schedule equal the passes the rounds report; the FLOPs
     weight each client's passes by its model group's count."""

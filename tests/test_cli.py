@@ -28,6 +28,7 @@ def partition(tmp_path: Path, *sets: str) -> tuple[str, Partition]:
     return proc.stdout, Partition.load(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sets",
     [
@@ -53,6 +54,7 @@ def test_set_accumulates_for_every_subcommand(command):
     assert parser.parse_args([command, *extra]).set == []  # the default list is not shared between parses
 
 
+@pytest.mark.slow
 def test_train_without_a_config_runs_on_the_built_in_defaults(tmp_path):
     """No --config: digits with the embedded experiment's federation (100 clients could not each get 10 images)."""
     out = tmp_path / "run"

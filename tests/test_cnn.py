@@ -155,6 +155,7 @@ def test_fedpart_is_refused_on_cnn20():
 # --- the engine --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["FedAvg", "MOON"])
 def test_two_round_run(tmp_path, data, method):
     """A real run (incofl.fl.simulation.train): two rounds, evaluated, the weights moved."""

@@ -59,6 +59,7 @@ def test_sampling_is_a_function_of_the_seed_only():
     assert client_seed(0, 1, 2) != client_seed(0, 2, 1)
 
 
+@pytest.mark.slow
 def test_evaluation_schedule_does_not_change_training(tmp_path, synthetic):
     """Evaluating draws no randomness and changes no state, so the final accuracy of a run
     does not depend on eval_every (the CIFAR-10 evidence mixes eval_every 5 and 10)."""
@@ -107,8 +108,9 @@ def test_one_group_heteroavg_equals_fedavg(tmp_path, synthetic):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # end to end: the README's test table names it, with its time
 def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
-    cfg = _cfg(tmp_path, rounds=4, checkpoint_every=1, methods=["InCoAvg"])
+    cfg = _cfg(tmp_path, rounds=4, checkpoint_every=1, methods=["InCoAvg"], clients=12, ratio=0.25)  # cheap rounds
     cmd = [sys.executable, "-m", "incofl.cli", "train", "--config", str(cfg)]
     subprocess.run([*cmd, "--out", str(tmp_path / "full")], check=True, capture_output=True)
 
@@ -147,6 +149,7 @@ def test_checkpoint_from_other_settings_is_refused(tmp_path, synthetic, other):
         train(cfg, out, data=synthetic)
 
 
+@pytest.mark.slow
 def test_client_update_is_a_real_difference(synthetic, tmp_path):
     """The released code's CPU bug (state_dict sharing storage) makes every delta zero."""
     from incofl.data.partition import make_partition

@@ -59,6 +59,7 @@ def test_conflicts_count_pairs_below_xi_and_a_zero_vector_has_cosine_zero():
     assert conflict_counts([g[0], {"b": g[1]["b"]}], ["a", "b"], 0.0).tolist() == [0, 0]  # pairs among holders
 
 
+@pytest.mark.slow
 def test_top_k_are_the_most_conflicting_entries_ties_in_model_order(data, monkeypatch):
     engine = _engine(data, "FedLAG", method_args={"top_k": 3, "warmup": 2})
     planner = engine.planner
@@ -79,6 +80,7 @@ def test_warmup_defaults_to_half_the_rounds_up_to_30_plus_one(data):
 # --- personal tensors ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_personal_tensors_are_never_uploaded_or_overwritten(data):
     engine = _run(_engine(data, "FedLAG", method_args={"warmup": 2, "top_k": 2}), 2)
     personal = engine.planner.personal
@@ -96,12 +98,14 @@ def test_personal_tensors_are_never_uploaded_or_overwritten(data):
     assert not any(torch.equal(engine.kept[0][k], engine.kept[1][k]) for k in personal)
 
 
+@pytest.mark.slow
 def test_top_k_zero_is_weighted_fedavg_with_personal_evaluation(data):
     lag = _run(_engine(data, "FedLAG", method_args={"top_k": 0, "warmup": 2}), 4)
     avg = _run(_engine(data, "FedAvg", method_args={"weighted": True}), 4)
     assert lag.fingerprint() == avg.fingerprint() and lag.evaluate() == avg.evaluate()
 
 
+@pytest.mark.slow
 def test_resume_restores_personal_state_and_the_choice(data):
     args = {"warmup": 2, "top_k": 2}
     straight = _run(_engine(data, "FedLAG", method_args=args), 4)
@@ -113,6 +117,7 @@ def test_resume_restores_personal_state_and_the_choice(data):
     assert resumed.fingerprint() == straight.fingerprint() and resumed.evaluate() == straight.evaluate()
 
 
+@pytest.mark.slow
 def test_released_variant_trains_locally_after_warmup(data):
     engine = _run(_engine(data, "FedLAG", method_args={"warmup": 2, "variant": "released"}), 2)
     server = {k: v.clone() for k, v in engine.states[0].items()}
@@ -121,6 +126,7 @@ def test_released_variant_trains_locally_after_warmup(data):
     assert set(engine.kept[0]) == set(engine.models[0].state_dict())
 
 
+@pytest.mark.slow
 def test_local_never_uploads_and_fedper_keeps_the_head(data):
     local = _engine(data, "Local")
     server = {k: v.clone() for k, v in local.states[0].items()}
@@ -147,6 +153,7 @@ def test_holdout_is_a_seeded_stratified_quarter_of_each_client():
     assert holdout_split([np.array([5])], labels, 0.25, seed=0)[1][0].size == 0  # one sample: nothing held out
 
 
+@pytest.mark.slow
 def test_personal_accuracy_is_micro_averaged_over_each_clients_model(data):
     engine = _run(_engine(data, "FedPer"), 2)
     correct, total, accs = 0.0, 0, []
@@ -170,6 +177,7 @@ def test_without_a_test_set_the_personal_accuracy_is_the_runs(data):
     assert scores["mean_acc"] == scores["personal_acc"] == scores["acc_g0"]
 
 
+@pytest.mark.slow
 def test_the_cli_writes_personal_layers_and_personal_accuracy(tmp_path):
     out = tmp_path / "run"
     args = ["train", "--out", str(out), "--set", "dataset=digits", "method=FedLAG", "models=[resnet10]", "clients=4",

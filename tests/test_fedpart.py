@@ -311,6 +311,7 @@ def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data
 # --- whole rounds: costs, reductions, resume ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_one_cycle_costs_7_25_of_the_uploads_and_55_75_of_the_compute(data):
     """ResNet-8, W = 5, R = 2, G = 10: the poster's -72% upload and -27% compute, exactly."""
     part = _run(_engine(data, "FedPart", batch_size=32), 25).costs.totals()  # a step a client and round
@@ -320,11 +321,13 @@ def test_one_cycle_costs_7_25_of_the_uploads_and_55_75_of_the_compute(data):
     assert part["compute_units"] * 75 == full["compute_units"] * 55
 
 
+@pytest.mark.slow
 def test_warmup_over_every_round_is_fedavg_bit_for_bit(data):
     part = _run(_engine(data, "FedPart", method_args={"warmup": 3}), 3)
     assert _same_states(part, _run(_engine(data, "FedAvg"), 3))
 
 
+@pytest.mark.slow
 def test_a_single_layer_group_is_fedavg_bit_for_bit(data, monkeypatch):
     def one_group(model):
         groups = layer_groups(model)

@@ -49,6 +49,7 @@ def root(tmp_path_factory):
 LABELS = ["FedAvg", "FedPart", "FedPart-once-W4"]
 
 
+@pytest.mark.slow
 def test_accuracy_after_each_cycle_is_read_at_its_last_round(root):
     table = cycle_table(read_runs(root, LABELS))
     assert table[["FNU", "partial", "C", "round", "seeds"]].values.tolist() == [

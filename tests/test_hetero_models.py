@@ -187,6 +187,7 @@ def test_resnet110_exits_read_the_documented_blocks(levels):
         assert seen[f"exit{e}"] is seen[f"block{e}"]
 
 
+@pytest.mark.slow
 def test_resnet110_sub_model_is_the_full_model_cut_at_its_exit(levels):
     full = levels[4]
     torch.manual_seed(1)

@@ -160,6 +160,7 @@ def test_fedprox_gradient_is_that_of_the_proximal_term():
     assert all(torch.allclose(g, p.grad, atol=1e-7) for g, p in zip(got, model.parameters(), strict=True))
 
 
+@pytest.mark.slow
 def test_fedprox_with_mu_zero_is_fedavg_bit_for_bit(data):
     fedavg, fedprox = _engine(data, "FedAvg"), _engine(data, "FedProx", method_args={"mu": 0.0})
     for t in range(2):
@@ -204,6 +205,7 @@ def test_fednova_aggregate_is_tau_eff_times_weighted_normalised_updates():
         assert torch.allclose(got, expected, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fednova_with_equal_steps_and_weights_is_fedavg(data):
     """100 samples per client, 4 steps each: the factor tau_eff / a_i is exactly 1."""
     fedavg, fednova = _engine(data, "FedAvg", ratio=1.0), _engine(data, "FedNova", ratio=1.0)
@@ -222,6 +224,7 @@ def test_fednova_with_equal_steps_and_weights_is_fedavg(data):
 # --- SCAFFOLD -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
     fedavg, scaffold = _engine(data, "FedAvg"), _engine(data, "SCAFFOLD")
     sampled = [int(c) for c in scaffold.schedule[0]]
@@ -246,6 +249,7 @@ def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
         assert all(torch.allclose(v, sum(m[1][k] for m in members) / 2, rtol=1e-5, atol=1e-6) for k, v in c.items())
 
 
+@pytest.mark.slow
 def test_inco_scaffold_keeps_one_c_on_the_server_names_over_all_clients(data):
     engine = _engine(data, "InCoScaffold")
     engine.run_round(0)
@@ -315,6 +319,7 @@ def test_moon_uses_the_global_model_until_a_client_has_a_previous_one():
 # --- every method learns, resumes, and runs --------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["FedProx", "SCAFFOLD", "FedNova", "MOON"])
 def test_method_lowers_the_training_loss(data, method):
     engine = _engine(data, method, models=["resnet10"], ratio=1.0)
@@ -329,6 +334,7 @@ def test_method_lowers_the_training_loss(data, method):
     assert train_loss() < 0.7 * before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["SCAFFOLD", "MOON"])
 def test_resumed_run_equals_uninterrupted_run(tmp_path, data, method, monkeypatch):
     """A run restarted from its round-2 checkpoint (as after a kill) ends as the straight run."""
@@ -352,6 +358,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, data, method, monkeypatc
     pd.testing.assert_frame_equal(straight[1], resumed[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", TABLE2)
 def test_every_table2_method_runs_a_round(tmp_path, data, method):
     summary = train(RunConfig(**{**TINY, "rounds": 1}, method=method), tmp_path / method, data=data)
@@ -381,6 +388,7 @@ def _finish(session, start, n):
     return session.end(ClientUpdate(session.ctx.client, session.ctx.group, delta, n, session.ctx.steps))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["FedProx", "SCAFFOLD", "MOON", "InCoScaffold"])
 def test_two_clients_trained_interleaved_equal_in_sequence(data, method):
     """Sessions keep per-client state apart: stepping two clients of one group in turn gives

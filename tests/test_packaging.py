@@ -7,6 +7,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +28,7 @@ def test_ci_runs_the_readme_test_command():
     assert "\nmake test\n" in ci
 
 
+@pytest.mark.slow
 def test_cli_help_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "incofl.cli", "--help"], capture_output=True, text=True, check=True)
     for command in ("prepare", "partition", "train", "table", "figures", "paired", "fedpart", "bench", "methods"):

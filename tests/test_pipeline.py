@@ -242,6 +242,7 @@ def test_partition_release_through_the_config(tmp_path):
         partition_for(cfg, folder)  # an image-folder CIFAR-10 is in class order: indices would mean other images
 
 
+@pytest.mark.slow
 def test_fmnist_partition_drawn_over_cifar10_labels(data_dir, cache_dir):
     """The release's FMNIST clients get the CIFAR-10 partition: Dirichlet over CIFAR-10's labels,
     applied to FMNIST's first 50,000 images (10,000 unused)."""
@@ -276,6 +277,7 @@ def _prox_run(rounds: int, anchor: str) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.slow
 def test_fedprox_initial_anchor_is_the_round_anchor_in_round_one_only():
     """Round 1 starts from the initial model, so both anchors coincide (bit-identical); after
     that the fixed anchor pulls elsewhere."""

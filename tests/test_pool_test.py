@@ -111,6 +111,7 @@ def test_release_partitions_are_refused_with_pool_test(cache, tmp_path):
         _cfg(cache, pool_test=True, holdout=0.25, partition="release", release_partitions=str(tmp_path))
 
 
+@pytest.mark.slow
 def test_cli_partition_over_the_pooled_set(cache, tmp_path):
     """The workflow's partition job: `incofl partition --set pool_test=true holdout=0.25 ...`;
     a pooled run accepts its artifact."""
@@ -144,6 +145,7 @@ def _partition_commands(workdir: Path, **settings) -> list[str]:
     return [line for line in proc.stdout.splitlines() if "incofl partition" in line]
 
 
+@pytest.mark.slow
 def test_workflow_partition_job_pools(tmp_path):
     """The partition job gets `pool_test` (and the `holdout` it needs) only when pooling, so the
     partition jobs of a config without it keep their params."""

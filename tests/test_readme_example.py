@@ -55,6 +55,7 @@ def _equal(a, b):
     return all(torch.equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
 
 
+@pytest.mark.slow
 def test_example_methods_reduce_to_fedavg(example, data):
     fedavg = _final_states(data, "FedAvg")
     assert _equal(fedavg, _final_states(data, "FedAvgLS", smoothing=0.0))

@@ -160,6 +160,7 @@ def test_tree_with_a_test_class_missing_from_train_is_rejected(tmp_path):
 # --- real CIFAR-10 ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_real_cifar10(data_dir, cache_dir, monkeypatch):
     ds = load_dataset("cifar10", data_dir=data_dir, cache_dir=cache_dir, download=False)
     assert_well_formed(ds, 3, 32)

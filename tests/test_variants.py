@@ -227,6 +227,7 @@ def _snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedP
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_dry_run_plans_the_variants_run_directory(tmp_path):
     config = _write(tmp_path / "c.yaml", {**TINY, "cache_dir": str(tmp_path / "cache")})
     proc = _snakemake(tmp_path, config, "--dry-run")
@@ -238,6 +239,7 @@ def test_dry_run_plans_the_variants_run_directory(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_train_a_variant_and_its_workflow_run_file_round_trips(tmp_path, capsys):
     """`incofl train --set method=FedPart-W0` trains FedPart with the variant's settings under
     its name; the run file the workflow writes for it (`methods: [FedPart]`, `label:

@@ -123,6 +123,7 @@ def _run(data, method: str, **settings):
     return engine
 
 
+@pytest.mark.slow
 def test_fedrolex_first_round_is_heterofl_and_rolls_after_it(data):
     rates = {"width_rates": [1.0, 0.5]}
     hetero, rolex = _run(data, "HeteroFL", **rates), _run(data, "FedRolex", **rates)
@@ -132,6 +133,7 @@ def test_fedrolex_first_round_is_heterofl_and_rolls_after_it(data):
     assert rolex.planner.plan(1, 0).view.index["conv1.weight"][0] is None  # rate 1: the full model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["HeteroFL", "FedRolex", "InCoHeteroFL", "InCoRolex"])
 def test_width_methods_train_and_report_every_level(data, method):
     engine = _run(data, method, width_rates=[1.0, 0.5], rate_assignment="dynamic", static_bn_samples=32)
@@ -139,6 +141,7 @@ def test_width_methods_train_and_report_every_level(data, method):
     assert {"mean_acc", "acc_g0", "acc_g1"} <= set(row) and 0 <= row["mean_acc"] <= 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ScaleFL", "InCoScaleFL"])
 def test_scalefl_reports_every_exit(data, method):
     engine = _run(data, method, models=["resnet110"], width_rates=[0.5, 1.0], exits=[1, 4])
@@ -171,6 +174,7 @@ def test_whole_model_methods_refuse_cut_levels():
     RunConfig(**{**WIDTH, "method": "FedAvg", "width_rates": [1.0]})  # uncut: a plain model
 
 
+@pytest.mark.slow
 def test_a_resumed_dynamic_rolling_run_equals_an_uninterrupted_one(data):
     settings = {**WIDTH, "method": "InCoRolex", "width_rates": [1.0, 0.5], "rate_assignment": "dynamic", "rounds": 2}
     straight = engine_on(data, **settings)
@@ -185,6 +189,7 @@ def test_a_resumed_dynamic_rolling_run_equals_an_uninterrupted_one(data):
     assert straight.planner.plan(1, 0).group in (0, 1)
 
 
+@pytest.mark.slow
 def test_full_width_inco_heterofl_without_mask_and_clip_is_inco_avg_bit_for_bit(data):
     """Every client at rate 1: the width machinery (views, per-element mean, held masks) must
     reduce to the depth path (HeteroAvg's mean over holders, the plain InCo step)."""
