@@ -12,10 +12,16 @@ from workflows import REPO, run_snakemake
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow end-to-end tests first: under `pytest -n` the workers then start the long ones
-    early and fill the rest of their time with the short ones, instead of one worker finishing
-    a late long test alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The end-to-end tests first (they raise their timeout), then the other slow ones: under
+    `pytest -n` the workers then start the long tests early and fill the rest of their time
+    with the short ones, instead of one worker finishing a late long test alone."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("timeout"):
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")
