@@ -91,8 +91,8 @@ def test_plots_render_offline(committed, flag, tmp_path):
     assert "<script src=" not in html and "cdn.jsdelivr" not in html  # nothing loaded from a network
     for lib in ("vega 5.20.2", "vega-lite 5.2.0", "vega-embed 6.18.2"):
         assert f"<!-- {lib} " in html
-    for path in PLOTS:
-        assert f"vegaEmbed('#{path.replace('/', '_').replace('.', '_').replace('-', '_')}'" in html, path
+    for path in PLOTS:  # one plot per file, its element id the path with / and . as _
+        assert f"vegaEmbed('#{path.replace('/', '_').replace('.', '_')}'" in html, path
 
 
 def test_metrics_diff_compares_two_commits(committed, tmp_path):
