@@ -37,3 +37,9 @@ rule all:
     default_target: True
     input:
         all_targets(),
+
+
+rule runs:
+    """The grid's runs only (`snakemake runs`: DVC's training stage of this config)."""
+    input:
+        RUNS,

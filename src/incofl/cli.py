@@ -1,5 +1,5 @@
-"""Command-line interface: `incofl prepare | partition | train | table | figures | paired | fedpart |
-analysis | bench | methods`."""
+"""Command-line interface: `incofl prepare | partition | train | table | figures | paired | metrics |
+fedpart | analysis | bench | methods`."""
 
 from __future__ import annotations
 
@@ -103,20 +103,21 @@ def _bases(exp: Any) -> dict[str, str | None]:
     return {name: base_of(exp.method_of(m)) for m, name in zip(exp.methods, exp.names, strict=True)}
 
 
+def _table2(exp: Any, summaries: Any, metric: str) -> Any:
+    """Table 2 of the config's grid (its methods, data sets and alphas) from `summaries`."""
+    from incofl.report.tables import table2
+
+    return table2(summaries, metric=metric, methods=exp.names, base_of=_bases(exp), datasets=exp.datasets,
+                  alphas=exp.alphas)  # fmt: skip
+
+
 def cmd_table(args: argparse.Namespace) -> int:
     from incofl.report.published import is_resnet_family, paper_table2
-    from incofl.report.tables import table2, write_metrics_json, write_tables
+    from incofl.report.tables import write_metrics_json, write_tables
 
     exp, summaries = _report_inputs(args)
     metric = args.metric or exp.table_metric
-    table = table2(
-        summaries,
-        metric=metric,
-        methods=exp.names,
-        base_of=_bases(exp),
-        datasets=exp.datasets,
-        alphas=exp.alphas,
-    )
+    table = _table2(exp, summaries, metric)
     paper = paper_table2() if is_resnet_family(summaries) and not args.no_paper else None
     write_tables(table, args.out, metric=metric, paper=paper)
     write_metrics_json(table, args.metrics or Path(args.out) / "metrics.json")
@@ -154,6 +155,31 @@ def cmd_paired(args: argparse.Namespace) -> int:
         with atomic_path(args.out) as tmp:
             Path(tmp).write_text(text)
     print(text)
+    return 0
+
+
+def _pairs(texts: list[str]) -> list[tuple[str, str]]:
+    pairs = [tuple(t.split("=", 1)) for t in texts]
+    bad = [t for t, p in zip(texts, pairs, strict=True) if len(p) != 2 or not all(p)]
+    if bad:
+        raise ConfigError(f"--pair {bad[0]!r}: expected METHOD=BASE")
+    return pairs  # type: ignore[return-value]
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from incofl.report.dvc import pair_tables, seed_mean_curves, write_dvc_files
+    from incofl.report.runs import collect_curves, collect_summaries
+    from incofl.report.tables import metrics_json
+
+    exp, pairs = load_experiment(args.config), _pairs(args.pair)
+    summaries = {Path(root).name: _in_grid(collect_summaries(root), exp) for root in args.runs}
+    tables = {name: metrics_json(_table2(exp, runs, exp.table_metric)) for name, runs in summaries.items()}
+    curves = pd.concat([seed_mean_curves(_in_grid(collect_curves(root), exp), Path(root).name) for root in args.runs])
+    replicates = pd.concat([runs.assign(replicate=i) for i, runs in enumerate(summaries.values())], ignore_index=True)
+    paths = write_dvc_files(args.out, tables, curves, pair_tables(replicates, pairs))
+    print("\n".join(str(p) for p in paths))
     return 0
 
 
@@ -266,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", required=True)
     p.add_argument("--out", help="also write the Markdown table here")
     p.set_defaults(func=cmd_paired)
+    p = sub.add_parser("metrics", help="an experiment's metrics.json, curves.csv, paired.csv for dvc metrics/plots")
+    _add_config(p, sets=False)
+    p.add_argument("--runs", required=True, nargs="+", help="roots of the run directories (replicates, as paired)")
+    p.add_argument("--pair", action="append", default=[], metavar="METHOD=BASE", help="a paired comparison")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=cmd_metrics)
     p = sub.add_parser("fedpart", help="FedPart's poster table: full vs partial updates per cycle, costs, warm-up")
     _add_config(p, sets=False)
     p.add_argument("--runs", required=True, help="root of the run directories")

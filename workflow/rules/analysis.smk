@@ -33,6 +33,7 @@ rule study_train:
         "results/benchmarks/train/{study}/{point}/s{seed}.tsv"
     params:
         run_dir=lambda wc, output: os.path.dirname(output[0]),
+        code=TRAINING_CODE,
     conda:
         SOFTWARE
     threads: lambda wc: study_config(wc).threads or 1

@@ -21,6 +21,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from incofl.codehash import code_hash
 from incofl.config import NAME, ConfigError, validate_experiment
 from incofl.data.release import ReleasePartitionError, release_file
 from incofl.studies import CASE, ROBUSTNESS, study_points, study_run, study_seeds
@@ -87,6 +88,9 @@ def load_config(config):
 
 
 EXP = load_config(config)
+# The training code's content hash (incofl.codehash), a param of every training job: a change
+# to the engine, models, data, methods or config code reruns the runs; a comment or report change does not.
+TRAINING_CODE = code_hash()
 
 # Jobs run the `incofl` of the Python environment Snakemake runs in, activated or not
 # (`.venv/bin/snakemake`, `make run`, DVC); SLURM jobs inherit this PATH (sbatch --export=ALL).

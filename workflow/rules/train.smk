@@ -17,6 +17,7 @@ rule train:
         "results/benchmarks/train/{dataset}/a{alpha}/{method}/s{seed}.tsv"
     params:
         run_dir=lambda wc, output: os.path.dirname(output[0]),
+        code=TRAINING_CODE,
     conda:
         SOFTWARE
     group:

@@ -57,7 +57,8 @@ def paired(summaries: pd.DataFrame, method: str, base: str, metrics: list[str]) 
                          "mean_diff": float(d.mean()) if n else np.nan,
                          "se": float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else np.nan,
                          "wins": int((d > 0).sum()), "losses": int((d < 0).sum()),
-                         "sign_p": sign_test(list(d)), "diffs": [round(float(x), 2) for x in d]})  # fmt: skip
+                         "sign_p": sign_test(list(d)), "diffs": [round(float(x), 2) for x in d],
+                         "seeds": [int(s) for s in d.index]})  # fmt: skip
     return pd.DataFrame(rows)
 
 

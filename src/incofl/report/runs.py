@@ -65,9 +65,14 @@ def collect_summaries(runs_root: str | os.PathLike) -> pd.DataFrame:
 def collect_curves(runs_root: str | os.PathLike) -> pd.DataFrame:
     """Long form, one row per (run, evaluated round): method, dataset, alpha, seed, status,
     round, mean_acc, mean_loss (a diverged run's rows stop before it diverged)."""
+    return read_curves(_summary_files(runs_root))
+
+
+def read_curves(summaries: list[Path]) -> pd.DataFrame:
+    """collect_curves of the runs whose summary.json files are given."""
     frames = []
     columns = KEYS + ["status", "round", "mean_acc", "mean_loss"]
-    for path in _summary_files(runs_root):
+    for path in map(Path, summaries):
         s = _read_summary(path)
         metrics = path.with_name("metrics.csv")
         m = pd.read_csv(metrics, usecols=columns[-3:]) if metrics.exists() else pd.DataFrame(columns=columns[-3:])
