@@ -57,5 +57,8 @@ coverage: $(BIN)/.installed
 bench: $(BIN)/.installed
 	$(BIN)/incofl bench
 
+# What a run writes that git does not carry (the committed runs, tables and figures are DVC
+# outputs recorded in dvc.lock: `git checkout -- results` restores them after a rerun).
 clean-results:
-	rm -rf results/runs results/partitions results/logs results/benchmarks results/tables results/figures results/metrics.json
+	rm -rf resources/data results/logs results/benchmarks results/plots results/config.yaml results/report.html \
+		results/analysis results/studies
