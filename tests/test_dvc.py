@@ -19,7 +19,7 @@ from workflows import ENV, REPO, TINY
 from incofl.codehash import TRAINING_CODE
 
 # One worker makes the module's clones once (xdist group); end to end: the README's test table.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dvc"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dvc"), pytest.mark.timeout(1800)]
 
 GIT_ENV = {
     **ENV,

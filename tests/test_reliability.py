@@ -407,7 +407,7 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # end to end: the README's test table names it, with its time
+@pytest.mark.timeout(1800)  # end to end: the README's test table names it, with its time
 def test_random_sigkills_resume_bit_identically_and_leave_nothing_behind(tmp_path):
     """SIGKILL at random moments (checkpoints are written every round, so some kills land in a
     checkpoint write), resume each time: the result equals an uninterrupted run's, and no

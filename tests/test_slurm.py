@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.slurm,
     pytest.mark.slow,
     pytest.mark.xdist_group("tiny_run"),
-    pytest.mark.timeout(900),
+    pytest.mark.timeout(1800),
     pytest.mark.skipif(not _cluster_up(), reason="no SLURM cluster (`sinfo` fails); CI starts one"),
 ]
 

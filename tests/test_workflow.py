@@ -191,7 +191,7 @@ def test_runs_per_gpu_plans_the_runs_as_one_group_job(tmp_path):
 TINY_RUN = pytest.mark.xdist_group("tiny_run")
 # The README's test table names the end-to-end tests, with their times; a test that is first to
 # use tiny_run on its worker also pays for making it.
-END_TO_END = pytest.mark.timeout(900)
+END_TO_END = pytest.mark.timeout(1800)
 
 
 @pytest.mark.slow
