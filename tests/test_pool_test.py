@@ -5,22 +5,19 @@ without pooling is refused for a pooled run (and the other way round) through it
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 from pydantic import ValidationError
+from workflows import BIN, TINY, run_snakemake
 
 from incofl.config import ConfigError, RunConfig, load_run_config, validate_experiment
 from incofl.data.partition import Partition, PartitionError, labels_hash, partition_for
 from incofl.data.sources import dataset_for, load_dataset
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 SIZES = {"synthetic": (2000, 500), "digits": (1437, 360)}  # (train, test) images
 
 
@@ -135,12 +132,9 @@ def _partition_commands(workdir: Path, **settings) -> list[str]:
     """The shell commands of the partition jobs a dry run of tests/data/tiny.yaml (with `settings`) plans."""
     config = workdir / "config.yaml"
     workdir.mkdir()
-    tiny = yaml.safe_load((REPO / "tests" / "data" / "tiny.yaml").read_text())
+    tiny = yaml.safe_load(TINY.read_text())
     config.write_text(yaml.safe_dump({**tiny, **settings}))
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile",
-           str(config), "--dry-run", "--printshellcmds"]  # fmt: skip
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_snakemake(workdir, "--dry-run", "--printshellcmds", config=config, timeout=300)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     return [line for line in proc.stdout.splitlines() if "incofl partition" in line]
 

@@ -7,9 +7,7 @@ Every bad variant is one line naming the key, before anything runs."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -17,12 +15,11 @@ import pandas as pd
 import pytest
 import yaml
 from jsonschema import Draft202012Validator
+from workflows import REPO, run_snakemake
 
 from incofl.cli import run
 from incofl.config import ConfigError, RunConfig, load_run_config, validate_experiment
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 VARIANTS = {
     "FedPart-W0": {"method": "FedPart", "method_args": {"warmup": 0}},
@@ -221,10 +218,7 @@ def test_table_rows_are_variant_names_with_their_methods_base(tmp_path):
 
 # --- end to end: incofl train, the workflow's run file and its dry run ---------------------
 def _snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(config), *args]  # fmt: skip
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return run_snakemake(workdir, *args, config=config, timeout=300)
 
 
 @pytest.mark.slow
