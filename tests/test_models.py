@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from incofl.config import RunConfig
 from incofl.models.family import build_model, check_nested, num_parameters
 
 PAPER_COUNTS = {
@@ -28,6 +29,30 @@ def test_resnet_family_is_nested_by_name_and_shape():
         assert set(s) < set(b)
         assert all(s[k].shape == b[k].shape for k in s)
     assert check_nested(models) == 4
+
+
+@pytest.mark.parametrize("scale", [0.25, 0.5])
+def test_model_scale_thins_every_resnet_stage_alike_and_keeps_the_family_nested(scale):
+    """Each stage's convs and BNs have scale x torchvision's channels, the classifier reads the last
+    stage's; the members stay name-and-shape nested; scale 1 is the paper's model."""
+    models = [build_model(n, 10, 3, scale=scale) for n in PAPER_COUNTS]
+    assert check_nested(models) == 4
+    big, full = models[-1].state_dict(), build_model("resnet26", 10, 3).state_dict()
+    assert set(big) == set(full)
+    for name, tensor in full.items():  # every channel dimension (not the input image's, not the classes) is scaled
+        want = [round(d * scale) if d >= 64 else d for d in tensor.shape]
+        assert list(big[name].shape) == want, name
+    assert models[0](torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    eight = build_model("resnet8", 10, 3, scale=scale, stem="cifar")
+    assert eight.fc.in_features == round(256 * scale) and eight(torch.randn(2, 3, 8, 8)).shape == (2, 10)
+    assert num_parameters(build_model("resnet10", 10, 3, scale=1.0)) == PAPER_COUNTS["resnet10"]
+
+
+@pytest.mark.parametrize("models", [["cnn20"], ["vit_d8", "vit_d12"]])
+def test_model_scale_is_refused_for_models_it_does_not_thin(models):
+    with pytest.raises(ValueError, match=f"model_scale: thins ResNets and width models .*not {models[0]}"):
+        RunConfig(models=models, model_scale=0.5)
+    RunConfig(models=["resnet10", "resnet14"], model_scale=0.5)
 
 
 @pytest.mark.parametrize("stem,channels,size", [("imagenet", 1, 28), ("cifar", 3, 32), ("imagenet", 3, 32)])

@@ -125,7 +125,7 @@ class Settings(BaseModel):
     width_rates: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = None
     exits: list[Annotated[int, Field(ge=1, le=EXITS)]] | None = None  # resnet110: each group's deepest exit
     rate_assignment: Literal["fixed", "dynamic"] = "fixed"  # dynamic: every sampled client draws its level each round
-    model_scale: float = Field(1.0, gt=0.0, le=1.0)  # width models: the full model's channels x this (CPU-sized runs)
+    model_scale: float = Field(1.0, gt=0.0, le=1.0)  # width models and ResNets: channels x this (CPU-sized runs)
     # BN at evaluation of width models: static (HeteroFL: statistics of the training data, gathered
     # before each evaluation) or batch (the test batch's: FedRolex, ScaleFL); unset: the model's
     eval_bn: Literal["static", "batch"] | None = None
@@ -187,9 +187,12 @@ class Settings(BaseModel):
     def _width_levels(self) -> Settings:
         width = self.models[0] in WIDTH_LEVELS
         keys = ("width_rates", "exits", "eval_bn", "static_bn_samples")
-        if not width and (any(getattr(self, k) for k in keys) or self.model_scale != 1.0):
-            key = next((k for k in keys if getattr(self, k)), "model_scale")
+        if not width and any(getattr(self, k) for k in keys):
+            key = next(k for k in keys if getattr(self, k))
             raise ValueError(f"{key}: only width models ({', '.join(WIDTH_MODELS)}) are cut in width and depth")
+        if self.model_scale != 1.0 and self.models[0] not in ("resnet8", *RESNETS, *WIDTH_MODELS):
+            raise ValueError(f"model_scale: thins ResNets and width models ({', '.join(WIDTH_MODELS)}), "
+                             f"not {self.models[0]}")  # fmt: skip
         if width and len(self.models) > 1:
             raise ValueError(f"models: {self.models[0]} is cut in width: one architecture, its groups `width_rates`")
         if self.exits is not None and self.models[0] != "resnet110":

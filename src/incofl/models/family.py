@@ -32,13 +32,14 @@ def build_model(
     side of the images the model takes (ViTs: 224; cnn20: its fc1 width depends on it); `stem`
     is the ResNets', `pretrained` the ViTs'. Width models (METHODS.md 5.3, 5.4): `rate` cuts the
     width, `exits` the depth (resnet110), `track_stats` gives preresnet18 BN running statistics
-    (static BN at evaluation), `scale` thins the full model itself (`model_scale`)."""
+    (static BN at evaluation), `scale` thins the full model itself (`model_scale`; also the
+    depth family's ResNets)."""
     if name == "preresnet18":
         return preresnet18(num_classes, in_channels, rate=rate, track_stats=track_stats, scale=scale)
     if name == "resnet110":
         return resnet110(num_classes, in_channels, width=rate, exits=exits or 4, scale=scale)
     if name in BLOCKS:
-        return resnet(name, num_classes, in_channels, stem, projection_dim)
+        return resnet(name, num_classes, in_channels, stem, projection_dim, scale)
     if name in CNNS:
         return cnn(name, num_classes, in_channels, image_size, projection_dim)
     if name in DEPTHS:

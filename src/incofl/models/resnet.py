@@ -4,6 +4,8 @@ Smaller members are name-subsets of larger ones: ResNet10/14/18/22/26 differ onl
 number of BasicBlocks per stage, so `layer3.2.conv1.weight` exists only from ResNet22 up.
 ResNet-8 (FedPart's poster model, METHODS.md 5.1) has three stages, 64-128-256, and a
 classifier on 256 features: it is not nested with the others (its `fc` is narrower).
+`scale` (the config's `model_scale`) multiplies every stage's width, for CPU-sized runs: the
+members stay nested, since each stage is thinned alike.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
 from incofl.models.projection import Projectable
+
+WIDTHS = (64, 128, 256, 512)  # torchvision's stage widths
 
 BLOCKS = {
     "resnet8": [1, 1, 1],
@@ -37,20 +41,38 @@ class FamilyResNet(Projectable, ResNet):
         in_channels: int = 3,
         stem: str = "imagenet",
         projection_dim: int | None = None,
+        scale: float = 1.0,
     ):
         # torchvision always builds four stages: a three-stage model drops a one-block fourth
         super().__init__(BasicBlock, [*blocks, 1][:4], num_classes=num_classes)
-        if len(blocks) == 3:  # the classifier reads layer3's 256 channels
+        if scale != 1.0:
+            self._thin(blocks, scale)
+        width = self.bn1.num_features
+        if len(blocks) == 3:  # the classifier reads layer3's channels
             self.layer4 = nn.Identity()
-            self.fc = nn.Linear(256, num_classes)
+            self.fc = nn.Linear(self.layer3[-1].bn2.num_features, num_classes)
         if stem == "cifar":  # 3x3 stride-1 stem without max-pool, for 32x32 inputs
-            self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
+            self.conv1 = nn.Conv2d(in_channels, width, 3, 1, 1, bias=False)
             self.maxpool = nn.Identity()
-        elif in_channels != 3:
-            self.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
-        if stem == "cifar" or in_channels != 3:  # a replaced stem is initialised like every other conv
+        elif in_channels != 3 or scale != 1.0:
+            self.conv1 = nn.Conv2d(in_channels, width, 7, 2, 3, bias=False)
+        if stem == "cifar" or in_channels != 3 or scale != 1.0:  # a new conv is initialised like torchvision's
             nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")
         self.add_projection(projection_dim)
+
+    def _thin(self, blocks: list[int], scale: float) -> None:
+        """The same stages at `scale` x torchvision's widths (new modules, initialised as torchvision
+        initialises its own); the stem's conv is replaced by the caller."""
+        widths = [max(1, round(scale * w)) for w in WIDTHS]
+        self.inplanes = widths[0]
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        stages = [self._make_layer(BasicBlock, w, n, stride=1 if i == 0 else 2)
+                  for i, (w, n) in enumerate(zip(widths, [*blocks, 1][:4], strict=True))]  # fmt: skip
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.fc = nn.Linear(widths[3], self.fc.out_features)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
@@ -59,6 +81,11 @@ class FamilyResNet(Projectable, ResNet):
 
 
 def resnet(
-    name: str, num_classes: int, in_channels: int = 3, stem: str = "imagenet", projection_dim: int | None = None
+    name: str,
+    num_classes: int,
+    in_channels: int = 3,
+    stem: str = "imagenet",
+    projection_dim: int | None = None,
+    scale: float = 1.0,
 ) -> FamilyResNet:
-    return FamilyResNet(BLOCKS[name], num_classes, in_channels, stem, projection_dim)
+    return FamilyResNet(BLOCKS[name], num_classes, in_channels, stem, projection_dim, scale)
