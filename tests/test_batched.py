@@ -23,6 +23,7 @@ BASE = {
     "clients": 4,
     "ratio": 1.0,
     "models": ["resnet10", "resnet14"],
+    "model_scale": 0.25,  # a quarter of the channels: the equivalences do not depend on width
     "batch_size": 16,
     "alpha": 0.5,
     "min_size": 2,

@@ -30,6 +30,7 @@ BASE = {
     "clients": 4,
     "ratio": 0.5,
     "models": ["resnet10", "resnet14"],
+    "model_scale": 0.25,  # a quarter of the channels: the properties do not depend on width
     "rounds": 2,
     "batch_size": 32,
     "min_size": 20,
@@ -444,5 +445,6 @@ def test_random_sigkills_resume_bit_identically_and_leave_nothing_behind(tmp_pat
     drop = ["seconds"]
     pd.testing.assert_frame_equal(pd.read_csv(out / "metrics.csv").drop(columns=drop),
                                   pd.read_csv(tmp_path / "full" / "metrics.csv").drop(columns=drop))  # fmt: skip
+    pd.testing.assert_frame_equal(pd.read_csv(out / "inco.csv"), pd.read_csv(tmp_path / "full" / "inco.csv"))
     left = sorted(p.name for p in out.iterdir())
     assert left == sorted(p.name for p in (tmp_path / "full").iterdir()), left  # no .tmp, no ckpt.pt
