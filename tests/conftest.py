@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from workflows import REPO, run_snakemake
+from workflows import REPO, run_interrupted
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -40,12 +40,13 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
-    """The suite's one real local workflow run: tests/data/tiny.yaml on 2 cores (2 training runs,
-    the tables, figures and metrics). Tests that read it share the xdist group "tiny_run", so
-    under `pytest -n` it is made once, on one worker; they must not change it."""
+    """The suite's one real local workflow run: tests/data/tiny.yaml (2 training runs, the
+    tables, figures and metrics), killed with -9, interrupted with Ctrl-C and resumed on the way
+    (workflows.run_interrupted; what it saw is in `interruptions.json`). Tests that read it share
+    the xdist group "tiny_run", so under `pytest -n` it is made once, on one worker; they must not
+    change it."""
     workdir = tmp_path_factory.mktemp("tiny")
-    proc = run_snakemake(workdir, "--cores", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_interrupted(workdir)
     return workdir
 
 

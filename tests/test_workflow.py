@@ -7,17 +7,13 @@ killed workflow resumes without redoing finished runs."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import time
 
 import jsonschema
 import pandas as pd
 import pytest
 import yaml
-from workflows import ENV, REPO, TINY, TINY_ANALYSIS, planned_jobs, run_snakemake, snakemake_cmd
+from workflows import REPO, TINY, TINY_ANALYSIS, planned_jobs, run_snakemake
 
 from incofl.config import validate_experiment
 from incofl.fl.methods import METHODS
@@ -307,51 +303,17 @@ def test_analysis_workflow_writes_every_analysis(tmp_path):
 
 # --- interrupt and resume (slow) ---------------------------------------------------------
 @pytest.mark.slow
+@TINY_RUN
 @END_TO_END
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
-def test_killed_workflow_resumes_without_redoing_finished_runs(tmp_path, sig):
-    """Signal the whole process group (snakemake and its training job: Ctrl-C in a terminal,
-    or a kill -9) once one run has finished and the other has a checkpoint; the rerun keeps
-    the finished run and resumes the other from its checkpoint."""
-    config = tmp_path / "resume.yaml"
-    config.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "rounds": 3, "checkpoint_every": 1}))
-    runs = tmp_path / "results" / "runs" / "synthetic" / "a0.5"
-    # SIGINT as in a terminal, even when the tests themselves run in the background (nohup, &),
-    # where it is ignored and the ignoring is inherited.
-    proc = subprocess.Popen(
-        snakemake_cmd(tmp_path, "--cores", "1", config=config),
-        cwd=REPO,
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    done: list[str] = []
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:
-            done = [m for m in ("FedAvg", "InCoAvg") if (runs / m / "s0" / "summary.json").exists()]
-            if len(done) == 1 and (runs / ({"FedAvg", "InCoAvg"} - set(done)).pop() / "s0" / "ckpt.pt").exists():
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, "the workflow ended before it could be interrupted"
-    finally:
-        os.killpg(proc.pid, sig)
-        proc.wait(timeout=120)
-    (finished,) = done
-    (unfinished,) = {"FedAvg", "InCoAvg"} - {finished}
-    summary = runs / finished / "s0" / "summary.json"
-    before = summary.stat().st_mtime_ns
-    assert not (runs / unfinished / "s0" / "summary.json").exists()
-
-    if sig == signal.SIGKILL:  # Snakemake had no chance to remove its lock
-        assert run_snakemake(tmp_path, "--unlock", config=config).returncode == 0
-    rerun = run_snakemake(tmp_path, "--cores", "1", config=config)  # rerun-incomplete: profiles/default
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert summary.stat().st_mtime_ns == before
-    assert (runs / finished / "s0" / "train.log").read_text().count("rounds 1..") == 1  # trained once
-    log = (runs / unfinished / "s0" / "train.log").read_text()
-    assert "resumed from" in log and (runs / unfinished / "s0" / "summary.json").exists()
-    assert not (runs / unfinished / "s0" / "ckpt.pt").exists()
-    assert (tmp_path / "results" / "tables" / "table2.csv").exists()
+def test_interrupted_workflow_resumes_without_redoing_finished_runs(tiny_run):
+    """tiny_run was killed with -9 (once one run had finished and the other had a checkpoint), then
+    interrupted with Ctrl-C (once that other run had resumed): the reruns kept the finished run
+    and resumed the other from its checkpoint each time."""
+    record = json.loads((tiny_run / "interruptions.json").read_text())
+    runs = tiny_run / "results" / "runs" / "synthetic" / "a0.5"
+    first, second = runs / record["first"] / "s0", runs / record["second"] / "s0"
+    assert str((first / "summary.json").stat().st_mtime_ns) == record["mtime"]
+    assert (first / "train.log").read_text().count("rounds 1..") == 1  # trained once
+    log = (second / "train.log").read_text()
+    assert log.count("resumed from") == 2 and (second / "summary.json").exists()
+    assert not (first / "ckpt.pt").exists() and not (second / "ckpt.pt").exists()

@@ -4,11 +4,17 @@ these; the one real local run of tests/data/tiny.yaml is conftest.py's `tiny_run
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -38,3 +44,56 @@ def planned_jobs(workdir: Path, *args: str, config: Path = TINY) -> dict[str, in
         return {}
     table = text.split("Job stats:", 1)[1].split("total", 1)[0]
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
+
+
+def _start(workdir: Path, config: Path) -> subprocess.Popen:
+    """Snakemake in a process group of its own (signalled with its training job, as Ctrl-C in a
+    terminal would), SIGINT at its default even when the tests run in the background (nohup, &),
+    where it is ignored and the ignoring is inherited."""
+    return subprocess.Popen(snakemake_cmd(workdir, "--cores", "1", config=config), cwd=REPO, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+
+
+def _signal_when(proc: subprocess.Popen, ready: Callable[[], bool], sig: signal.Signals, what: str) -> None:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.02)
+    try:
+        assert proc.poll() is None, f"the workflow ended before {what}"
+    finally:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=120)
+
+
+def run_interrupted(workdir: Path, config: Path = TINY) -> dict[str, str]:
+    """The workflow of a config with two runs (one data set, alpha and seed), interrupted twice and
+    resumed: kill -9 of the whole process group once one run has finished and the other has a
+    checkpoint; after `--unlock`, Ctrl-C (SIGINT) once that other run has resumed; then a rerun to
+    the end. Returns which run finished first and that run's summary's mtime before the reruns,
+    and writes them to `interruptions.json` in `workdir`."""
+    raw = yaml.safe_load(config.read_text())
+    runs = workdir / "results" / "runs" / raw["datasets"][0] / f"a{raw['alphas'][0]}"
+    methods = raw["methods"]
+    finished: list[str] = []
+
+    def one_finished_other_checkpointed() -> bool:
+        finished[:] = [m for m in methods if (runs / m / "s0" / "summary.json").exists()]
+        return len(finished) == 1 and any((runs / m / "s0" / "ckpt.pt").exists() for m in methods if m not in finished)
+
+    _signal_when(_start(workdir, config), one_finished_other_checkpointed, signal.SIGKILL, "a run had finished")
+    (first,) = finished
+    (second,) = set(methods) - {first}
+    assert not (runs / second / "s0" / "summary.json").exists()
+    record = {"first": first, "second": second, "mtime": str((runs / first / "s0" / "summary.json").stat().st_mtime_ns)}
+    assert run_snakemake(workdir, "--unlock", config=config).returncode == 0  # kill -9 left Snakemake's lock
+
+    def resumed() -> bool:
+        log = runs / second / "s0" / "train.log"
+        return log.exists() and "resumed from" in log.read_text()
+
+    _signal_when(_start(workdir, config), resumed, signal.SIGINT, "the second run resumed")
+    rerun = run_snakemake(workdir, "--cores", "2", config=config)  # rerun-incomplete: profiles/default
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    (workdir / "interruptions.json").write_text(json.dumps(record))
+    return record
