@@ -123,20 +123,20 @@ class Settings(BaseModel):
     client_samples: int | None = Field(
         None,
         ge=1,
-        description=("partition: iid_draw: images each client draws (FedPart: 500); set exactly with iid_draw"),
+        description="partition: iid_draw: images each client draws (FedPart: 500); set exactly with iid_draw",
     )
     shard_classes: int = Field(
         2, ge=1, description="partition: shards: label shards dealt to each client (HeteroFL: 2)"
     )
     partition_seed: int = Field(0, ge=0, description="seed of the partition (apart from the run's seed)")
     partition_file: str | None = Field(
-        None, description=("a saved partition artifact (incofl partition); unset: the partition is computed in memory")
+        None, description="a saved partition artifact (incofl partition); unset: the partition is computed in memory"
     )
     release_partitions: str | None = Field(
-        None, description=("partition: release: the folder of the release's fix_distribution/*.npy files")
+        None, description="partition: release: the folder of the release's fix_distribution/*.npy files"
     )
     fmnist_partition: Literal["own", "cifar"] = Field(
-        "own", description=("cifar: FMNIST clients get CIFAR-10's partition, as the release does")
+        "own", description="cifar: FMNIST clients get CIFAR-10's partition, as the release does"
     )
     min_size: int = Field(10, ge=1, description="Dirichlet: the fewest samples a client may get (redrawn below it)")
     max_retries: int = Field(1000, ge=1, description="Dirichlet: draws tried before giving up on min_size")
@@ -149,21 +149,21 @@ class Settings(BaseModel):
         ),
     )
     cutout: int | None = Field(
-        None, ge=0, description=("Cutout square side; unset: as augment says (release: 16), 0: off")
+        None, ge=0, description="Cutout square side; unset: as augment says (release: 16), 0: off"
     )
     pad_fill: Literal["mean", "black"] = Field("mean", description="random-crop padding colour (release: black)")
     normalize: Literal["stats", "half", "none"] = Field(
-        "stats", description=("training-set channel mean/std, 0.5/0.5, or [0, 1] pixels")
+        "stats", description="training-set channel mean/std, 0.5/0.5, or [0, 1] pixels"
     )
     resize: int | None = Field(None, ge=8, description="ResNets: resize images to this side (release FMNIST: 32)")
     drop_last: bool = Field(
-        False, description=("drop incomplete batches: each client's last, and the test set's tail (release)")
+        False, description="drop incomplete batches: each client's last, and the test set's tail (release)"
     )
     holdout: float = Field(
-        0.0, ge=0.0, lt=1.0, description=("each client's share held out for personal evaluation (FedLAG: 0.25)")
+        0.0, ge=0.0, lt=1.0, description="each client's share held out for personal evaluation (FedLAG: 0.25)"
     )
     pool_test: bool = Field(
-        False, description=("pool the train and test sets before partitioning (FedLAG's release); needs holdout")
+        False, description="pool the train and test sets before partitioning (FedLAG's release); needs holdout"
     )
     # federation
     clients: int = Field(100, ge=1, description="number of clients K")
@@ -171,11 +171,11 @@ class Settings(BaseModel):
     models: list[str] = Field(
         default_factory=lambda: list(RESNETS),
         min_length=1,
-        description=("one model group per model, smallest first, one family; client i is in group i * G // K"),
+        description="one model group per model, smallest first, one family; client i is in group i * G // K",
     )
     stem: Literal["imagenet", "cifar"] = Field(
         "imagenet",
-        description=("ResNet stem: the authors' 7x7/2 convolution with max-pool, or cifar's 3x3/1 without pool"),
+        description="ResNet stem: the authors' 7x7/2 convolution with max-pool, or cifar's 3x3/1 without pool",
     )
     pretrained: str | None = Field(None, description="ViT: a local state-dict file to start from")
     rounds: int = Field(50, ge=1, description="communication rounds")
@@ -187,7 +187,7 @@ class Settings(BaseModel):
     weight_decay: float = Field(0.0, ge=0.0, description="weight decay of the local optimizer")
     bn_stats: Literal["averaged", "local"] = Field(
         "averaged",
-        description=("BatchNorm running statistics averaged like weights, or kept by each client (FedPart's release)"),
+        description="BatchNorm running statistics averaged like weights, or kept by each client (FedPart's release)",
     )
     # width and depth splitting (HeteroFL, FedRolex, ScaleFL)
     width_rates: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = Field(
@@ -198,17 +198,17 @@ class Settings(BaseModel):
         ),
     )
     exits: list[Annotated[int, Field(ge=1, le=EXITS)]] | None = Field(
-        None, description=("resnet110: each group's deepest exit (unset: 1, 2, 3, 4 with the default rates)")
+        None, description="resnet110: each group's deepest exit (unset: 1, 2, 3, 4 with the default rates)"
     )
     rate_assignment: Literal["fixed", "dynamic"] = Field(
         "fixed",
-        description=("fixed: a client keeps its level; dynamic: every sampled client draws its level each round"),
+        description="fixed: a client keeps its level; dynamic: every sampled client draws its level each round",
     )
     model_scale: float = Field(
         1.0,
         gt=0.0,
         le=1.0,
-        description=("width models: the full model's channels x this (CPU-sized runs; HeteroFL's hidden_size)"),
+        description="width models: the full model's channels x this (CPU-sized runs; HeteroFL's hidden_size)",
     )
     eval_bn: Literal["static", "batch"] | None = Field(
         None,
@@ -219,15 +219,17 @@ class Settings(BaseModel):
         ),
     )
     static_bn_samples: int | None = Field(
-        None, ge=1, description=("static BN: training images passed (unset: all the clients')")
+        None, ge=1, description="static BN: training images passed (unset: all the clients')"
     )
     # robustness (paper Fig. 7)
     update_noise: float = Field(
         0.0,
         ge=0.0,
-        description=("Gaussian noise on each client update before aggregation, std = this x that update tensor's std"),
+        description="Gaussian noise on each client update before aggregation, std = this x that update tensor's std",
     )
-    analyses: Analyses = Field(default_factory=Analyses, description="the paper's analyses, each after the rounds it lists")
+    analyses: Analyses = Field(
+        default_factory=Analyses, description="the paper's analyses, each after the rounds it lists"
+    )
     vit_epoch_scale: Literal["inco", "all"] = Field(
         "inco",
         description=(
@@ -237,23 +239,21 @@ class Settings(BaseModel):
     )
     method_args: dict[str, Any] = Field(
         default_factory=dict,
-        description=("the method's hyper-parameters (`incofl methods` lists each method's, with defaults)"),
+        description="the method's hyper-parameters (`incofl methods` lists each method's, with defaults)",
     )
     label: str | None = Field(
         None,
         pattern=f"^{NAME}$",
-        description=("the name a run is shown under in tables and figures (unset: the method)"),
+        description="the name a run is shown under in tables and figures (unset: the method)",
     )
     # evaluation, checkpoints, runtime
     eval_every: int = Field(1, ge=1, description="evaluate every group's model on the test set every N rounds")
-    eval_last: int = Field(
-        10, ge=0, description=("also evaluate every one of the last N rounds (last10_acc reads them)")
-    )
+    eval_last: int = Field(10, ge=0, description="also evaluate every one of the last N rounds (last10_acc reads them)")
     eval_batch_size: int = Field(1000, ge=1, description="batch size of evaluation")
     checkpoint_every: int = Field(5, ge=1, description="write ckpt.pt every N rounds")
     keep_checkpoint: bool = Field(False, description="keep ckpt.pt (final weights) after a finished run")
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description=("auto: cuda where there is one; cuda without a GPU is refused before any job")
+        "auto", description="auto: cuda where there is one; cuda without a GPU is refused before any job"
     )
     threads: int | None = Field(
         None,
@@ -266,7 +266,7 @@ class Settings(BaseModel):
     channels_last: bool = Field(False, description="channels-last memory format (GPU)")
     bf16: bool = Field(False, description="bf16 autocast (GPU)")
     trainer: Literal["serial", "batched"] = Field(
-        "serial", description=("batched: a model group's clients side by side (torch.func.vmap)")
+        "serial", description="batched: a model group's clients side by side (torch.func.vmap)"
     )
     progress: bool = Field(True, description="a progress bar on stderr")
 
@@ -465,7 +465,7 @@ class RunConfig(Settings):
     dataset: str = Field("digits", description="the run's data set")
     alpha: float = Field(0.5, gt=0.0, description="the run's Dirichlet alpha")
     method: str = Field(
-        "InCoAvg", description=("a registered method (a variant's run: its method, and `label` its name)")
+        "InCoAvg", description="a registered method (a variant's run: its method, and `label` its name)"
     )
     seed: int = Field(0, ge=0, description="the run's seed: initialisation, client sampling, batches")
 
@@ -503,17 +503,17 @@ class ExperimentConfig(Settings):
     methods: list[str] = Field(
         default_factory=lambda: ["InCoAvg"],
         min_length=1,
-        description=("grid: registered methods (`incofl methods`) or names of variants"),
+        description="grid: registered methods (`incofl methods`) or names of variants",
     )
     seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1,
                                                      description="grid: seeds")  # fmt: skip
     per_method: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description=("settings for one method, e.g. MOON: {rounds: 100} (not data or partition settings)"),
+        description="settings for one method, e.g. MOON: {rounds: 100} (not data or partition settings)",
     )
     per_dataset: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description=("settings for one data set, e.g. fmnist: {resize: 32}, applied before per_method's"),
+        description="settings for one data set, e.g. fmnist: {resize: 32}, applied before per_method's",
     )
     variants: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
@@ -523,11 +523,11 @@ class ExperimentConfig(Settings):
         ),
     )
     table_metric: Literal["final_acc", "best_acc", "last10_acc"] = Field(
-        "final_acc", description=("the statistic of Table 2 and the figures' bars")
+        "final_acc", description="the statistic of Table 2 and the figures' bars"
     )
     resources: Resources = Field(
         default_factory=Resources,
-        description=("each training job's resources in the workflow (SLURM: sbatch options); left out: the profile's"),
+        description="each training job's resources in the workflow (SLURM: sbatch options); left out: the profile's",
     )
     robustness: Robustness | None = Field(None, description="a robustness study beside the grid (paper Fig. 7)")
     case_study: CaseStudy | None = Field(None, description="a case study beside the grid (paper Table 1)")

@@ -35,10 +35,10 @@ class Robustness(BaseModel):
     methods: list[str] = Field(default_factory=lambda: ["FedAvg", "InCoAvg"], min_length=1,
                                description="the methods the study runs")  # fmt: skip
     batch_sizes: list[Annotated[int, Field(ge=2)]] = Field(
-        default_factory=list, description=("local batch sizes, each run without noise")
+        default_factory=list, description="local batch sizes, each run without noise"
     )
     noise: list[Annotated[float, Field(ge=0.0)]] = Field(
-        default_factory=list, description=("update_noise levels, each run at the experiment's batch size")
+        default_factory=list, description="update_noise levels, each run at the experiment's batch size"
     )
     seeds: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="unset: the experiment's seeds")
 
