@@ -1,4 +1,4 @@
-"""Studies beside an experiment's grid (config `robustness`, `case_study`; README "Analyses").
+"""Studies beside an experiment's grid (config `robustness`, `case_study`; docs/analyses.md).
 
 Each study is a set of runs that differ from the grid's in a setting the grid does not vary:
 - robustness (paper Fig. 7): methods x batch sizes (no noise) and x update-noise levels (the
