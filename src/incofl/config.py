@@ -112,7 +112,7 @@ class Settings(BaseModel):
             "unset: $INCOFL_DATA_DIR, else ./data"
         ),
     )
-    cache_dir: str = Field("resources/data", description="where each data set is cached, decoded, as <name>.npz")
+    cache_dir: str = Field("resources/data", description="where each data set is cached, decoded, as `<name>.npz`")
     partition: Literal["dirichlet", "iid", "iid_draw", "shards", "release"] = Field(
         "dirichlet",
         description=(
