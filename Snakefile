@@ -1,4 +1,4 @@
-"""The reproduction workflow (README, "The reproduction workflow"):
+"""The reproduction workflow (docs/workflow.md, "The reproduction workflow"):
 
     config --validate--> prepare (resources/data) --> partition (results/partitions)
       --> train (results/runs) --> table, metrics.json, figures, curve data (results/)

@@ -1,5 +1,6 @@
 """Set-up files and docs agree: environment.yml pins what pyproject.toml pins, the CLI is wired,
-and the README shows the committed evidence, as the report stages of dvc.yaml make it."""
+the docs show the committed evidence as the report stages of dvc.yaml make it, and every
+relative link of the README and docs/ leads to a file and heading that exist."""
 
 import re
 import subprocess
@@ -24,7 +25,8 @@ def test_environment_yml_has_the_same_pins_as_pyproject():
 
 def test_ci_runs_the_readme_test_command():
     readme, ci = (REPO / "README.md").read_text(), (REPO / ".ci" / "run").read_text()
-    assert "make test" in readme.split("\n## ")[0] and "make run" in readme.split("\n## ")[0]
+    run_it = readme.split("\n## Run it\n")[1].split("\n## ")[0]
+    assert "\nmake run " in run_it and "\nmake test " in run_it
     assert "\nmake test\n" in ci
 
 
@@ -35,7 +37,7 @@ def test_cli_help_lists_every_command():
         assert command in out.stdout
 
 
-# The README's evidence tables and the report-stage outputs (dvc.yaml) they are copied from.
+# The evidence tables the docs show and the report-stage outputs (dvc.yaml) they are copied from.
 EVIDENCE_TABLES = [
     "results/evidence-inco-vs-heteroavg/paired.md",
     "results/evidence-inco-vs-heteroavg/paired-gpu.md",
@@ -51,6 +53,9 @@ EVIDENCE_TABLES = [
     "results/evidence-scalefl/paired-InCoScaleFL.md",
     "results/evidence-fedlag/table2.md",
 ]
+# The user-facing Markdown: the front page, docs/ and the generated config reference.
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "config" / "README.md"]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def _stage_outputs() -> set[str]:
@@ -59,14 +64,74 @@ def _stage_outputs() -> set[str]:
     return {path for stage in stages.values() for entry in stage.get("outs", []) for path in entry}
 
 
-def test_readme_evidence_tables_are_the_committed_report_outputs():
-    """Each evidence table in the README is a report stage's output, copied verbatim (each of its
-    Markdown tables), and every results/ file the README links exists: numbers in the README
-    cannot drift from the results they claim, and `dvc repro` regenerates each of them."""
-    readme, outputs = (REPO / "README.md").read_text(), _stage_outputs()
+def test_evidence_tables_in_the_docs_are_the_committed_report_outputs():
+    """Each evidence table is a report stage's output, copied verbatim (each of its Markdown
+    tables) into README.md or docs/: numbers in the docs cannot drift from the results they
+    claim, and `dvc repro` regenerates each of them."""
+    docs, outputs = "\n".join(doc.read_text() for doc in DOCS), _stage_outputs()
     for name in EVIDENCE_TABLES:
         assert any(name == out or name.startswith(out + "/") for out in outputs), f"{name}: no stage makes it"
         tables = [b.strip() for b in (REPO / name).read_text().split("\n\n") if b.startswith("|")]
-        assert tables and all(t in readme for t in tables), name
-    for link in re.findall(r"\]\((results/[^)#]+)\)", readme):
-        assert (REPO / link).is_file(), link
+        assert tables and all(t in docs for t in tables), name
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(doc: Path) -> set[str]:
+    """The anchors of a Markdown file's headings (outside code blocks), repeats numbered as GitHub does."""
+    seen: dict[str, int] = {}
+    for line in _prose(doc.read_text()).splitlines():
+        if line.startswith("#"):
+            slug = _slug(line.lstrip("#"))
+            seen[slug] = seen.get(slug, -1) + 1
+            if seen[slug]:
+                seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def _prose(text: str) -> str:
+    """Markdown without its fenced code blocks."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _relative_links(doc: Path) -> list[tuple[Path, str]]:
+    """(target file, anchor) of each relative link or image of a Markdown file."""
+    out = []
+    for target in LINK.findall(_prose(doc.read_text())):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        out.append(((doc.parent / path).resolve() if path else doc, anchor))
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: str(d.relative_to(REPO)))
+def test_every_relative_link_leads_to_a_file_and_heading_that_exist(doc):
+    for target, anchor in _relative_links(doc):
+        where = f"{doc.relative_to(REPO)} links {target}#{anchor}"
+        assert target.is_file() and REPO in target.parents, where
+        if anchor and target.suffix == ".md":
+            assert anchor in _anchors(target), where
+
+
+def test_the_link_check_sees_broken_links(tmp_path):
+    (tmp_path / "a.md").write_text("# Top\n\n## Why? `x` (y)\n\n```\n[no](missing.md)\n```\n")
+    (tmp_path / "b.md").write_text(
+        "[ok](a.md#why-x-y) ![img](a.md) [web](https://x.org/a) [bad](a.md#nope) [gone](c.md)"
+    )
+    assert _anchors(tmp_path / "a.md") == {"top", "why-x-y"}
+    assert _relative_links(tmp_path / "a.md") == []
+    links = _relative_links(tmp_path / "b.md")
+    assert [(t.name, a) for t, a in links] == [("a.md", "why-x-y"), ("a.md", ""), ("a.md", "nope"), ("c.md", "")]
+    assert [t.is_file() for t, _ in links] == [True, True, True, False]
+
+
+def test_citation_file_names_this_version_and_the_licence():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0" and {"message", "title", "authors"} <= set(cff)
+    assert cff["version"] == project["version"], "CITATION.cff's version is pyproject.toml's"
+    assert cff["license"] == "MIT" and (REPO / "LICENSE").read_text().startswith("MIT License\n")

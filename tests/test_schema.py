@@ -14,10 +14,11 @@ from jsonschema import Draft202012Validator
 from snakemake.utils import validate as snakemake_validate
 
 from incofl import schema as gen
-from incofl.config import ConfigError, ExperimentConfig, validate_experiment
+from incofl.config import Analyses, ConfigError, ExperimentConfig, Settings, validate_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_FILE = REPO / "workflow" / "schemas" / "config.schema.yaml"
+MARKDOWN_FILE = REPO / "config" / "README.md"
 TINY = REPO / "tests" / "data" / "tiny.yaml"
 CONFIGS = sorted((REPO / "config").glob("*.yaml")) + [TINY]
 
@@ -46,16 +47,63 @@ def test_committed_schema_is_what_the_generator_gives():
     )
 
 
-def test_the_module_prints_and_writes_the_schema(tmp_path, monkeypatch, capsys):
+def test_committed_config_reference_is_what_the_generator_gives():
+    assert MARKDOWN_FILE.read_text() == gen.markdown(), (
+        f"{MARKDOWN_FILE.relative_to(REPO)} is stale: run `python -m incofl.schema --write`"
+    )
+
+
+def test_the_module_prints_and_writes_the_schema_and_the_reference(tmp_path, monkeypatch, capsys):
     assert gen.main([]) == 0
     out = capsys.readouterr().out
     assert out == gen.render() and out.startswith("# Generated") and "incofl.schema --write" in out.splitlines()[0]
-    target = tmp_path / "workflow" / "schemas" / "config.schema.yaml"
+    assert gen.main(["--markdown"]) == 0
+    markdown = capsys.readouterr().out
+    assert markdown == gen.markdown() and "incofl.schema --write" in markdown.splitlines()[2]
+    target, reference = tmp_path / "workflow" / "schemas" / "config.schema.yaml", tmp_path / "config" / "README.md"
     target.parent.mkdir(parents=True)
+    reference.parent.mkdir()
     monkeypatch.setattr(gen, "SCHEMA_FILE", target)
+    monkeypatch.setattr(gen, "MARKDOWN_FILE", reference)
     assert gen.main(["--write"]) == 0
-    assert target.read_text() == out
+    assert target.read_text() == out and reference.read_text() == markdown
     assert yaml.safe_load(out) == gen.config_schema()
+
+
+def _rows() -> dict[str, list[str]]:
+    """The reference's table rows: `key` -> [type and range, default, meaning], per section."""
+    rows: dict[str, list[str]] = {}
+    section = ""
+    for line in gen.markdown().splitlines():
+        if line.startswith("## "):
+            section = line[3:]
+        elif line.startswith("| `"):
+            key, *cells = (c.strip() for c in line.strip("|").split(" | "))
+            rows[f"{section}:{key.strip('`')}"] = cells
+    return rows
+
+
+def test_the_reference_lists_every_key_with_its_default_range_and_description():
+    from incofl.studies import CaseStudy, Robustness
+
+    rows = _rows()
+    models = {"Settings every run shares": Settings, "analyses": Analyses, "robustness": Robustness,
+              "case_study": CaseStudy}  # fmt: skip
+    for section, model in models.items():
+        for name, field in model.model_fields.items():
+            assert f"{section}:{name}" in rows, f"{section}: {name} missing"
+            assert field.description, f"{model.__name__}.{name}: no Field(description=...) for config/README.md"
+    for name in [*ExperimentConfig.model_fields, "dataset", "alpha", "method", "seed", "runs_per_gpu", "mem_mb"]:
+        assert any(key.endswith(f":{name}") for key in rows), name
+    assert rows["Settings every run shares:ratio"][:2] == ["number > 0.0, <= 1.0", "`0.1`"]
+    assert rows["Settings every run shares:holdout"][:2] == ["number >= 0.0, < 1.0", "`0.0`"]
+    assert rows["Settings every run shares:optimizer"][:2] == ["one of `adam`, `sgd`", "`adam`"]
+    assert rows["Settings every run shares:cutout"][:2] == ["integer >= 0, or null (unset)", "`null`"]
+    assert rows["Settings every run shares:models"][1] == "`[resnet10, resnet14, resnet18, resnet22, resnet26]`"
+    assert rows["The grid and the experiment:alphas"][:2] == ["list of (number > 0.0), at least 1", "`[0.5]`"]
+    assert rows["analyses:tsne_groups"][:2] == ["list of (integer >= 0), at least 1", "`[3, 4, 4]`"]
+    assert rows["resources:runs_per_gpu"][:2] == ["integer >= 1", "unset"]
+    assert "mapping, see [analyses](#analyses)" in rows["Settings every run shares:analyses"][0]
 
 
 def test_schema_has_no_defaults_and_is_a_valid_2020_12_schema(schema):

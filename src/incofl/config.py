@@ -60,20 +60,39 @@ class Analyses(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    # CKA of the trained clients' representations (stage and block outputs) on one probe batch of
-    # test images (the same images for every run), and the cosine of their updates (Figs. 1, 2, 10)
-    cka_rounds: Rounds = Field(default_factory=list)
-    probe_samples: int = Field(256, ge=4)
-    # histograms of the server's averaged update of every conv and linear weight, before and
-    # after the server's transforms (InCo's step) (Figs. 2c-d, 3)
-    gradient_rounds: Rounds = Field(default_factory=list)
-    gradient_bins: int = Field(50, ge=2)
-    # t-SNE of penultimate features of clients trained that round (Fig. 9d-f): one client of each
-    # listed model group (paper: one ResNet22, two ResNet26), test images of the listed classes
-    tsne_rounds: Rounds = Field(default_factory=list)
-    tsne_groups: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [3, 4, 4], min_length=1)
-    tsne_classes: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0, 1, 2, 3, 4, 5], min_length=2)
-    tsne_per_class: int = Field(50, ge=2)
+    cka_rounds: Rounds = Field(
+        default_factory=list,
+        description=(
+            "rounds after which to compute CKA of the trained clients' representations (stage and block outputs) on "
+            "one probe batch of test images, the same for every run, and the cosine of their updates (Figs. 1, 2, 10)"
+        ),
+    )
+    probe_samples: int = Field(256, ge=4, description="test images in the CKA probe batch")
+    gradient_rounds: Rounds = Field(
+        default_factory=list,
+        description=(
+            "rounds after which to histogram the server's averaged update of every conv and linear weight, before "
+            "and after the server's transforms such as InCo's step (Figs. 2c-d, 3)"
+        ),
+    )
+    gradient_bins: int = Field(50, ge=2, description="histogram bins (shared by the before and after histograms)")
+    tsne_rounds: Rounds = Field(
+        default_factory=list,
+        description=(
+            "rounds after which to compute a t-SNE of penultimate features of clients trained that round (Fig. 9d-f)"
+        ),
+    )
+    tsne_groups: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: [3, 4, 4],
+        min_length=1,
+        description="t-SNE: one client of each listed model group (paper: one ResNet22, two ResNet26)",
+    )
+    tsne_classes: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: [0, 1, 2, 3, 4, 5],
+        min_length=2,
+        description="t-SNE: the classes whose test images are mapped",
+    )
+    tsne_per_class: int = Field(50, ge=2, description="t-SNE: test images per class")
 
     @property
     def rounds(self) -> set[int]:
@@ -86,69 +105,172 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     # data
-    data_dir: str | None = None  # else $INCOFL_DATA_DIR, else ./data
-    cache_dir: str = "resources/data"
-    partition: Literal["dirichlet", "iid", "iid_draw", "shards", "release"] = "dirichlet"  # release: the authors' files
-    client_samples: int | None = Field(None, ge=1)  # partition: iid_draw: images each client draws (FedPart: 500)
-    shard_classes: int = Field(2, ge=1)  # partition: shards: label shards dealt to each client (HeteroFL: 2)
-    partition_seed: int = Field(0, ge=0)
-    partition_file: str | None = None  # a saved partition artifact; computed on the fly if unset
-    release_partitions: str | None = None  # folder of the release's fix_distribution/*.npy (partition: release)
-    fmnist_partition: Literal["own", "cifar"] = "own"  # cifar: FMNIST clients get CIFAR-10's partition (release)
-    min_size: int = Field(10, ge=1)
-    max_retries: int = Field(1000, ge=1)
-    # the input pipeline (README "Fidelity": ours by default, the release's as options)
-    augment: Literal["auto", "none", "crop", "crop_flip", "release"] = "auto"
-    cutout: int | None = Field(None, ge=0)  # Cutout square side; None: as `augment` says (release: 16), 0: off
-    pad_fill: Literal["mean", "black"] = "mean"  # random-crop padding colour (release: black)
-    normalize: Literal["stats", "half", "none"] = "stats"  # training-set mean/std, 0.5/0.5, or [0, 1] pixels
-    resize: int | None = Field(None, ge=8)  # ResNets: resize images to this side (release FMNIST: 32)
-    drop_last: bool = False  # drop incomplete batches: each client's last, and the test set's tail (release)
-    holdout: float = Field(0.0, ge=0.0, lt=1.0)  # each client's share held out for personal evaluation (FedLAG: 0.25)
-    pool_test: bool = False  # train and test sets pooled before partitioning (FedLAG's release); needs holdout
+    data_dir: str | None = Field(
+        None,
+        description=(
+            "the folder holding the data sets (e.g. cifar10-jpeg.tar.xz or torchvision's files); "
+            "unset: $INCOFL_DATA_DIR, else ./data"
+        ),
+    )
+    cache_dir: str = Field("resources/data", description="where each data set is cached, decoded, as `<name>.npz`")
+    partition: Literal["dirichlet", "iid", "iid_draw", "shards", "release"] = Field(
+        "dirichlet",
+        description=(
+            "how clients get their data: Dirichlet(alpha) label skew, IID, independent draws of client_samples "
+            "(FedPart), HeteroFL's class shards, or the authors' files (release)"
+        ),
+    )
+    client_samples: int | None = Field(
+        None,
+        ge=1,
+        description="partition: iid_draw: images each client draws (FedPart: 500); set exactly with iid_draw",
+    )
+    shard_classes: int = Field(
+        2, ge=1, description="partition: shards: label shards dealt to each client (HeteroFL: 2)"
+    )
+    partition_seed: int = Field(0, ge=0, description="seed of the partition (apart from the run's seed)")
+    partition_file: str | None = Field(
+        None, description="a saved partition artifact (incofl partition); unset: the partition is computed in memory"
+    )
+    release_partitions: str | None = Field(
+        None, description="partition: release: the folder of the release's fix_distribution/*.npy files"
+    )
+    fmnist_partition: Literal["own", "cifar"] = Field(
+        "own", description="cifar: FMNIST clients get CIFAR-10's partition, as the release does"
+    )
+    min_size: int = Field(10, ge=1, description="Dirichlet: the fewest samples a client may get (redrawn below it)")
+    max_retries: int = Field(1000, ge=1, description="Dirichlet: draws tried before giving up on min_size")
+    # the input pipeline (ours by default, the release's as options)
+    augment: Literal["auto", "none", "crop", "crop_flip", "release"] = Field(
+        "auto",
+        description=(
+            "training augmentation: auto = crop+flip for CIFAR-10 and CINIC-10, crop for SVHN, none for digits "
+            "and FMNIST; release = the authors' choice per data set, with Cutout"
+        ),
+    )
+    cutout: int | None = Field(
+        None, ge=0, description="Cutout square side; unset: as augment says (release: 16), 0: off"
+    )
+    pad_fill: Literal["mean", "black"] = Field("mean", description="random-crop padding colour (release: black)")
+    normalize: Literal["stats", "half", "none"] = Field(
+        "stats", description="training-set channel mean/std, 0.5/0.5, or [0, 1] pixels"
+    )
+    resize: int | None = Field(None, ge=8, description="ResNets: resize images to this side (release FMNIST: 32)")
+    drop_last: bool = Field(
+        False, description="drop incomplete batches: each client's last, and the test set's tail (release)"
+    )
+    holdout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="each client's share held out for personal evaluation (FedLAG: 0.25)"
+    )
+    pool_test: bool = Field(
+        False, description="pool the train and test sets before partitioning (FedLAG's release); needs holdout"
+    )
     # federation
-    clients: int = Field(100, ge=1)
-    ratio: float = Field(0.1, gt=0.0, le=1.0)
-    models: list[str] = Field(default_factory=lambda: list(RESNETS), min_length=1)
-    stem: Literal["imagenet", "cifar"] = "imagenet"
-    pretrained: str | None = None  # ViT: a local state-dict file
-    rounds: int = Field(50, ge=1)
-    local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(64, ge=2)
-    optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = Field(1e-3, gt=0.0)
-    momentum: float = Field(0.0, ge=0.0, lt=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    bn_stats: Literal["averaged", "local"] = "averaged"  # local: each client keeps its BN statistics (FedPart release)
-    # width and depth splitting (HeteroFL, FedRolex, ScaleFL): with one width model in `models`,
-    # each rate is a model group (unset: the model's levels, WIDTH_LEVELS); resnet110 also cuts depth
-    width_rates: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = None
-    exits: list[Annotated[int, Field(ge=1, le=EXITS)]] | None = None  # resnet110: each group's deepest exit
-    rate_assignment: Literal["fixed", "dynamic"] = "fixed"  # dynamic: every sampled client draws its level each round
-    model_scale: float = Field(1.0, gt=0.0, le=1.0)  # width models and ResNets: channels x this (CPU-sized runs)
-    # BN at evaluation of width models: static (HeteroFL: statistics of the training data, gathered
-    # before each evaluation) or batch (the test batch's: FedRolex, ScaleFL); unset: the model's
-    eval_bn: Literal["static", "batch"] | None = None
-    static_bn_samples: int | None = Field(None, ge=1)  # static BN: training images passed (None: all the clients')
-    # robustness (paper Fig. 7): each client update gets Gaussian noise of std update_noise x that
-    # update tensor's std before aggregation
-    update_noise: float = Field(0.0, ge=0.0)
-    analyses: Analyses = Field(default_factory=Analyses)
-    vit_epoch_scale: Literal["inco", "all"] = "inco"  # ViTs: updates / local_epochs for InCo or every method
-    method_args: dict[str, Any] = Field(default_factory=dict)  # the method's hyper-parameters
-    label: str | None = Field(None, pattern=f"^{NAME}$")  # shown under in tables, figures (default: the method)
+    clients: int = Field(100, ge=1, description="number of clients K")
+    ratio: float = Field(0.1, gt=0.0, le=1.0, description="share of the clients sampled each round")
+    models: list[str] = Field(
+        default_factory=lambda: list(RESNETS),
+        min_length=1,
+        description="one model group per model, smallest first, one family; client i is in group i * G // K",
+    )
+    stem: Literal["imagenet", "cifar"] = Field(
+        "imagenet",
+        description="ResNet stem: the authors' 7x7/2 convolution with max-pool, or cifar's 3x3/1 without pool",
+    )
+    pretrained: str | None = Field(None, description="ViT: a local state-dict file to start from")
+    rounds: int = Field(50, ge=1, description="communication rounds")
+    local_epochs: int = Field(1, ge=1, description="local epochs E per round")
+    batch_size: int = Field(64, ge=2, description="local batch size")
+    optimizer: Literal["adam", "sgd"] = Field("adam", description="local optimizer (fresh each round)")
+    lr: float = Field(1e-3, gt=0.0, description="local learning rate")
+    momentum: float = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum")
+    weight_decay: float = Field(0.0, ge=0.0, description="weight decay of the local optimizer")
+    bn_stats: Literal["averaged", "local"] = Field(
+        "averaged",
+        description="BatchNorm running statistics averaged like weights, or kept by each client (FedPart's release)",
+    )
+    # width and depth splitting (HeteroFL, FedRolex, ScaleFL)
+    width_rates: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = Field(
+        None,
+        description=(
+            "width models: each rate is a model group; unset: the model's levels (preresnet18: HeteroFL's "
+            "1, 1/2, 1/4, 1/8, 1/16; resnet110: ScaleFL's 0.7, 0.7, 0.75, 1)"
+        ),
+    )
+    exits: list[Annotated[int, Field(ge=1, le=EXITS)]] | None = Field(
+        None, description="resnet110: each group's deepest exit (unset: 1, 2, 3, 4 with the default rates)"
+    )
+    rate_assignment: Literal["fixed", "dynamic"] = Field(
+        "fixed",
+        description="fixed: a client keeps its level; dynamic: every sampled client draws its level each round",
+    )
+    model_scale: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "width models and ResNets: every layer's channels x this (CPU-sized runs; HeteroFL's hidden_size)"
+        ),
+    )
+    eval_bn: Literal["static", "batch"] | None = Field(
+        None,
+        description=(
+            "BN at evaluation of width models: static (HeteroFL: statistics of training data gathered before each "
+            "evaluation) or batch (the test batch's: FedRolex, ScaleFL); unset: static for preresnet18, batch for "
+            "resnet110"
+        ),
+    )
+    static_bn_samples: int | None = Field(
+        None, ge=1, description="static BN: training images passed (unset: all the clients')"
+    )
+    # robustness (paper Fig. 7)
+    update_noise: float = Field(
+        0.0,
+        ge=0.0,
+        description="Gaussian noise on each client update before aggregation, std = this x that update tensor's std",
+    )
+    analyses: Analyses = Field(
+        default_factory=Analyses, description="the paper's analyses, each after the rounds it lists"
+    )
+    vit_epoch_scale: Literal["inco", "all"] = Field(
+        "inco",
+        description=(
+            "ViTs: divide client updates by local_epochs for InCo's official variant only, or for every method "
+            "(release)"
+        ),
+    )
+    method_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the method's hyper-parameters (`incofl methods` lists each method's, with defaults)",
+    )
+    label: str | None = Field(
+        None,
+        pattern=f"^{NAME}$",
+        description="the name a run is shown under in tables and figures (unset: the method)",
+    )
     # evaluation, checkpoints, runtime
-    eval_every: int = Field(1, ge=1)
-    eval_last: int = Field(10, ge=0)  # also evaluate every one of the last N rounds (last10_acc reads them)
-    eval_batch_size: int = Field(1000, ge=1)
-    checkpoint_every: int = Field(5, ge=1)
-    keep_checkpoint: bool = False  # keep ckpt.pt (final weights) after a finished run
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int | None = Field(None, ge=1)
-    channels_last: bool = False
-    bf16: bool = False  # bf16 autocast (GPU)
-    trainer: Literal["serial", "batched"] = "serial"  # batched: a group's clients side by side (torch.func.vmap)
-    progress: bool = True
+    eval_every: int = Field(1, ge=1, description="evaluate every group's model on the test set every N rounds")
+    eval_last: int = Field(10, ge=0, description="also evaluate every one of the last N rounds (last10_acc reads them)")
+    eval_batch_size: int = Field(1000, ge=1, description="batch size of evaluation")
+    checkpoint_every: int = Field(5, ge=1, description="write ckpt.pt every N rounds")
+    keep_checkpoint: bool = Field(False, description="keep ckpt.pt (final weights) after a finished run")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda where there is one; cuda without a GPU is refused before any job"
+    )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "torch threads of a training job, and the CPUs the workflow asks for per training job (unset: torch's "
+            "default in incofl train, 1 in the workflow)"
+        ),
+    )
+    channels_last: bool = Field(False, description="channels-last memory format (GPU)")
+    bf16: bool = Field(False, description="bf16 autocast (GPU)")
+    trainer: Literal["serial", "batched"] = Field(
+        "serial", description="batched: a model group's clients side by side (torch.func.vmap)"
+    )
+    progress: bool = Field(True, description="a progress bar on stderr")
 
     @field_validator("models")
     @classmethod
@@ -326,22 +448,31 @@ class Resources(TypedDict, total=False):
     """Resources of each training job (Snakemake `resources:`, sbatch options on SLURM).
     What is left out comes from the profile's default-resources."""
 
-    gpu: Annotated[int, Field(ge=0)]  # GPUs per job (sbatch --gpus)
-    gpu_model: str  # e.g. a100 (sbatch --gpus=a100:N)
-    runtime: Annotated[int, Field(ge=1)]  # minutes for the first try; a retry gets attempt x runtime
-    mem_mb: Annotated[int, Field(ge=1)]
-    # training runs per SLURM job, side by side on its `gpu` GPUs (default 1; README, "Several
-    # runs per GPU"): the job asks for `gpu` once and for N x mem_mb and N x threads CPUs
-    runs_per_gpu: Annotated[int, Field(ge=1)]
+    gpu: Annotated[int, Field(ge=0, description="GPUs per job (sbatch --gpus)")]
+    gpu_model: Annotated[str, Field(description="e.g. a100 (sbatch --gpus=a100:N)")]
+    runtime: Annotated[int, Field(ge=1, description="minutes for the first try; a retry gets attempt x runtime")]
+    mem_mb: Annotated[int, Field(ge=1, description="memory per training run in MB (sbatch --mem)")]
+    runs_per_gpu: Annotated[
+        int,
+        Field(
+            ge=1,
+            description=(
+                "training runs per SLURM job, side by side on its `gpu` GPUs (unset: 1): the job asks for `gpu` once "
+                "and for N x mem_mb and N x threads CPUs"
+            ),
+        ),
+    ]
 
 
 class RunConfig(Settings):
     """One training run: a grid point plus its settings."""
 
-    dataset: str = "digits"
-    alpha: float = Field(0.5, gt=0.0)
-    method: str = "InCoAvg"  # a registered method (a variant's run: its method, and `label` its name)
-    seed: int = Field(0, ge=0)
+    dataset: str = Field("digits", description="the run's data set")
+    alpha: float = Field(0.5, gt=0.0, description="the run's Dirichlet alpha")
+    method: str = Field(
+        "InCoAvg", description="a registered method (a variant's run: its method, and `label` its name)"
+    )
+    seed: int = Field(0, ge=0, description="the run's seed: initialisation, client sampling, batches")
 
     @property
     def name(self) -> str:
@@ -371,19 +502,40 @@ class RunConfig(Settings):
 class ExperimentConfig(Settings):
     """A config file: the grid, shared settings, per-method overrides, variants and job resources."""
 
-    datasets: list[str] = Field(default_factory=lambda: ["digits"], min_length=1)
-    alphas: list[Annotated[float, Field(gt=0.0)]] = Field(default_factory=lambda: [0.5], min_length=1)
-    methods: list[str] = Field(default_factory=lambda: ["InCoAvg"], min_length=1)
-    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
-    per_method: dict[str, dict[str, Any]] = Field(default_factory=dict)  # e.g. MOON: {rounds: 100}
-    per_dataset: dict[str, dict[str, Any]] = Field(default_factory=dict)  # e.g. fmnist: {resize: 32}
-    # named settings of a registered method, listed in `methods` by name; e.g.
-    # FedPart-W0: {method: FedPart, method_args: {warmup: 0}} (its settings override per_method's)
-    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    table_metric: Literal["final_acc", "best_acc", "last10_acc"] = "final_acc"
-    resources: Resources = Field(default_factory=Resources)  # workflow job resources
-    robustness: Robustness | None = None  # studies beside the grid (studies.py): paper Fig. 7
-    case_study: CaseStudy | None = None  # and Table 1
+    datasets: list[str] = Field(default_factory=lambda: ["digits"], min_length=1, description="grid: data sets")
+    alphas: list[Annotated[float, Field(gt=0.0)]] = Field(default_factory=lambda: [0.5], min_length=1,
+                                                          description="grid: Dirichlet alphas")  # fmt: skip
+    methods: list[str] = Field(
+        default_factory=lambda: ["InCoAvg"],
+        min_length=1,
+        description="grid: registered methods (`incofl methods`) or names of variants",
+    )
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1,
+                                                     description="grid: seeds")  # fmt: skip
+    per_method: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="settings for one method, e.g. MOON: {rounds: 100} (not data or partition settings)",
+    )
+    per_dataset: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="settings for one data set, e.g. fmnist: {resize: 32}, applied before per_method's",
+    )
+    variants: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description=(
+            "named settings of a registered method, listed in `methods` by name, e.g. "
+            "FedPart-W0: {method: FedPart, method_args: {warmup: 0}} (its settings override per_method's)"
+        ),
+    )
+    table_metric: Literal["final_acc", "best_acc", "last10_acc"] = Field(
+        "final_acc", description="the statistic of Table 2 and the figures' bars"
+    )
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="each training job's resources in the workflow (SLURM: sbatch options); left out: the profile's",
+    )
+    robustness: Robustness | None = Field(None, description="a robustness study beside the grid (paper Fig. 7)")
+    case_study: CaseStudy | None = Field(None, description="a case study beside the grid (paper Table 1)")
 
     @field_validator("datasets")
     @classmethod

@@ -2,8 +2,10 @@
 
 Snakemake validates a config against workflow/schemas/config.schema.yaml before planning any
 job; that file is this module's output, so every key, type and bound is written once, in
-`incofl.config`. `python -m incofl.schema` prints the schema, `python -m incofl.schema --write`
-rewrites the file (tests/test_schema.py fails while it is stale).
+`incofl.config`. `python -m incofl.schema` prints the schema, `--markdown` the reference of every key that
+config/README.md holds (type and range from the schema, default and description from the models),
+and `python -m incofl.schema --write` rewrites both files (tests/test_schema.py fails while either
+is stale).
 
 What `ExperimentConfig.model_json_schema()` gives is post-processed:
 - no `default` anywhere: Snakemake's `validate()` would fill the schema's defaults into the
@@ -25,15 +27,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from incofl.config import DATASETS, MODELS, NAME, ExperimentConfig
+from incofl.config import DATASETS, MODELS, NAME, ExperimentConfig, RunConfig, Settings
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
-SCHEMA_FILE = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_FILE = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+MARKDOWN_FILE = ROOT / "config" / "README.md"
 REGENERATE = "python -m incofl.schema --write"
 HEADER = (
     f"# Generated from the pydantic models in src/incofl/config.py by `{REGENERATE}`:\n"
@@ -134,18 +140,128 @@ def render(schema: dict[str, Any] | None = None) -> str:
     return HEADER + text
 
 
+# config/README.md: the top-level keys by model (SECTIONS), then a section per nested mapping.
+NESTED = {"analyses": "Analyses", "resources": "Resources", "robustness": "Robustness", "case_study": "CaseStudy"}
+MARKDOWN_HEAD = f"""# Config keys
+
+<!-- Generated from the pydantic models in src/incofl/config.py by `{REGENERATE}`:
+do not edit by hand (tests/test_schema.py fails when this file is stale). -->
+
+Every key of an experiment config (`config/*.yaml`), its default and the values it accepts. A
+config is checked before anything runs: an unknown key or a value out of range is one line naming
+the key, and exit code 2. Cross-field rules (for example: fewer clients than model groups, a
+method that cannot train the listed models) are checked too and named the same way. What each
+method takes under `method_args` is listed by `incofl methods`.
+
+Settings are merged, later winning: the top level < `per_dataset.<data set>` < `per_method.<method>`
+< a variant's own < `incofl train --set key=value`.
+"""
+SECTIONS = (  # (title, introduction, model): the keys the model adds to Settings (Settings: its own)
+    ("The grid and the experiment", "The grid is datasets x alphas x methods x seeds; these keys are the "
+     "experiment's own.", ExperimentConfig),
+    ("Settings every run shares", "Overridable per data set, per method, per variant and with `--set`.", Settings),
+    ("One run's grid point", "A run's own `config.yaml` and `incofl train --set` name one point of the grid.",
+     RunConfig),
+)  # fmt: skip
+
+
+def _type(node: dict[str, Any]) -> str:
+    """A schema node in words: its type, enum and bounds."""
+    if "anyOf" in node:
+        kinds = [n for n in node["anyOf"] if n != {"type": "null"}]
+        words = " or ".join(_type(n) for n in kinds)
+        return f"{words}, or null (unset)" if len(kinds) < len(node["anyOf"]) else words
+    if "$ref" in node:
+        name = node["$ref"].rsplit("/", 1)[1]
+        if name in ("Dataset", "Model"):
+            return "one of " + ", ".join(f"`{v}`" for v in (DATASETS if name == "Dataset" else MODELS))
+        if name == "Method":
+            return "a method (`incofl methods`)"
+        if name == "Variant":
+            return "a variant's name"
+        return f"mapping, see [{_key_of(name)}](#{_key_of(name)})"
+    if "enum" in node:
+        return "one of " + ", ".join(f"`{v}`" for v in node["enum"])
+    kind = node.get("type", "any")
+    if kind == "array":
+        at_least = f", at least {node['minItems']}" if node.get("minItems") else ""
+        return f"list of ({_type(node['items'])}){at_least}"
+    if kind == "object":
+        return "mapping"
+    bounds = [f"{op} {node[key]}" for key, op in
+              (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
+              if key in node]  # fmt: skip
+    if "pattern" in node:
+        bounds.append(f"matching `{node['pattern']}`")
+    return " ".join([kind, ", ".join(bounds)]).strip()
+
+
+def _key_of(def_name: str) -> str:
+    return next(key for key, name in NESTED.items() if name == def_name)
+
+
+def _model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model of a field's annotation (`X` or `X | None`), None for a TypedDict."""
+    kinds = getattr(annotation, "__args__", (annotation,))
+    return next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+
+
+def _default(model: type[BaseModel], name: str) -> str:
+    field = model.model_fields[name]
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        return "see below"
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+    return f"`{text}`"
+
+
+def _rows(props: dict[str, Any], names: list[str], default: Any) -> Iterator[str]:
+    for name in names:
+        node = props[name]
+        what, kind = (text.replace("|", "\\|") for text in (node.get("description", ""), _type(node)))
+        yield f"| `{name}` | {kind} | {default(name)} | {what} |"
+
+
+def _table(props: dict[str, Any], names: list[str], default: Any) -> list[str]:
+    return ["| key | type and range | default | meaning |", "|---|---|---|---|", *_rows(props, names, default), ""]
+
+
+def _own_fields(model: type[BaseModel]) -> list[str]:
+    return [n for n in model.model_fields if model is Settings or n not in Settings.model_fields]
+
+
+def markdown() -> str:
+    """The reference of every config key, as config/README.md holds it."""
+    schema = config_schema()
+    defs = schema["$defs"]
+    run = _clean(RunConfig.model_json_schema(mode="validation"))["properties"]
+    lines = [MARKDOWN_HEAD]
+    for title, intro, model in SECTIONS:
+        props = run if model is RunConfig else schema["properties"]
+        lines += [f"## {title}", "", intro, ""]
+        lines += _table(props, _own_fields(model), lambda n, m=model: _default(m, n))
+    for key, def_name in NESTED.items():
+        node = defs[def_name]
+        lines += [f"## {key}", "", node["description"], ""]
+        model = _model(ExperimentConfig.model_fields[key].annotation)
+        default = (lambda n: "unset") if model is None else (lambda n, m=model: _default(m, n))  # TypedDict: none
+        lines += _table(node["properties"], list(node["properties"]), default)
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m incofl.schema", description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"write {SCHEMA_FILE} instead of printing")
+    parser.add_argument("--markdown", action="store_true", help=f"print {MARKDOWN_FILE.name}'s key reference")
+    parser.add_argument("--write", action="store_true", help=f"write {SCHEMA_FILE} and {MARKDOWN_FILE}")
     args = parser.parse_args(argv)
-    text = render()
     if not args.write:
-        sys.stdout.write(text)
+        sys.stdout.write(markdown() if args.markdown else render())
         return 0
-    if not SCHEMA_FILE.parent.is_dir():
+    if not SCHEMA_FILE.parent.is_dir() or not MARKDOWN_FILE.parent.is_dir():
         parser.error(f"{SCHEMA_FILE.parent}: not found (--write needs a source checkout, pip install -e .)")
-    SCHEMA_FILE.write_text(text)
-    print(f"wrote {SCHEMA_FILE}", file=sys.stderr)
+    for target, text in ((SCHEMA_FILE, render()), (MARKDOWN_FILE, markdown())):
+        target.write_text(text)
+        print(f"wrote {target}", file=sys.stderr)
     return 0
 
 

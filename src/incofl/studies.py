@@ -1,4 +1,4 @@
-"""Studies beside an experiment's grid (config `robustness`, `case_study`; README "Analyses").
+"""Studies beside an experiment's grid (config `robustness`, `case_study`; docs/analyses.md).
 
 Each study is a set of runs that differ from the grid's in a setting the grid does not vary:
 - robustness (paper Fig. 7): methods x batch sizes (no noise) and x update-noise levels (the
@@ -32,10 +32,15 @@ class Robustness(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    methods: list[str] = Field(default_factory=lambda: ["FedAvg", "InCoAvg"], min_length=1)
-    batch_sizes: list[Annotated[int, Field(ge=2)]] = Field(default_factory=list)  # without noise
-    noise: list[Annotated[float, Field(ge=0.0)]] = Field(default_factory=list)  # at the experiment's batch size
-    seeds: list[Annotated[int, Field(ge=0)]] | None = None  # default: the experiment's
+    methods: list[str] = Field(default_factory=lambda: ["FedAvg", "InCoAvg"], min_length=1,
+                               description="the methods the study runs")  # fmt: skip
+    batch_sizes: list[Annotated[int, Field(ge=2)]] = Field(
+        default_factory=list, description="local batch sizes, each run without noise"
+    )
+    noise: list[Annotated[float, Field(ge=0.0)]] = Field(
+        default_factory=list, description="update_noise levels, each run at the experiment's batch size"
+    )
+    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="unset: the experiment's seeds")
 
 
 class CaseStudy(BaseModel):
@@ -43,12 +48,12 @@ class CaseStudy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    # family -> settings of its runs on top of the experiment's (e.g. clients, rounds; a ViT's
-    # pretrained weights); the models are the family's
-    families: dict[Literal["resnet", "vit"], dict[str, Any]] = Field(default_factory=lambda: {"resnet": {}})
-    method: str = "HeteroAvg"  # one federation over every model (with one model: FedAvg)
-    alpha: float = Field(0.5, gt=0.0)  # the non-IID runs' Dirichlet alpha
-    seeds: list[Annotated[int, Field(ge=0)]] | None = None
+    families: dict[Literal["resnet", "vit"], dict[str, Any]] = Field(default_factory=lambda: {"resnet": {}},
+        description=("family -> settings of its runs on top of the experiment's (e.g. clients, rounds; a ViT's "
+                     "pretrained weights); the models are the family's"))  # fmt: skip
+    method: str = Field("HeteroAvg", description="one federation over every model (with one model: FedAvg)")
+    alpha: float = Field(0.5, gt=0.0, description="the non-IID runs' Dirichlet alpha")
+    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="unset: the experiment's seeds")
 
 
 def study_points(exp: ExperimentConfig) -> dict[str, list[str]]:

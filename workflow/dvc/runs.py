@@ -1,5 +1,5 @@
 """Write workflow/dvc/runs.yaml: the `incofl train` command of every committed evidence run
-(results/runs-*/), one `train` stage of dvc.yaml each (README, "Reproduce with DVC").
+(results/runs-*/), one `train` stage of dvc.yaml each (docs/workflow.md, "Reproduce with DVC").
 
     python workflow/dvc/runs.py            # after adding runs under results/runs-*/
 

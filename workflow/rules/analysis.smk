@@ -1,4 +1,4 @@
-"""The paper's analyses (README "Analyses"; config/analysis.yaml): figures and tables from the
+"""The paper's analyses (docs/analyses.md; config/analysis.yaml): figures and tables from the
 grid's runs (their observers' files: cka.csv, gradients.csv, tsne.csv, inco.csv) and from the
 runs of the studies beside the grid (robustness: batch size and update noise; case study: IID /
 non-IID x homogeneous / heterogeneous), each study run a training job of its own. Outputs in

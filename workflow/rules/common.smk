@@ -298,7 +298,7 @@ def train_resources():
     return res
 
 
-# --- several runs per SLURM job (resources.runs_per_gpu; README, "Several runs per GPU") ----
+# --- several runs per SLURM job (resources.runs_per_gpu; docs/slurm.md) -------------------
 # Snakemake submits a job group as ONE SLURM job (mem_mb and cpus_per_task summed over the jobs
 # that run side by side, runtime their maximum, a string resource once). Inside it the SLURM
 # plugin (2.8.0) runs the group's jobs with `snakemake --executor slurm-jobstep --jobs 1 --mode

@@ -1,4 +1,4 @@
-"""README "Fidelity" figure: the paper's collapse of FedProx and FedNova on CIFAR-10 (alpha 0.5)
+"""docs/evidence.md's collapse figure: the paper's collapse of FedProx and FedNova on CIFAR-10 (alpha 0.5)
 beside our runs of each hypothesis for the collapse, and their metrics.json for `dvc metrics`.
 
     python workflow/scripts/fidelity_figure.py results/runs-collapse results/evidence-fidelity
