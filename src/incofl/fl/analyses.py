@@ -26,7 +26,6 @@ from itertools import combinations
 
 import numpy as np
 import torch
-from sklearn.manifold import TSNE
 from torch import nn
 
 from incofl.config import ConfigError, RunConfig
@@ -175,6 +174,8 @@ class FeatureMap(ModelProbe):
         return picked
 
     def see_clients(self, round_: int, trained: list[Trained]) -> None:
+        from sklearn.manifold import TSNE  # imported here: it costs every training process a second
+
         picked = self.chosen(trained)
         if not picked:
             return
