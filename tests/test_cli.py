@@ -215,3 +215,13 @@ def test_every_flag_of_every_subcommand_has_help():
     assert len(parsers) > 10  # the walk reached the subcommands
     missing = [f"{p.prog} {a.option_strings or a.dest}" for p in parsers for a in p._actions if not a.help]
     assert not missing, missing
+
+
+def test_docs_commands_md_is_generated_from_the_parser():
+    """docs/commands.md documents every flag once, from its help text: regenerate it with
+    `python -m incofl.clidoc > docs/commands.md` after changing the parser."""
+    from incofl.clidoc import markdown
+
+    assert (REPO / "docs" / "commands.md").read_text() == markdown(), "docs/commands.md is stale"
+    flags = {s for p in _parsers(build_parser()) for a in p._actions for s in a.option_strings} - {"-h", "--help"}
+    assert all(f"`{flag}`" in markdown() for flag in flags)
