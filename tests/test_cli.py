@@ -225,3 +225,5 @@ def test_docs_commands_md_is_generated_from_the_parser():
     assert (REPO / "docs" / "commands.md").read_text() == markdown(), "docs/commands.md is stale"
     flags = {s for p in _parsers(build_parser()) for a in p._actions for s in a.option_strings} - {"-h", "--help"}
     assert all(f"`{flag}`" in markdown() for flag in flags)
+    rows = [line for line in markdown().splitlines() if line.startswith("| `")]
+    assert len(rows) > len(flags) / 2 and not any("<" in row for row in rows)  # Markdown would take <x> for HTML

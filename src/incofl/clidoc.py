@@ -43,7 +43,7 @@ def _section(name: str, summary: str, parser: argparse.ArgumentParser, usage_tai
         for a in actions:
             flag = ", ".join(f"`{s}`" for s in a.option_strings) or f"`{a.dest}` (positional)"
             value = f"`{_value(a)}`" if _value(a) else ""
-            text = (a.help or "").replace("|", "\\|").rstrip(".") + "."
+            text = (a.help or "").replace("|", "\\|").replace("<", "&lt;").rstrip(".") + "."  # as Markdown shows it
             required = " Required." if a.required and a.option_strings else ""
             lines.append(f"| {flag} | {value} | {text}{required} |")
         lines.append("")
