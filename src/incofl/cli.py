@@ -32,28 +32,24 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _add_config(p: argparse.ArgumentParser, sets: bool = True, report: bool = False) -> None:
-    if report:  # a report shows the config's grid: without it, it would show the built-in one's (nothing)
-        p.add_argument("--config", "-c", required=True, help="experiment config (YAML) the runs were trained "
-                       "with: its grid (datasets, alphas, methods, seeds) is what is reported")  # fmt: skip
-        return
+def _add_run_config(p: argparse.ArgumentParser) -> None:
+    """--config and --set of the commands that set up or train one run (prepare, partition, train)."""
     data = ExperimentConfig.model_fields["datasets"].get_default(call_default_factory=True)[0]
     default = f"default: built-in defaults ({data}, {BUILT_IN['clients']} clients, ratio {BUILT_IN['ratio']})"
     p.add_argument("--config", "-c", help=f"experiment config (YAML); {default}")
-    if sets:
-        # action="extend": `--set a=1 --set b=2` = `--set a=1 b=2` (with the default "store", only the
-        # last --set counted and the keys set before it silently kept the config's values)
-        p.add_argument(
-            "--set",
-            "-s",
-            nargs="+",
-            action="extend",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a run's settings, e.g. dataset=cifar10 alpha=1.0 method=InCoAvg seed=2; a dotted "
-            "key sets one key of a mapping and keeps the others (method_args.mu=0.1, analyses.cka_rounds=[1]); "
-            "values are YAML; applied after per_dataset, per_method and variants; may be repeated",
-        )
+    # action="extend": `--set a=1 --set b=2` = `--set a=1 b=2` (with the default "store", only the
+    # last --set counted and the keys set before it silently kept the config's values)
+    p.add_argument(
+        "--set",
+        "-s",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a run's settings, e.g. dataset=cifar10 alpha=1.0 method=InCoAvg seed=2; a dotted "
+        "key sets one key of a mapping and keeps the others (method_args.mu=0.1, analyses.cka_rounds=[1]); "
+        "values are YAML; applied after per_dataset, per_method and variants; may be repeated",
+    )
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -298,7 +294,9 @@ def _add_report(sub: Any, name: str, helptext: str, out: str, replicates: bool =
     """A report command: its required --config, --runs (several: `replicates`) and --out, which
     is always an output folder (`out`: what is written there)."""
     p = sub.add_parser(name, help=helptext, description=helptext)
-    _add_config(p, report=True)
+    # required: without it a report would show the built-in experiment's grid (none of the runs)
+    p.add_argument("--config", "-c", required=True, help="experiment config (YAML) the runs were trained with: "
+                   "its grid (datasets, alphas, methods, seeds) is what is reported")  # fmt: skip
     runs = {"nargs": "+", "help": REPLICATES} if replicates else {"help": "root of the run directories"}
     p.add_argument("--runs", required=True, **runs)
     p.add_argument("--out", required=need_out, help=f"output folder, created if missing: {out}")
@@ -312,14 +310,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="what to do (incofl COMMAND --help: its flags)")  # fmt: skip
     p = sub.add_parser("prepare", help="decode a data set once into the uint8 cache")
-    _add_config(p)
+    _add_run_config(p)
     p.set_defaults(func=cmd_prepare)
     p = sub.add_parser("partition", help="write a client partition artifact (.npz with class histogram)")
-    _add_config(p)
+    _add_run_config(p)
     p.add_argument("--out", required=True, help="the partition file to write (.npz)")
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("train", help="run (or resume) one federated training run")
-    _add_config(p)
+    _add_run_config(p)
     p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, train.log, ckpt.pt)")
     p.set_defaults(func=cmd_train)
     p = _add_report(sub, "table", "paper-style accuracy table (md, tex, csv) + metrics.json",
