@@ -20,7 +20,13 @@ PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 .PHONY: run test test-fast coverage lint bench clean-results
 
+# The venv's Python must be 3.11 (the version the pins are for): $(PYTHON)'s version is read
+# only when the venv is to be made, and another one stops make in one line before anything is made.
+PYTHON_VERSION = $(word 2,$(shell $(PYTHON) --version 2>/dev/null))
+
 $(BIN)/.installed: pyproject.toml
+	$(if $(filter 3.11.%,$(PYTHON_VERSION)),,$(error PYTHON=$(PYTHON) $(if $(PYTHON_VERSION),is Python $(PYTHON_VERSION),was not found); \
+		this project needs 3.11: PYTHON=python3.11 make $(MAKECMDGOALS)))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
 	$(BIN)/pip install --quiet -e '.[test]'

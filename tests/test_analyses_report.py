@@ -74,12 +74,12 @@ def test_table3_puts_the_paper_beside_the_share_of_layers_11_and_13(tmp_path):
     runs = tmp_path / "runs"
     _run(runs, "InCoAvg", 0, inco=inco)
     _run(runs, "InCoAvg-noOpt", 0, inco=inco.assign(beta_pos=0.5))
-    assert run(["analysis", "theta-beta", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
+    assert run(["analysis", "theta_beta", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
     lines = (tmp_path / "out" / "table3.md").read_text().splitlines()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[4:]}
     assert rows["InCoAvg"] == ["InCoAvg", "90.0", "83.8", "60.0", "74.4"]
     assert rows["InCoAvg-noOpt"] == ["InCoAvg-noOpt", "50.0", "53.5", "50.0", "50.2"]
-    assert run(["analysis", "theta-beta", "--runs", str(runs), "--out", str(tmp_path / "o"), "--layers", "17"]) == 2
+    assert run(["analysis", "theta_beta", "--runs", str(runs), "--out", str(tmp_path / "o"), "--layers", "17"]) == 2
 
 
 def test_histogram_moments_of_a_normal_sample():
@@ -109,7 +109,7 @@ def test_case_study_settings_and_the_paper_beside(tmp_path):
                                                                                        "heterogeneous")  # fmt: skip
     runs = tmp_path / "runs"
     _run(runs, "HeteroAvg", 0, {"models": ["resnet26"], "partition": "iid"})
-    assert run(["analysis", "case-study", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
+    assert run(["analysis", "case_study", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
     rows = [[c.strip() for c in line.strip("|").split("|")]
             for line in (tmp_path / "out" / "table1.md").read_text().splitlines()[-2:]]  # fmt: skip
     # final_acc 10 * 0 + len("HeteroAvg"); the heterogeneous cell has no run and the paper no number;

@@ -181,7 +181,8 @@ FULL_METHODS = [m for m, spec in METHODS.items() if not spec.partial and not spe
 @pytest.mark.parametrize("method", FULL_METHODS)
 def test_every_method_trains_a_round_on_cnn20(data, method):
     """Every registered method but the partial ones (ResNet layer groups) runs on cnn20."""
-    cfg = RunConfig(**TINY, method=method)
+    personal = method in ("Local", "FedPer", "FedLAG")  # tested on each client's held-out share
+    cfg = RunConfig(**TINY, method=method, holdout=0.25 if personal else 0.0)
     engine = Engine(cfg, data, Partition(iid_partition(64, 2, seed=0), np.zeros((2, 0)), {}), torch.device("cpu"))
     engine.observe(engine.run_round(0))
     assert np.isfinite(engine.evaluate()["mean_acc"])

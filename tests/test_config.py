@@ -110,3 +110,69 @@ def test_method_args_take_their_types_and_method_defaults():
     assert METHODS["FedNova"].parse_args({}).weighted is True  # FedNova's own default
     assert METHODS["InCoAvg-noNorm"].parse_args({}).normalize is False
     assert METHODS["InCoAvg-noNorm"].parse_args({"clip": 0.2}).clip == 0.2
+
+
+# --- --set with dotted keys ------------------------------------------------------------------------
+def test_dotted_set_merges_into_the_mapping_it_names(tmp_path):
+    """A dotted key sets one nested key over per_method and variants, keeping their other keys;
+    the YAML mapping form replaces the whole mapping."""
+    path = _write(
+        tmp_path,
+        methods=["FedProx", "Var"],
+        per_method={"FedProx": {"method_args": {"mu": 0.5, "weighted": False}}},
+        variants={"Var": {"method": "InCoAvg", "method_args": {"clip": 0.3}}},
+        analyses={"probe_samples": 32},
+    )
+    cfg = load_run_config(path, parse_overrides(["method_args.mu=0.1", "analyses.cka_rounds=[1]"]))
+    assert cfg.method_args == {"mu": 0.1, "weighted": False}
+    assert (cfg.analyses.cka_rounds, cfg.analyses.probe_samples) == ([1], 32)
+    variant = load_run_config(path, parse_overrides(["method=Var", "method_args.normalize=false"]))
+    assert variant.method_args == {"clip": 0.3, "normalize": False} and variant.label == "Var"
+    whole = load_run_config(path, parse_overrides(["method_args={mu: 0.1}"]))
+    assert whole.method_args == {"mu": 0.1}
+    assert load_experiment(path).per_method["FedProx"]["method_args"] == {"mu": 0.5, "weighted": False}  # untouched
+
+
+BAD_DOTTED = [
+    ("method_args.bogus=1", "--set: method_args.bogus: not a parameter of FedAvg (takes: weighted)"),
+    ("analyses.bogus=1", "--set: analyses.bogus: unknown key"),
+    ("analyses.cka_rounds=[0]", "--set: analyses.cka_rounds.0: Input should be greater than or equal to 1"),
+    ("clients.x=1", "--set clients.x: clients is not a mapping"),
+    ("method.x=1", "--set method.x: method is not a mapping"),
+    ("resources.gpu=1", "--set: resources.gpu: a key of the experiment (its config file), not a setting of one run"),
+    ("nothing.x=1", "--set: nothing.x: unknown key"),
+    ("method_args..x=1", "expected key=value"),
+]
+
+
+@pytest.mark.parametrize("pair,message", BAD_DOTTED, ids=[p for p, _ in BAD_DOTTED])
+def test_bad_dotted_set_is_one_line_naming_the_key(tmp_path, capsys, pair, message):
+    cfg = _write(tmp_path, methods=["FedAvg"], clients=10)
+    assert run(["train", "--config", str(cfg), "--out", str(tmp_path / "out"), "--set", pair]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+# --- personalised methods need holdout ----------------------------------------------------------
+@pytest.mark.parametrize("method", ["Local", "FedPer", "FedLAG"])
+def test_personalised_method_without_holdout_is_refused(tmp_path, capsys, method):
+    """Without holdout its per-client models would be reported as the first client's on the global test set."""
+    with pytest.raises(ConfigError, match=rf"c.yaml: holdout: {method} keeps a personal model"):
+        load_experiment(_write(tmp_path, methods=["FedAvg", method]))
+    assert load_run_config(_write(tmp_path, methods=[method], holdout=0.25)).holdout == 0.25
+    out = tmp_path / "out"
+    assert run(["train", "--out", str(out), "--set", f"method={method}"]) == 2  # the built-in config, no holdout
+    assert "--set: holdout: " in capsys.readouterr().err and not out.exists()
+
+
+def test_committed_personalised_configs_set_holdout():
+    from pathlib import Path
+
+    from incofl.fl.methods import METHODS
+    from incofl.fl.personal import KeepPlanner, LagPlanner
+
+    for path in sorted(Path(__file__).parents[1].glob("config/*.yaml")):
+        exp = load_experiment(path)
+        personal = [m for m in exp.methods if issubclass(METHODS[exp.method_of(m)].planner, (KeepPlanner, LagPlanner))]
+        assert not personal or exp.holdout == 0.25, path  # FedLAG's, as their evidence runs were trained

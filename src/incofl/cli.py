@@ -8,8 +8,9 @@ import json
 import os
 import signal
 import sys
+from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from incofl.config import BUILT_IN, ConfigError, ExperimentConfig, load_experiment, load_run_config, parse_overrides
 
@@ -18,22 +19,37 @@ from incofl.config import BUILT_IN, ConfigError, ExperimentConfig, load_experime
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
 
 
-def _add_config(p: argparse.ArgumentParser, sets: bool = True) -> None:
+# `incofl analysis` names: those of the Snakemake rules and of the results/analysis folders
+ANALYSIS_NAMES = ("cka", "gradients", "theta_beta", "tsne", "groups", "robustness", "case_study")
+# An --out with one of these suffixes is a file name, refused: every report command's --out is a folder
+FILE_SUFFIXES = frozenset({".md", ".json", ".csv", ".tex", ".png", ".pdf", ".txt"})
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's rule for bad input: one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_run_config(p: argparse.ArgumentParser) -> None:
+    """--config and --set of the commands that set up or train one run (prepare, partition, train)."""
     data = ExperimentConfig.model_fields["datasets"].get_default(call_default_factory=True)[0]
     default = f"default: built-in defaults ({data}, {BUILT_IN['clients']} clients, ratio {BUILT_IN['ratio']})"
     p.add_argument("--config", "-c", help=f"experiment config (YAML); {default}")
-    if sets:
-        # action="extend": `--set a=1 --set b=2` = `--set a=1 b=2` (with the default "store", only the
-        # last --set counted and the keys set before it silently kept the config's values)
-        p.add_argument(
-            "--set",
-            "-s",
-            nargs="+",
-            action="extend",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override config keys, e.g. dataset=cifar10 alpha=1.0 method=InCoAvg seed=2; may be repeated",
-        )
+    # action="extend": `--set a=1 --set b=2` = `--set a=1 b=2` (with the default "store", only the
+    # last --set counted and the keys set before it silently kept the config's values)
+    p.add_argument(
+        "--set",
+        "-s",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a run's settings, e.g. dataset=cifar10 alpha=1.0 method=InCoAvg seed=2; a dotted "
+        "key sets one key of a mapping and keeps the others (method_args.mu=0.1, analyses.cka_rounds=[1]); "
+        "values are YAML; applied after per_dataset, per_method and variants; may be repeated",
+    )
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -76,22 +92,36 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _in_grid(runs: Any, exp: Any) -> Any:
+def _in_grid(runs: Any, exp: Any, root: str | os.PathLike) -> Any:
     """Only the runs of the config's grid: a shared --runs root may hold other experiments' runs.
-    A run's `method` is the name it is shown under (a variant's name)."""
-    return runs[
+    A run's `method` is the name it is shown under (a variant's name). None of them: refused."""
+    grid = runs[
         runs["dataset"].isin(exp.datasets)
         & runs["alpha"].isin(exp.alphas)
         & runs["method"].isin(exp.names)
         & runs["seed"].isin(exp.seeds)
     ]
+    if grid.empty:
+        raise ConfigError(f"--runs {root}: none of its {len(runs)} runs is in the config's grid (datasets, "
+                          "alphas, methods, seeds); is --config the one they were trained with?")  # fmt: skip
+    return grid
 
 
-def _report_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
+def _out_dir(args: argparse.Namespace, writes: str) -> Path:
+    """--out, the output folder of every report command (`writes`: what goes in it)."""
+    if Path(args.out).suffix.lower() in FILE_SUFFIXES:
+        raise ConfigError(f"--out {args.out}: give the output folder (incofl {args.command} writes {writes} in it)")
+    return Path(args.out)
+
+
+def _summaries(exp: Any, roots: list[str]) -> Any:
+    """The grid's runs of every root, one replicate each (several roots: the same seeds rerun)."""
+    import pandas as pd
+
     from incofl.report.runs import collect_summaries
 
-    exp = load_experiment(args.config)
-    return exp, _in_grid(collect_summaries(args.runs), exp)
+    frames = [_in_grid(collect_summaries(root), exp, root).assign(replicate=i) for i, root in enumerate(roots)]
+    return pd.concat(frames, ignore_index=True)
 
 
 def _bases(exp: Any) -> dict[str, str | None]:
@@ -115,13 +145,15 @@ def cmd_table(args: argparse.Namespace) -> int:
     from incofl.report.published import is_resnet_family, paper_table2
     from incofl.report.tables import write_metrics_json, write_tables
 
-    exp, summaries = _report_inputs(args)
+    out = _out_dir(args, "table2.md, table2.tex, table2.csv, metrics.json")
+    exp = load_experiment(args.config)
+    summaries = _summaries(exp, [args.runs]).drop(columns="replicate")
     metric = args.metric or exp.table_metric
     table = _table2(exp, summaries, metric)
     paper = paper_table2() if is_resnet_family(summaries) and not args.no_paper else None
-    write_tables(table, args.out, metric=metric, paper=paper)
-    write_metrics_json(table, args.metrics or Path(args.out) / "metrics.json")
-    print((Path(args.out) / "table2.md").read_text())
+    write_tables(table, out, metric=metric, paper=paper)
+    write_metrics_json(table, args.metrics or out / "metrics.json")
+    print((out / "table2.md").read_text())
     return 0
 
 
@@ -129,31 +161,30 @@ def cmd_figures(args: argparse.Namespace) -> int:
     from incofl.report.figures import plot_ablation, plot_curves
     from incofl.report.runs import collect_curves
 
-    exp, summaries = _report_inputs(args)
+    out = _out_dir(args, "curves_<dataset>_a<alpha> and ablation, PNG and PDF")
+    exp = load_experiment(args.config)
+    summaries = _summaries(exp, [args.runs]).drop(columns="replicate")
     bases = _bases(exp)
-    paths = plot_curves(_in_grid(collect_curves(args.runs), exp), args.out, methods=exp.names, base_of=bases)
-    paths += plot_ablation(summaries, args.out, metric=exp.table_metric, methods=exp.names, base_of=bases)
+    paths = plot_curves(_in_grid(collect_curves(args.runs), exp, args.runs), out, methods=exp.names, base_of=bases)
+    paths += plot_ablation(summaries, out, metric=exp.table_metric, methods=exp.names, base_of=bases)
     print("\n".join(str(p) for p in paths))
     return 0
 
 
 def cmd_paired(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from incofl.atomic import atomic_path
+    from incofl.atomic import write_text
     from incofl.report.paired import paired, statistics, to_markdown
-    from incofl.report.runs import collect_summaries
 
+    name = f"paired-{args.method}-vs-{args.base}.md"
+    out = _out_dir(args, name) if args.out else None
     exp = load_experiment(args.config)
-    summaries = pd.concat(
-        [_in_grid(collect_summaries(root), exp).assign(replicate=i) for i, root in enumerate(args.runs)],
-        ignore_index=True,
-    )
+    for flag, method in (("--method", args.method), ("--base", args.base)):
+        if method not in exp.names:
+            raise ConfigError(f"{flag} {method}: not a method of the config's grid ({', '.join(exp.names)})")
+    summaries = _summaries(exp, args.runs)
     text = to_markdown(paired(summaries, args.method, args.base, statistics(summaries)), args.method, args.base)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(args.out) as tmp:
-            Path(tmp).write_text(text)
+    if out:
+        write_text(out / name, text)
     print(text)
     return 0
 
@@ -170,28 +201,30 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from incofl.report.dvc import pair_tables, seed_mean_curves, write_dvc_files
-    from incofl.report.runs import collect_curves, collect_summaries
+    from incofl.report.runs import collect_curves
     from incofl.report.tables import metrics_json
 
+    out = _out_dir(args, "metrics.json, curves.csv and, with --pair, paired.csv")
     exp, pairs = load_experiment(args.config), _pairs(args.pair)
-    summaries = {Path(root).name: _in_grid(collect_summaries(root), exp) for root in args.runs}
-    tables = {name: metrics_json(_table2(exp, runs, exp.table_metric)) for name, runs in summaries.items()}
-    curves = pd.concat([seed_mean_curves(_in_grid(collect_curves(root), exp), Path(root).name) for root in args.runs])
-    replicates = pd.concat([runs.assign(replicate=i) for i, runs in enumerate(summaries.values())], ignore_index=True)
-    paths = write_dvc_files(args.out, tables, curves, pair_tables(replicates, pairs))
+    replicates = _summaries(exp, args.runs)
+    tables = {Path(root).name: metrics_json(_table2(exp, replicates[replicates["replicate"] == i], exp.table_metric))
+              for i, root in enumerate(args.runs)}  # fmt: skip
+    curves = pd.concat([seed_mean_curves(_in_grid(collect_curves(root), exp, root), Path(root).name)
+                        for root in args.runs])  # fmt: skip
+    paths = write_dvc_files(out, tables, curves, pair_tables(replicates, pairs))
     print("\n".join(str(p) for p in paths))
     return 0
 
 
 def cmd_fedpart(args: argparse.Namespace) -> int:
-    from incofl.atomic import atomic_path
+    from incofl.atomic import write_text
     from incofl.report.fedpart import fedpart_report
 
+    out = _out_dir(args, "fedpart.md")
     exp = load_experiment(args.config)
+    _summaries(exp, [args.runs])  # refuses a root without the grid's runs, as every report does
     text = fedpart_report(args.runs, exp.names, {"dataset": exp.datasets, "alpha": exp.alphas, "seed": exp.seeds})
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(args.out) as tmp:
-        Path(tmp).write_text(text)
+    write_text(out / "fedpart.md", text)
     print(text)
     return 0
 
@@ -199,24 +232,25 @@ def cmd_fedpart(args: argparse.Namespace) -> int:
 def cmd_analysis(args: argparse.Namespace) -> int:
     from incofl.report import analyses
 
+    out = _out_dir(args, "its figures and tables")
     if args.what in analyses.STUDIES:
-        print("\n".join(str(p) for p in analyses.STUDIES[args.what](args.runs, args.out)))
+        print("\n".join(str(p) for p in analyses.STUDIES[args.what](args.runs, out)))
         return 0
     options = {}
-    if args.what == "theta-beta":
+    if args.what == "theta_beta":
         named = dict(pair.split("=", 1) for pair in args.paper_name)
         options = {"layers": args.layers, "paper_names": {**analyses.PAPER_NAMES, **named}}
     analysis = analyses.ANALYSES[args.what]
     if not args.config:
-        paths = analysis(args.runs, args.out, None, None, **options)
+        paths = analysis(args.runs, out, None, None, **options)
     else:  # one folder per (dataset, alpha) cell of the grid when it has several
         exp = load_experiment(args.config)
         cells = [(d, a) for d in exp.datasets for a in exp.alphas]
         paths = []
         for dataset, alpha in cells:
             grid = {"dataset": [dataset], "alpha": [alpha], "method": exp.names, "seed": exp.seeds}
-            out = Path(args.out) / (f"{dataset}_a{float(alpha)}" if len(cells) > 1 else "")
-            paths += analysis(args.runs, out, exp.names, grid, **options)
+            paths += analysis(args.runs, out / (f"{dataset}_a{float(alpha)}" if len(cells) > 1 else ""), exp.names,
+                              grid, **options)  # fmt: skip
     print("\n".join(str(p) for p in paths))
     return 0
 
@@ -252,80 +286,105 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+REPLICATES = ("roots of the run directories; several are replicates of the same seeds (e.g. CPU and GPU "
+              "reruns): a seed's difference is taken within each root, then averaged")  # fmt: skip
+
+
+def _add_report(sub: Any, name: str, helptext: str, out: str, replicates: bool = False, need_out: bool = True) -> Any:
+    """A report command: its required --config, --runs (several: `replicates`) and --out, which
+    is always an output folder (`out`: what is written there)."""
+    p = sub.add_parser(name, help=helptext, description=helptext)
+    # required: without it a report would show the built-in experiment's grid (none of the runs)
+    p.add_argument("--config", "-c", required=True, help="experiment config (YAML) the runs were trained with: "
+                   "its grid (datasets, alphas, methods, seeds) is what is reported")  # fmt: skip
+    runs = {"nargs": "+", "help": REPLICATES} if replicates else {"help": "root of the run directories"}
+    p.add_argument("--runs", required=True, **runs)
+    p.add_argument("--out", required=need_out, help=f"output folder, created if missing: {out}")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="incofl", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="incofl", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('incofl')}",
+                        help="print the package version and exit")  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do (incofl COMMAND --help: its flags)")  # fmt: skip
     p = sub.add_parser("prepare", help="decode a data set once into the uint8 cache")
-    _add_config(p)
+    _add_run_config(p)
     p.set_defaults(func=cmd_prepare)
     p = sub.add_parser("partition", help="write a client partition artifact (.npz with class histogram)")
-    _add_config(p)
-    p.add_argument("--out", required=True, help="output .npz")
+    _add_run_config(p)
+    p.add_argument("--out", required=True, help="the partition file to write (.npz)")
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("train", help="run (or resume) one federated training run")
-    _add_config(p)
+    _add_run_config(p)
     p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, train.log, ckpt.pt)")
     p.set_defaults(func=cmd_train)
-    for name, func, helptext in (
-        ("table", cmd_table, "paper-style accuracy table (md, tex, csv) + metrics.json"),
-        ("figures", cmd_figures, "accuracy curves and ablation bars (png, pdf)"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        _add_config(p, sets=False)
-        p.add_argument("--runs", required=True, help="root of the run directories")
-        p.add_argument("--out", required=True, help="output directory")
-        if name == "table":
-            p.add_argument("--metric", choices=["final_acc", "best_acc", "last10_acc"])
-            p.add_argument("--metrics", help="metrics.json path (default: OUT/metrics.json)")
-            p.add_argument(
-                "--no-paper",
-                action="store_true",
-                help="leave out the paper's Table 2 columns from table2.md (shown for ResNet runs)",
-            )
-        p.set_defaults(func=func)
-    p = sub.add_parser("paired", help="a method against a base, paired by seed: difference, standard error, sign test")
-    _add_config(p, sets=False)
-    p.add_argument("--runs", required=True, nargs="+", help="roots of the run directories; several are "
-                   "replicates of the same seeds (e.g. CPU and GPU reruns): a seed's difference is "
-                   "taken within each root, then averaged")  # fmt: skip
-    p.add_argument("--method", required=True)
-    p.add_argument("--base", required=True)
-    p.add_argument("--out", help="also write the Markdown table here")
+    p = _add_report(sub, "table", "paper-style accuracy table (md, tex, csv) + metrics.json",
+                    "table2.md, table2.tex, table2.csv and metrics.json")  # fmt: skip
+    p.add_argument("--metric", choices=["final_acc", "best_acc", "last10_acc"],
+                   help="the statistic shown (default: the config's table_metric)")  # fmt: skip
+    p.add_argument("--metrics", help="where metrics.json goes instead, a file (default: OUT/metrics.json)")
+    p.add_argument("--no-paper", action="store_true",
+                   help="leave out the paper's Table 2 columns from table2.md (shown for ResNet runs)")  # fmt: skip
+    p.set_defaults(func=cmd_table)
+    p = _add_report(sub, "figures", "accuracy curves and ablation bars (png, pdf)",
+                    "curves_<dataset>_a<alpha> and ablation, each .png and .pdf")  # fmt: skip
+    p.set_defaults(func=cmd_figures)
+    p = _add_report(sub, "paired", "a method against a base, paired by seed: difference, standard error, sign test",
+                    "the table is also written there as paired-METHOD-vs-BASE.md (default: printed only)",
+                    replicates=True, need_out=False)  # fmt: skip
+    p.add_argument("--method", required=True, help="the method compared (a name of the config's methods)")
+    p.add_argument("--base", required=True, help="the method it is compared with (a name of the config's methods)")
     p.set_defaults(func=cmd_paired)
-    p = sub.add_parser("metrics", help="an experiment's metrics.json, curves.csv, paired.csv for dvc metrics/plots")
-    _add_config(p, sets=False)
-    p.add_argument("--runs", required=True, nargs="+", help="roots of the run directories (replicates, as paired)")
-    p.add_argument("--pair", action="append", default=[], metavar="METHOD=BASE", help="a paired comparison")
-    p.add_argument("--out", required=True, help="output directory")
+    p = _add_report(sub, "metrics", "an experiment's metrics.json, curves.csv, paired.csv for dvc metrics/plots",
+                    "metrics.json, curves.csv and, with --pair, paired.csv", replicates=True)  # fmt: skip
+    p.add_argument("--pair", action="append", default=[], metavar="METHOD=BASE",
+                   help="a paired comparison for paired.csv and metrics.json; may be repeated")  # fmt: skip
     p.set_defaults(func=cmd_metrics)
-    p = sub.add_parser("fedpart", help="FedPart's poster table: full vs partial updates per cycle, costs, warm-up")
-    _add_config(p, sets=False)
-    p.add_argument("--runs", required=True, help="root of the run directories")
-    p.add_argument("--out", required=True, help="the Markdown file to write")
+    p = _add_report(sub, "fedpart", "FedPart's poster table: full vs partial updates per cycle, costs, warm-up",
+                    "fedpart.md")  # fmt: skip
     p.set_defaults(func=cmd_fedpart)
     p = sub.add_parser("analysis", help="the paper's analyses from the runs' files (figures and tables)")
-    p.add_argument("what", choices=["cka", "gradients", "theta-beta", "tsne", "groups", "robustness", "case-study"])
-    _add_config(p, sets=False)
+    p.add_argument("what", type=_analysis_name, choices=ANALYSIS_NAMES,
+                   help="the analysis: the name of its Snakemake rule and results/analysis folder")  # fmt: skip
+    p.add_argument("--config", "-c", help="experiment config (YAML): only its grid's runs, one subfolder of "
+                   "OUT per (dataset, alpha) cell when it has several (default: every run under --runs, of one "
+                   "cell)")  # fmt: skip
     p.add_argument("--runs", required=True, help="root of the run directories (a study's: its folder)")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--layers", type=int, nargs="+", help="theta-beta: InCo targets, 1-based (default 11 13)")
+    p.add_argument("--out", required=True, help="output folder, created if missing: the analysis' figures and tables")
+    p.add_argument("--layers", type=int, nargs="+", help="theta_beta: InCo targets, 1-based (default 11 13)")
     p.add_argument("--paper-name", action="append", default=[], metavar="OURS=PAPER",
-                   help="theta-beta: the paper's row of a method (InCoAvg-noOpt='w/o optimisation')")  # fmt: skip
+                   help="theta_beta: the paper's row of a method (InCoAvg-noOpt='w/o optimisation')")  # fmt: skip
     p.set_defaults(func=cmd_analysis)
     p = sub.add_parser("bench", help="engine vs plain PyTorch throughput, and aggregation share")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--model", default="resnet18")
-    p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--samples", type=int, default=500, help="samples per client (CIFAR-10 / 100 clients)")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--repeats", type=int, default=2, help="alternating repeats; the fastest of each path counts")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu", help="where both paths run")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a report")
+    p.add_argument("--model", default="resnet18", help="the model both paths train (default resnet18)")
+    p.add_argument("--clients", type=int, default=4, help="clients trained per round (default 4)")
+    p.add_argument(
+        "--samples", type=int, default=500, help="samples per client (default 500: CIFAR-10 over 100 clients)"
+    )
+    p.add_argument("--epochs", type=int, default=2, help="local epochs per client (default 2)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
+    p.add_argument(
+        "--repeats", type=int, default=2, help="alternating repeats, the fastest of each path counts (default 2)"
+    )
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="cpu", help="where both paths run (default cpu)"
+    )
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("methods", help="list the registered methods")
     p.set_defaults(func=cmd_methods)
     return parser
+
+
+def _analysis_name(text: str) -> str:
+    """The old hyphenated spellings (theta-beta, case-study) are refused with the name to use."""
+    if text not in ANALYSIS_NAMES and text.replace("-", "_") in ANALYSIS_NAMES:
+        raise argparse.ArgumentTypeError(f"{text!r} is spelled {text.replace('-', '_')} (as its Snakemake rule "
+                                         "and results/analysis folder)")  # fmt: skip
+    return text
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -359,9 +418,10 @@ def user_errors() -> tuple[type[Exception], ...]:
     from incofl.data.sources import DataNotFoundError
     from incofl.fl.checkpoint import CheckpointMismatch
     from incofl.fl.rundir import RunDirError
+    from incofl.report.runs import RunFileError
 
     return (ConfigError, FileNotFoundError, DataNotFoundError, PartitionError, ReleasePartitionError,
-            CheckpointMismatch, RunDirError)  # fmt: skip
+            CheckpointMismatch, RunDirError, RunFileError)  # fmt: skip
 
 
 def main() -> None:

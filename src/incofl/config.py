@@ -381,8 +381,13 @@ def _check_combination(method: str, settings: Settings) -> None:
     can batch (fl/batched.py)."""
     from incofl.fl.methods import METHODS
     from incofl.fl.objectives import ExitLoss
+    from incofl.fl.personal import KeepPlanner, LagPlanner
 
     spec, models = METHODS[method], settings.models
+    if issubclass(spec.planner, (KeepPlanner, LagPlanner)) and not settings.holdout:
+        # without it, the first client's personal model would be reported on the global test set
+        raise ValueError(f"holdout: {method} keeps a personal model on each client, tested on that client's "
+                         "held-out share: set holdout (FedLAG's: 0.25)")  # fmt: skip
     if spec.partial and models[0] not in ("resnet8", *RESNETS):
         raise ValueError(f"models: {method}'s layer groups are defined for ResNets, not {models[0]}")
     if spec.width and models[0] not in WIDTH_MODELS:
@@ -642,7 +647,7 @@ class ExperimentConfig(Settings):
         by_variant = {k: v for k, v in self.variants.get(method, {}).items() if k != "method"}
         if method in self.variants:
             by_variant["label"] = method
-        merged = {**shared, **by_dataset, **by_method, **by_variant, **(extra or {})}
+        merged = with_overrides({**shared, **by_dataset, **by_method, **by_variant}, extra or {})
         return Settings.model_validate(merged).model_dump() if validate else merged
 
     def run_config(self, dataset: str, alpha: float, method: str, seed: int, **overrides: Any) -> RunConfig:
@@ -665,13 +670,31 @@ def _one_line(err: ValidationError, source: str) -> ConfigError:
     return ConfigError(f"{source}: {_key_and_message(err)}")
 
 
+def with_overrides(settings: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`settings` with `overrides` applied in order: `key` replaces a setting; a dotted key
+    (`method_args.mu`) sets one key of a mapping setting and keeps its other keys."""
+    out = dict(settings)
+    for dotted, value in overrides.items():
+        *heads, last = dotted.split(".")
+        node = out
+        for depth, head in enumerate(heads, start=1):
+            inner = node.get(head, {})
+            if not isinstance(inner, dict):
+                raise ConfigError(f"--set {dotted}: {'.'.join(heads[:depth])} is not a mapping")
+            node[head] = dict(inner)  # a copy: the experiment's own mapping is left as it is
+            node = node[head]
+        node[last] = value
+    return out
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`key=value` strings, values parsed as YAML (so 0.5 is a float and [a, b] a list)."""
+    """`key=value` strings, values parsed as YAML (so 0.5 is a float and [a, b] a list); a key
+    may be dotted (`method_args.mu=0.1`: see with_overrides)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {pair!r}: expected key=value")
+        if not sep or not all(key.strip().split(".")):
+            raise ConfigError(f"--set {pair!r}: expected key=value (a dotted key for a nested one)")
         try:
             out[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError:
@@ -716,9 +739,14 @@ def load_run_config(path: str | os.PathLike | None, overrides: dict[str, Any] | 
     overrides = dict(overrides or {})
     experiment = load_experiment(path)
     point = {key: overrides.pop(key, getattr(experiment, plural)[0]) for key, plural in GRID_KEYS.items()}
-    unknown = sorted(set(overrides) - set(Settings.model_fields))
-    if unknown:
-        raise ConfigError(f"--set: {unknown[0]}: unknown key")
+    for key in overrides:
+        head = key.split(".")[0]
+        if head in GRID_KEYS:  # a dotted one: the plain keys were taken above
+            raise ConfigError(f"--set {key}: {head} is not a mapping")
+        if head in ExperimentConfig.model_fields and head not in Settings.model_fields:
+            raise ConfigError(f"--set: {key}: a key of the experiment (its config file), not a setting of one run")
+        if head not in Settings.model_fields:
+            raise ConfigError(f"--set: {key}: unknown key")
     try:
         return experiment.run_config(**point, **overrides)
     except ValidationError as err:

@@ -193,10 +193,9 @@ def analysis_runs(analysis):
 def analysis_command(analysis, input):
     """`incofl analysis <name>` over its runs: a study's folder, or the grid's (restricted to the
     grid by the experiment config)."""
-    name = analysis.replace("_", "-")
     if analysis in STUDIES:
-        return f"incofl analysis {name} --runs {STUDIES_ROOT}/{analysis}"
-    return f"incofl analysis {name} --config {input.config} --runs {runs_root(None, input)}"
+        return f"incofl analysis {analysis} --runs {STUDIES_ROOT}/{analysis}"
+    return f"incofl analysis {analysis} --config {input.config} --runs {runs_root(None, input)}"
 
 
 def cli_sets(settings):

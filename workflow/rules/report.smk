@@ -53,11 +53,12 @@ rule fedpart_table:
         "results/logs/report/fedpart.log",
     params:
         runs=runs_root,
+        out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         SOFTWARE
     localrule: True
     shell:
-        "incofl fedpart --config {input.config} --runs {params.runs} --out {output} > {log} 2>&1"
+        "incofl fedpart --config {input.config} --runs {params.runs} --out {params.out} > {log} 2>&1"
 
 
 rule plot_data:

@@ -8,7 +8,6 @@ first, then mean ± std over seeds.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -26,7 +25,7 @@ from incofl.atomic import atomic_path
 from incofl.config import ConfigError
 from incofl.report.figures import STYLE, _save
 from incofl.report.published import PAPER_TABLE1, PAPER_TABLE3
-from incofl.report.runs import dataset_label
+from incofl.report.runs import dataset_label, read_csv, read_summary
 
 Runs = list[tuple[dict, Path]]  # (summary, run directory)
 
@@ -43,7 +42,7 @@ def runs_with(root: str | os.PathLike, filename: str | None, grid: dict[str, lis
     (the caller keeps them apart): seeds of different cells would be averaged together."""
     runs = []
     for path in sorted(Path(root).rglob("summary.json")):
-        summary = json.loads(path.read_text())
+        summary = read_summary(path)
         if summary.get("status", "completed") != "completed":
             continue
         if grid and any(summary[key] not in values for key, values in grid.items()):
@@ -64,7 +63,7 @@ def runs_with(root: str | os.PathLike, filename: str | None, grid: dict[str, lis
 
 def frame(runs: Runs, filename: str) -> pd.DataFrame:
     """One CSV of every run, with the run's method, seed, dataset and alpha."""
-    parts = [pd.read_csv(path / filename).assign(method=s["method"], seed=s["seed"], dataset=s["dataset"],
+    parts = [read_csv(path / filename).assign(method=s["method"], seed=s["seed"], dataset=s["dataset"],
                                                    alpha=s["alpha"]) for s, path in runs]  # fmt: skip
     return pd.concat(parts, ignore_index=True)
 
@@ -498,6 +497,6 @@ def case_study_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> 
     return [_write(out_dir, "table1.md", text + _markdown(table)), csv]
 
 
-ANALYSES = {"cka": cka_analysis, "gradients": gradients_analysis, "theta-beta": theta_beta_analysis,
+ANALYSES = {"cka": cka_analysis, "gradients": gradients_analysis, "theta_beta": theta_beta_analysis,
             "tsne": tsne_analysis, "groups": groups_analysis}  # fmt: skip
-STUDIES = {"robustness": robustness_analysis, "case-study": case_study_analysis}
+STUDIES = {"robustness": robustness_analysis, "case_study": case_study_analysis}

@@ -11,7 +11,6 @@ reports the final or the best accuracy, so we report the accuracy at the end of 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -23,6 +22,7 @@ import pandas as pd
 from incofl.fl.methods import METHODS
 from incofl.models.family import build_model
 from incofl.models.groups import layer_groups
+from incofl.report.runs import read_csv, read_summary
 
 # The poster, CIFAR-10, ResNet-8, 40 clients: (FNU, FedPart) accuracy after C cycles (METHODS.md 5.1).
 POSTER = {
@@ -73,15 +73,15 @@ def read_runs(
     dataset, alpha and seed are in its lists), with their per-round files."""
     runs = []
     for path in sorted(Path(runs_root).rglob("summary.json")):
-        s = json.loads(path.read_text())
+        s = read_summary(path)
         point = {"dataset": s["dataset"], "alpha": float(s["alpha"]), "seed": int(s["seed"])}
         if s["method"] not in labels or s.get("status", "completed") != "completed":
             continue
         if grid and any(point[key] not in values for key, values in grid.items()):
             continue
         rounds = path.with_name("rounds.csv")
-        metrics = pd.read_csv(path.with_name("metrics.csv"))
-        per_round = pd.read_csv(rounds) if rounds.exists() else pd.DataFrame()
+        metrics = read_csv(path.with_name("metrics.csv"))
+        per_round = read_csv(rounds) if rounds.exists() else pd.DataFrame()
         runs.append(RunFiles(s["method"], s["config"]["method"], **point, config=s["config"], metrics=metrics,
                              rounds=per_round))  # fmt: skip
     return runs

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -32,17 +33,36 @@ def alpha_tag(alpha: float) -> str:
     return f"a{float(alpha)}"
 
 
-def _summary_files(runs_root: str | os.PathLike) -> list[Path]:
+def summary_files(runs_root: str | os.PathLike) -> list[Path]:
     files = sorted(Path(runs_root).rglob("summary.json"))
     if not files:
         raise FileNotFoundError(f"no runs (summary.json) found under {Path(runs_root).resolve()}")
     return files
 
 
-def _read_summary(path: Path) -> dict:
-    """A run's summary; `status` is completed or diverged (runs from before it: completed)."""
-    s = json.loads(path.read_text())
-    return {"status": "completed"} | s | {"alpha": float(s["alpha"]), "seed": int(s["seed"])}
+class RunFileError(ValueError):
+    """A run's file that cannot be read (truncated, not JSON or CSV, a key missing): names the file."""
+
+
+def read_summary(path: str | os.PathLike) -> dict[str, Any]:
+    """A run's summary.json; `status` is completed or diverged (runs from before it: completed).
+    Every report reads summaries here, so a damaged one is one line naming it."""
+    path = Path(path)
+    try:
+        s = json.loads(path.read_text())
+        return {"status": "completed"} | s | {"alpha": float(s["alpha"]), "seed": int(s["seed"])}
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:  # a run killed while writing it, a damaged disk
+        raise RunFileError(f"{path}: not valid JSON ({err.__class__.__name__}): rerun that run or remove it") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise RunFileError(f"{path}: not a run summary (bad or missing {err})") from None
+
+
+def read_csv(path: str | os.PathLike, **kwargs: Any) -> pd.DataFrame:
+    """A run's CSV (metrics.csv, the observers' files); a damaged one is one line naming it."""
+    try:
+        return pd.read_csv(path, **kwargs)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as err:
+        raise RunFileError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from None
 
 
 def completed(runs: pd.DataFrame) -> pd.DataFrame:
@@ -52,10 +72,10 @@ def completed(runs: pd.DataFrame) -> pd.DataFrame:
 
 def collect_summaries(runs_root: str | os.PathLike) -> pd.DataFrame:
     """One row per run: method, dataset, alpha, seed, then every other summary field."""
-    df = pd.DataFrame([_read_summary(p) for p in _summary_files(runs_root)])
+    df = pd.DataFrame([read_summary(p) for p in summary_files(runs_root)])
     dup = df[df.duplicated(KEYS, keep=False)]
     if not dup.empty:
-        raise ValueError(
+        raise RunFileError(
             f"runs under {runs_root} repeat (method, dataset, alpha, seed): "
             f"{dup[KEYS].drop_duplicates().to_dict('records')}"
         )
@@ -65,7 +85,7 @@ def collect_summaries(runs_root: str | os.PathLike) -> pd.DataFrame:
 def collect_curves(runs_root: str | os.PathLike) -> pd.DataFrame:
     """Long form, one row per (run, evaluated round): method, dataset, alpha, seed, status,
     round, mean_acc, mean_loss (a diverged run's rows stop before it diverged)."""
-    return read_curves(_summary_files(runs_root))
+    return read_curves(summary_files(runs_root))
 
 
 def read_curves(summaries: list[Path]) -> pd.DataFrame:
@@ -73,8 +93,8 @@ def read_curves(summaries: list[Path]) -> pd.DataFrame:
     frames = []
     columns = KEYS + ["status", "round", "mean_acc", "mean_loss"]
     for path in map(Path, summaries):
-        s = _read_summary(path)
+        s = read_summary(path)
         metrics = path.with_name("metrics.csv")
-        m = pd.read_csv(metrics, usecols=columns[-3:]) if metrics.exists() else pd.DataFrame(columns=columns[-3:])
+        m = read_csv(metrics, usecols=columns[-3:]) if metrics.exists() else pd.DataFrame(columns=columns[-3:])
         frames.append(m.assign(**{k: s[k] for k in KEYS + ["status"]}))
     return pd.concat(frames, ignore_index=True)[columns]
