@@ -39,18 +39,18 @@ def test_cli_help_lists_every_command():
 
 # The evidence tables the docs show and the report-stage outputs (dvc.yaml) they are copied from.
 EVIDENCE_TABLES = [
-    "results/evidence-inco-vs-heteroavg/paired.md",
-    "results/evidence-inco-vs-heteroavg/paired-gpu.md",
-    "results/evidence-inco-vs-heteroavg/paired-cpu-gpu.md",
-    "results/evidence-inco-vs-heteroavg/paired-release.md",
+    "results/evidence-inco-vs-heteroavg/cpu/paired-InCoAvg-vs-HeteroAvg.md",
+    "results/evidence-inco-vs-heteroavg/gpu/paired-InCoAvg-vs-HeteroAvg.md",
+    "results/evidence-inco-vs-heteroavg/cpu-gpu/paired-InCoAvg-vs-HeteroAvg.md",
+    "results/evidence-inco-vs-heteroavg/release/paired-InCoAvg-vs-HeteroAvg.md",
     "results/evidence-fedpart/fedpart.md",
     "results/evidence-analysis/cka/cka.md",
     "results/evidence-analysis/theta_beta/table3.md",
     "results/evidence-hetero/table2.md",
-    "results/evidence-hetero/paired-InCoHeteroFL.md",
-    "results/evidence-hetero/paired-InCoRolex.md",
+    "results/evidence-hetero/paired-InCoHeteroFL-vs-HeteroFL.md",
+    "results/evidence-hetero/paired-InCoRolex-vs-FedRolex.md",
     "results/evidence-scalefl/table2.md",
-    "results/evidence-scalefl/paired-InCoScaleFL.md",
+    "results/evidence-scalefl/paired-InCoScaleFL-vs-ScaleFL.md",
     "results/evidence-fedlag/table2.md",
 ]
 # The user-facing Markdown: the front page, docs/ and the generated config reference.
