@@ -246,7 +246,7 @@ def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame,
             ax.plot(np.arange(len(names)), mean.to_numpy(), ls=style, marker=".", label=label)
         n = seeds_text(pd.Series([rows["seed"].nunique()]))
         ax.set(xlabel="layer (network order)", ylabel="cosine of two clients' updates",
-               title=f"{method} (mean over client pairs and {n})")  # fmt: skip
+               title=f"{method}\nmean over client pairs and {n}")  # fmt: skip
     axes[0, 0].legend()
     paths += _save(fig, out_dir, "update_similarity")
     return paths
