@@ -12,7 +12,17 @@ import pandas as pd
 import pytest
 
 from incofl.cli import run
-from incofl.report.analyses import case_setting, histogram_moments, layer_order, robustness_frame, separation
+from incofl.report.analyses import (
+    case_setting,
+    cka_heatmaps,
+    gradients_figure,
+    histogram_moments,
+    layer_order,
+    robustness_figure,
+    robustness_frame,
+    separation,
+    theta_beta_figure,
+)
 
 STAGES = ["layer1", "layer2"]
 
@@ -246,3 +256,54 @@ def test_a_config_of_several_cells_gets_a_folder_per_cell(tmp_path):
     config.write_text("datasets: [cifar10, svhn]\nalphas: [0.5]\nmethods: [FedAvg]\nseeds: [0]\n")
     assert run(["analysis", "groups", "--config", str(config), "--runs", str(runs), "--out", str(tmp_path / "o")]) == 0
     assert sorted(p.parent.name for p in (tmp_path / "o").rglob("groups.md")) == ["cifar10_a0.5", "svhn_a0.5"]
+
+
+# --- what the figures tell a reader -------------------------------------------------------------
+def _colourbars(fig) -> list:
+    return [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+
+
+def test_cka_heatmaps_name_each_clients_model_and_show_the_colour_scale():
+    last = _cka({"layer1": [0.9, 0.6, 0.3]}).query("round == 10").assign(method="InCoAvg", seed=0)
+    fig = cka_heatmaps(last, ["InCoAvg"], {("InCoAvg", 0): ["ResNet10", "ResNet14"]})
+    heatmap = fig.axes[0]  # clients 0, 1 train group 0 (ResNet10), client 2 group 1 (ResNet14)
+    assert [t.get_text() for t in heatmap.get_yticklabels()] == ["ResNet10", "ResNet10", "ResNet14"]
+    assert [t.get_text() for t in heatmap.get_xticklabels()] == ["ResNet10", "ResNet10", "ResNet14"]
+    (bar,) = _colourbars(fig)
+    assert "CKA" in bar.get_ylabel() and bar.get_ylim() == (0.0, 1.0)
+
+
+def test_theta_panels_number_the_target_layers_on_a_colourbar():
+    inco = pd.DataFrame([{"method": m, "seed": 0, "round": r, "layer": f"t{k}", "theta": 1.0, "beta_pos": 0.5}
+                         for m in ("InCoAvg", "InCoAvg-noOpt") for r in (1, 2) for k in range(1, 17)])  # fmt: skip
+    fig = theta_beta_figure(inco, ["InCoAvg", "InCoAvg-noOpt"], (11, 13))
+    bars = _colourbars(fig)
+    assert len(bars) == 2 and all("target layer" in b.get_ylabel() for b in bars)
+    assert bars[0].get_ylim() == (1.0, 16.0)  # target 1 (shallowest) to 16
+    legend = [t.get_text() for t in fig.axes[2].get_legend().get_texts()]
+    assert legend == [f"{m}, target layer {k}" for m in ("InCoAvg", "InCoAvg-noOpt") for k in (11, 13)]
+
+
+def test_update_histograms_have_a_log_density_axis_and_few_x_ticks():
+    edges = np.linspace(-0.004, 0.004, 41)
+    hist = pd.DataFrame([{"method": "InCoAvg", "seed": 0, "round": 10, "layer": layer, "which": which,
+                          "bin_left": lo, "bin_right": hi, "count": int(1000 * np.exp(-abs(lo) * 2000))}
+                         for layer in ("conv1.weight", "layer4.2.conv2.weight") for which in ("aggregated", "applied")
+                         for lo, hi in zip(edges[:-1], edges[1:], strict=True)])  # fmt: skip
+    fig = gradients_figure(hist, ["InCoAvg"])
+    for ax in fig.axes:
+        assert ax.get_yscale() == "log"
+        assert len(ax.xaxis.get_major_locator()()) <= 7  # at most 5 bins: labels that do not overlap
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["aggregated", "applied"]
+
+
+def test_robustness_of_one_seed_says_so_and_draws_no_error_bars(tmp_path):
+    runs = tmp_path / "runs"
+    for i, (batch, noise) in enumerate([(32, 0.0), (64, 0.0), (64, 0.5)]):
+        _run(runs, "FedAvg", 0, {"batch_size": batch, "update_noise": noise}).rename(runs / f"run{i}")
+    one_seed = robustness_figure(robustness_frame(runs))
+    assert "n=1 seed per point" in one_seed._suptitle.get_text()
+    assert not any(ax.containers for ax in one_seed.axes)  # no ErrorbarContainer, none in the legend
+    _run(runs, "FedAvg", 1, {"batch_size": 32, "update_noise": 0.0})
+    two_seeds = robustness_figure(robustness_frame(runs))
+    assert "n=1-2 seeds" in two_seeds._suptitle.get_text() and two_seeds.axes[0].containers

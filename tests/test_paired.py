@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from incofl.report.paired import paired, sign_test, statistics, to_markdown
+from incofl.report.paired import interval95, paired, paired_figure, plot_paired, sign_test, statistics, to_markdown
 
 
 def test_sign_test_is_the_exact_binomial():
@@ -67,3 +67,25 @@ def test_scalefl_runs_are_also_compared_on_the_mean_over_exits():
     assert table[table.metric == "final_exits_mean"].iloc[0].mean_diff == pytest.approx(0.3)
     others = scalefl.drop(columns="final_exits_mean").assign(final_exits_mean=float("nan"))
     assert statistics(others) == ["final_acc", "last10_acc"]
+
+
+def test_the_interval_is_students_t_with_n_minus_1_degrees_of_freedom():
+    low, high = interval95([1.0, 2.0, 3.0])  # mean 2, sd 1, se 1/sqrt(3); t(0.975, 2) = 4.3027
+    assert (low, high) == pytest.approx((2 - 4.302653 / math.sqrt(3), 2 + 4.302653 / math.sqrt(3)))
+    assert all(math.isnan(x) for x in interval95([1.0]))
+
+
+def test_paired_figure_has_a_row_per_pair_and_cell_and_a_panel_per_statistic(tmp_path):
+    diffs = pd.DataFrame([{"pair": p, "dataset": "cifar10", "alpha": a, "statistic": s, "seed": seed, "difference": d}
+                          for p in ("InCoRolex - FedRolex", "InCoHeteroFL - HeteroFL") for a in (0.5, 1.0)
+                          for s in ("final_acc", "last10_acc") for seed, d in enumerate((1.0, 2.0, 3.0))])  # fmt: skip
+    fig = paired_figure(diffs)
+    assert [ax.get_title() for ax in fig.axes] == ["final-round accuracy", "mean accuracy of the last 10 rounds"]
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels[0] == "InCoRolex - FedRolex\nCIFAR10 α=0.5, n=3" and len(labels) == 4
+    seeds, interval, mean = fig.axes[0].get_lines()[:3]
+    assert list(seeds.get_xdata()) == [1.0, 2.0, 3.0] and list(mean.get_xdata()) == [2.0]
+    assert tuple(interval.get_xdata()) == pytest.approx(interval95([1.0, 2.0, 3.0]))
+    diffs.to_csv(tmp_path / "paired.csv", index=False)
+    assert [p.name for p in plot_paired(tmp_path / "paired.csv", tmp_path / "fig" / "paired.png")] == [
+        "paired.png", "paired.pdf"]  # fmt: skip

@@ -13,7 +13,17 @@ import yaml
 
 from incofl.cli import run
 from incofl.config import RESNETS, VITS
-from incofl.report.figures import _colors, _seed_band, plot_ablation, plot_curves
+from incofl.report import figures
+from incofl.report.figures import (
+    BAND_TITLE,
+    _colors,
+    _curve_figure,
+    _seed_band,
+    ablation_methods,
+    plot_ablation,
+    plot_curves,
+    registered_methods,
+)
 from incofl.report.published import is_resnet_family, paper_table2
 from incofl.report.runs import collect_curves, collect_summaries
 from incofl.report.tables import metrics_json, table2, to_markdown, write_metrics_json, write_tables
@@ -281,7 +291,7 @@ def test_figures(runs_root: Path, tmp_path: Path) -> None:
         "curves_cifar10_a1.0.png",
     ]
     assert_figures(curves)
-    bars = plot_ablation(collect_summaries(runs_root), out, methods=["HeteroAvg", "InCoAvg"])
+    bars = plot_ablation(collect_summaries(runs_root), out, methods=["FedAvg", "HeteroAvg", "InCoAvg"])
     assert [p.name for p in bars] == ["ablation.png", "ablation.pdf"]
     assert_figures(bars)
     with pytest.raises(ValueError, match="no runs"):
@@ -300,3 +310,48 @@ def test_a_method_shares_its_base_methods_hue() -> None:
         assert index[base] == index[method] + 1 and index[method] % 2 == 0  # (dark, light) pair
     assert index["InCoAvg-noNorm"] % 2 == 0  # the base's pair is taken: a hue of its own
     assert _colors(["HeteroAvg", "InCoAvg"], base_of) == _colors(["HeteroAvg", "InCoAvg"], {})
+
+
+def test_curves_mark_each_evaluated_round_and_say_what_the_band_is() -> None:
+    rows = [{"method": "InCoAvg", "seed": seed, "status": "completed", "round": r, "mean_acc": 10.0 * r + seed}
+            for seed in (0, 1, 2) for r in (2, 4, 6)]  # fmt: skip
+    fig = _curve_figure(pd.DataFrame(rows), {"InCoAvg": (0.1, 0.2, 0.5)}, "t")
+    (line,) = fig.axes[0].get_lines()
+    assert line.get_marker() == "o" and list(line.get_xdata()) == [2, 4, 6]
+    legend = fig.axes[0].get_legend()
+    assert legend.get_title().get_text() == BAND_TITLE and "± 1 std" in BAND_TITLE
+    assert [t.get_text() for t in legend.get_texts()] == ["InCoAvg (n=3)"]
+
+
+@pytest.mark.parametrize(
+    "grid,variants,ablation",
+    [
+        (["FedAvg", "HeteroAvg", "InCoAvg"], {}, ["HeteroAvg", "InCoAvg"]),  # InCo's step removed: HeteroAvg
+        (["HeteroAvg", "InCoAvg-noNormOpt", "InCoAvg-noOpt", "InCoAvg"], {}, None),  # config/ablation.yaml
+        (["FedAvg", "FedPer", "FedLAG", "FedLAG-K3"], {"FedLAG-K3": "FedLAG"}, ["FedLAG", "FedLAG-K3"]),  # a variant
+        (["HeteroFL", "FedRolex", "InCoRolex"], {}, ["FedRolex", "InCoRolex"]),
+        (["FedAvg", "FedProx", "InCoAvg", "InCoProx"], {}, None),  # no ablation: every method
+    ],
+)
+def test_the_ablation_is_the_methods_with_a_switch_off_beside_the_full_method(grid, variants, ablation) -> None:
+    assert ablation_methods(grid, lambda name: variants.get(name, name)) == (ablation or grid)
+
+
+def test_the_ablation_figure_reads_variants_from_the_runs_configs(tmp_path: Path, monkeypatch) -> None:
+    summaries = collect_summaries(_variant_runs(tmp_path / "runs"))
+    assert registered_methods(summaries) == {"FedAvg": "FedAvg", "FedLAG": "FedLAG", "FedLAG-K3": "FedLAG"}
+    drawn = []
+    draw = figures._ablation_figure
+    monkeypatch.setattr(figures, "_ablation_figure", lambda t, colors, metric: drawn.append(list(colors)) or
+                        draw(t, colors, metric))  # fmt: skip
+    plot_ablation(summaries, tmp_path / "fig", methods=["FedAvg", "FedLAG", "FedLAG-K3"])
+    assert drawn == [["FedLAG", "FedLAG-K3"]]
+
+
+def _variant_runs(root: Path) -> Path:
+    for method in ("FedAvg", "FedLAG", "FedLAG-K3"):
+        run = write_run(root, method, "cifar10", 0.5, 0, [40.0])
+        summary = json.loads((run / "summary.json").read_text())
+        summary["config"]["method"] = method.split("-")[0]
+        (run / "summary.json").write_text(json.dumps(summary))
+    return root

@@ -18,12 +18,14 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from sklearn.metrics import silhouette_score
 
 from incofl.atomic import atomic_path
 from incofl.config import ConfigError
-from incofl.report.figures import STYLE, _save
+from incofl.report.figures import STYLE, _save, seeds_text
 from incofl.report.published import PAPER_TABLE1, PAPER_TABLE3
 from incofl.report.runs import dataset_label, read_csv, read_summary
 
@@ -78,6 +80,16 @@ def ordered(values: Sequence[str], order: Sequence[str] | None) -> list[str]:
 def mean_std(values: pd.Series, digits: int = 1) -> str:
     std = values.std()
     return f"{values.mean():.{digits}f}" + ("" if math.isnan(std) else f" ± {std:.{digits}f}")
+
+
+def model_label(name: str) -> str:
+    """`resnet10` -> `ResNet10`, `vit_d8` -> `ViT_d8` (the paper's spelling)."""
+    return name.replace("resnet", "ResNet").replace("vit", "ViT")
+
+
+def group_models(runs: Runs) -> dict[tuple[str, int], list[str]]:
+    """(method, seed) -> its model groups' names, group g training `models[g]` (the run's config)."""
+    return {(s["method"], s["seed"]): [model_label(m) for m in s["config"]["models"]] for s, _ in runs}
 
 
 def first_seed(rows: pd.DataFrame, method: str) -> pd.DataFrame:
@@ -151,8 +163,35 @@ def cka_table(cka: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def cka_heatmaps(last: pd.DataFrame, methods: Sequence[str], models: dict[tuple[str, int], list[str]]) -> Figure:
+    """Client x client CKA per stage of each method's first seed, clients sorted by model
+    group, each tick its client's model; one colour scale (0-1) for every panel."""
+    stages = spread(layer_order(main_points(last)))
+    fig, axes = _figure(len(methods), len(stages), 2.6, 2.4)
+    for i, method in enumerate(methods):
+        run = first_seed(last, method)
+        names = models[(method, int(run["seed"].iloc[0]))]
+        pairs = run[["client_a", "group_a"]].to_numpy().tolist() + run[["client_b", "group_b"]].to_numpy().tolist()
+        order = sorted(set(map(tuple, pairs)), key=lambda c: (c[1], c[0]))
+        index = {c: k for k, (c, _) in enumerate(order)}
+        ticks = [names[g] for _, g in order]
+        for j, stage in enumerate(stages):
+            matrix = np.eye(len(order))
+            for r in run[run["layer"] == stage].itertuples():
+                matrix[index[r.client_a], index[r.client_b]] = matrix[index[r.client_b], index[r.client_a]] = r.cka
+            ax = axes[i, j]
+            image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis")
+            ax.set_xticks(range(len(order)), ticks, fontsize=6, rotation=90)
+            ax.set_yticks(range(len(order)), ticks, fontsize=6)
+            ax.grid(False)
+            ax.set_title(f"{method} (seed {run['seed'].iloc[0]}): {stage}" if j == 0 else stage, fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.5, label="linear CKA between two clients' models")
+    fig.suptitle("Linear CKA of each client pair at the last probed round (ticks: each client's model)")
+    return fig
+
+
 def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | os.PathLike,
-             methods: Sequence[str]) -> list[Path]:  # fmt: skip
+             methods: Sequence[str], models: dict[tuple[str, int], list[str]]) -> list[Path]:  # fmt: skip
     colors = {m: matplotlib.colormaps["tab10"](i % 10) for i, m in enumerate(methods)}
     last = last_probe(cka)
     paths = []
@@ -171,40 +210,26 @@ def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame,
             ax.fill_between(x, s["mean"] - s["std"].fillna(0), s["mean"] + s["std"].fillna(0), color=colors[method],
                             alpha=0.15, lw=0)  # fmt: skip
         ax.set_xticks(np.arange(len(names)), names, rotation=90 if kind == "block" else 0, fontsize=7)
-        ax.set(ylabel="linear CKA between clients", title=f"{kind} outputs, last probed round", ylim=(0, 1.02))
+        n = seeds_text(stats.groupby("method")["count"].max())
+        ax.set(ylabel="linear CKA between clients", ylim=(0, 1.02),
+               title=f"{kind} outputs, last probed round\nmean over client pairs; band ± 1 std over {n}")  # fmt: skip
     next(ax for ax in axes[0] if ax.axison).legend(loc="lower left")
     paths += _save(fig, out_dir, "cka_layers")
 
-    stages = spread(layer_order(main_points(last)))
-    fig, axes = _figure(len(methods), len(stages), 2.6, 2.4)
-    for i, method in enumerate(methods):
-        run = first_seed(last, method)
-        clients = run[["client_a", "group_a"]].drop_duplicates().to_numpy().tolist()
-        clients += run[["client_b", "group_b"]].drop_duplicates().to_numpy().tolist()
-        order = sorted(set(map(tuple, clients)), key=lambda c: (c[1], c[0]))
-        index = {c: k for k, (c, _) in enumerate(order)}
-        for j, stage in enumerate(stages):
-            matrix = np.eye(len(order))
-            for r in run[run["layer"] == stage].itertuples():
-                matrix[index[r.client_a], index[r.client_b]] = matrix[index[r.client_b], index[r.client_a]] = r.cka
-            ax = axes[i, j]
-            ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis")
-            ax.set_xticks(range(len(order)), [f"g{g}" for _, g in order], fontsize=6)
-            ax.set_yticks(range(len(order)), [f"g{g}" for _, g in order], fontsize=6)
-            ax.grid(False)
-            ax.set_title(f"{method}: {stage}" if j == 0 else stage, fontsize=8)
-    paths += _save(fig, out_dir, "cka_heatmaps")
+    paths += _save(cka_heatmaps(last, methods, models), out_dir, "cka_heatmaps")
 
     fig, axes = _figure(1, len(methods), 3.4)
     per_round = main_points(cka).groupby(["method", "seed", "round"])["cka"].mean()
     for ax, method in zip(axes[0], methods, strict=True):
         curve = per_round.loc[method].groupby("round").mean()
         ax.plot(curve.index, curve.to_numpy(), marker="o", color="tab:blue", label="mean stage CKA")
-        ax.set(xlabel="round", ylabel="mean stage CKA", title=method, ylim=(0, 1.02))
+        n = seeds_text(pd.Series([per_round.loc[method].index.get_level_values("seed").nunique()]))
+        ax.set(xlabel="round", title=f"{method} (mean over {n})", ylim=(0, 1.02))
+        ax.set_ylabel("mean stage CKA (solid)", color="tab:blue")
         acc = metrics[metrics["method"] == method].groupby("round")["mean_acc"].mean()
         twin = ax.twinx()
         twin.plot(acc.index, acc.to_numpy(), ls="--", marker="s", ms=3, color="tab:red", label="accuracy")
-        twin.set_ylabel("test accuracy (%)", color="tab:red")
+        twin.set_ylabel("test accuracy (%) (dashed)", color="tab:red")
     paths += _save(fig, out_dir, "cka_rounds")
 
     if similarity.empty:  # no run wrote update_similarity.csv
@@ -218,7 +243,9 @@ def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame,
             mean = rows[rows["same"] == same].groupby("layer")["cosine"].mean().reindex(names)
             label = "same model group" if same else "different groups"
             ax.plot(np.arange(len(names)), mean.to_numpy(), ls=style, marker=".", label=label)
-        ax.set(xlabel="layer (network order)", ylabel="cosine of two clients' updates", title=method)
+        n = seeds_text(pd.Series([rows["seed"].nunique()]))
+        ax.set(xlabel="layer (network order)", ylabel="cosine of two clients' updates",
+               title=f"{method}\nmean over client pairs and {n}")  # fmt: skip
     axes[0, 0].legend()
     paths += _save(fig, out_dir, "update_similarity")
     return paths
@@ -234,7 +261,7 @@ def cka_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: S
         print(f"incofl analysis: {path} has no update_similarity.csv, left out of update_similarity", file=sys.stderr)
     similarity = frame(cosines, "update_similarity.csv") if cosines else pd.DataFrame()
     methods = ordered(cka["method"], methods)
-    paths = plot_cka(cka, similarity, metrics, out_dir, methods)
+    paths = plot_cka(cka, similarity, metrics, out_dir, methods, group_models(runs))
     text = ("Linear CKA between the sampled clients' models at each stage output, last probed round "
             "(mean over client pairs, then mean ± std over seeds).\n\n")  # fmt: skip
     return [*paths, _write(out_dir, "cka.md", text + _markdown(cka_table(cka, methods)))]
@@ -257,6 +284,30 @@ def depth(name: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", name)) or (sys.maxsize,)
 
 
+def gradients_figure(hist: pd.DataFrame, methods: Sequence[str]) -> Figure:
+    """Per method (its first seed) the first conv's and the deepest block conv's update
+    histogram, before and after the server's transforms, on a log density axis (the tails)."""
+    fig, axes = _figure(len(methods), 2, 3.8, 2.6)
+    for i, method in enumerate(methods):
+        run = first_seed(hist, method)
+        names = sorted(dict.fromkeys(run["layer"]), key=depth)
+        deep = [n for n in names if re.fullmatch(r"(layer\d+\.\d+\.conv\d|blocks\.\d+\..+)\.weight", n)] or names
+        for j, layer in enumerate((names[0], deep[-1])):
+            ax = axes[i, j]
+            for which, color, style in (("aggregated", "tab:gray", "-"), ("applied", "tab:orange", "--")):
+                h = run[(run["layer"] == layer) & (run["which"] == which)]
+                width = (h["bin_right"] - h["bin_left"]).to_numpy()
+                density = h["count"].to_numpy() / max(h["count"].sum(), 1) / width
+                ax.step(h["bin_left"], density, where="post", color=color, ls=style, label=which)
+            ax.set_yscale("log", nonpositive="mask")
+            ax.xaxis.set_major_locator(MaxNLocator(5, symmetric=True))
+            ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+            ax.set_title(f"{method} (seed {run['seed'].iloc[0]}, round {run['round'].iloc[0]}): {layer}", fontsize=8)
+            ax.set(xlabel="update value", ylabel="density (log)")
+    axes[0, 0].legend(fontsize=7, title="server's update", title_fontsize=7)
+    return fig
+
+
 def gradients_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
                        grid: dict | None = None) -> list[Path]:  # fmt: skip
     """The first conv's and the deepest block conv's histogram at each run's last histogrammed
@@ -266,21 +317,7 @@ def gradients_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, meth
     for key in ("federation", "round"):
         hist = hist[hist[key] == hist.groupby(["method", "seed"])[key].transform("max")]
     methods = ordered(hist["method"], methods)
-    fig, axes = _figure(len(methods), 2, 3.8, 2.6)
-    for i, method in enumerate(methods):
-        run = first_seed(hist, method)
-        names = sorted(dict.fromkeys(run["layer"]), key=depth)
-        deep = [n for n in names if re.fullmatch(r"(layer\d+\.\d+\.conv\d|blocks\.\d+\..+)\.weight", n)] or names
-        for j, layer in enumerate((names[0], deep[-1])):
-            ax = axes[i, j]
-            for which, color in (("aggregated", "tab:gray"), ("applied", "tab:orange")):
-                h = run[(run["layer"] == layer) & (run["which"] == which)]
-                width = (h["bin_right"] - h["bin_left"]).to_numpy()
-                density = h["count"].to_numpy() / max(h["count"].sum(), 1) / width
-                ax.step(h["bin_left"], density, where="post", color=color, label=which)
-            ax.set_title(f"{method}: {layer}", fontsize=8)
-            ax.set(xlabel="update value", ylabel="density")
-    axes[0, 0].legend(fontsize=7)
+    fig = gradients_figure(hist, methods)
     paths = _save(fig, out_dir, "gradients")
     rows = []
     for (method, layer, which, seed), h in hist.groupby(["method", "layer", "which", "seed"], sort=False):
@@ -321,6 +358,35 @@ def table3(
     return pd.DataFrame(rows)
 
 
+def theta_beta_figure(inco: pd.DataFrame, methods: Sequence[str], layers: Sequence[int]) -> Figure:
+    """Theta per InCo target layer over rounds (one panel per method, a colourbar numbering the
+    targets), and the share of beta > 0 of `layers`; both means over slices and seeds."""
+    fig, axes = _figure(1, len(methods) + 1, 3.8)
+    cmap = matplotlib.colormaps["viridis"]
+    for ax, method in zip(axes[0], methods, strict=False):
+        runs = inco[inco["method"] == method]
+        targets = list(dict.fromkeys(runs["layer"]))
+        scale = Normalize(1, max(len(targets), 2))
+        for k, layer in enumerate(targets, start=1):
+            theta = runs[runs["layer"] == layer].groupby("round")["theta"].mean()
+            ax.plot(theta.index, theta.to_numpy(), color=cmap(scale(k)), lw=1)
+        n = seeds_text(pd.Series([runs["seed"].nunique()]))
+        ax.set(xlabel="round", ylabel="theta (mean over slices)", title=f"{method} (mean over {n})")
+        bar = fig.colorbar(matplotlib.cm.ScalarMappable(scale, cmap), ax=ax, pad=0.01)
+        bar.set_label("InCo target layer (1 = shallowest)")
+        bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax = axes[0, -1]
+    for method in methods:
+        runs = inco[inco["method"] == method]
+        targets = list(dict.fromkeys(runs["layer"]))
+        for k, style in zip(layers, ("-", "--"), strict=False):
+            share = runs[runs["layer"] == targets[k - 1]].groupby("round")["beta_pos"].mean() * 100
+            ax.plot(share.index, share.to_numpy(), ls=style, label=f"{method}, target layer {k}")
+    ax.set(xlabel="round", ylabel="slices with beta > 0 (%)", title="share of beta > 0 (mean over seeds)")
+    ax.legend(fontsize=7)
+    return fig
+
+
 def theta_beta_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
                         grid: dict | None = None, layers: Sequence[int] | None = None,
                         paper_names: dict[str, str] | None = None) -> list[Path]:  # fmt: skip
@@ -333,24 +399,7 @@ def theta_beta_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, met
         layers = (11, 13) if fewest >= 13 else tuple(range(max(fewest - 1, 1), fewest + 1))
     names = paper_names or PAPER_NAMES
     table = table3(inco, methods, layers, names)
-    fig, axes = _figure(1, len(methods) + 1, 3.8)
-    for ax, method in zip(axes[0], methods, strict=False):
-        runs = inco[inco["method"] == method]
-        targets = list(dict.fromkeys(runs["layer"]))
-        cmap = matplotlib.colormaps["viridis"]
-        for k, layer in enumerate(targets):
-            theta = runs[runs["layer"] == layer].groupby("round")["theta"].mean()
-            ax.plot(theta.index, theta.to_numpy(), color=cmap(k / max(len(targets) - 1, 1)), lw=1)
-        ax.set(xlabel="round", ylabel="theta (mean over slices)", title=f"{method} (dark: shallow)")
-    ax = axes[0, -1]
-    for method in methods:
-        runs = inco[inco["method"] == method]
-        targets = list(dict.fromkeys(runs["layer"]))
-        for k, style in zip(layers, ("-", "--"), strict=False):
-            share = runs[runs["layer"] == targets[k - 1]].groupby("round")["beta_pos"].mean() * 100
-            ax.plot(share.index, share.to_numpy(), ls=style, label=f"{method}, layer {k}")
-    ax.set(xlabel="round", ylabel="slices with beta > 0 (%)", title="share of beta > 0")
-    ax.legend(fontsize=7)
+    fig = theta_beta_figure(inco, methods, layers)
     paths = _save(fig, out_dir, "theta_beta")
     text = (f"Share of kernel slices with beta > 0 (%) of InCo target layers {', '.join(map(str, layers))} "
             "(1-based, in inco.csv order), mean over rounds, mean ± std over seeds; paper: Table 3.\n\n")  # fmt: skip
@@ -405,14 +454,16 @@ def groups_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods
     methods = ordered(acc["method"], methods)
     stats = acc.groupby(["method", "group"])["acc"].agg(["mean", "std"]).reset_index()
     groups = sorted(acc["group"].unique())
+    names = next(iter(group_models(runs).values()))
     fig, axes = _figure(1, 1, 6.0, 3.2)
     ax, width = axes[0, 0], 0.8 / len(methods)
     for i, method in enumerate(methods):
         s = stats[stats["method"] == method].set_index("group").reindex(groups)
         ax.bar(np.arange(len(groups)) + i * width, s["mean"], width, yerr=s["std"].fillna(0), label=method, capsize=2)
-    ax.set_xticks(np.arange(len(groups)) + width * (len(methods) - 1) / 2, [f"group {g}" for g in groups])
-    ax.set(ylabel="final test accuracy (%)", title="accuracy of each model group")
-    ax.legend(fontsize=7)
+    ax.set_xticks(np.arange(len(groups)) + width * (len(methods) - 1) / 2, [f"group {g}\n{names[g]}" for g in groups])
+    n = seeds_text(acc.groupby(["method", "group"])["seed"].nunique())
+    ax.set(ylabel="final test accuracy (%)", title=f"Accuracy of each model group: mean, error bar ± 1 std over {n}")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     paths = _save(fig, out_dir, "groups")
     table = acc.groupby(["method", "group"])["acc"].apply(mean_std).unstack("group")
     table = table.reindex(methods).rename(columns=lambda g: f"group {g}").reset_index()
@@ -435,10 +486,10 @@ def robustness_frame(root: str | os.PathLike) -> pd.DataFrame:
     return frame.assign(line=frame["method"] + (", " + cell if several else ""))
 
 
-def robustness_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
-    """Accuracy against batch size (runs without noise) and against noise (at the batch size the
-    noisy runs share)."""
-    runs = robustness_frame(root)
+def robustness_figure(runs: pd.DataFrame) -> Figure:
+    """Accuracy against batch size (runs without noise) and against noise (at the batch size
+    the noisy runs share); error bars (± 1 std) only where a point has several seeds, and the
+    seeds per point in the title."""
     methods = ordered(runs["line"], None)
     noisy = runs[runs["noise"] > 0]
     batch = int(noisy["batch_size"].mode().iloc[0]) if len(noisy) else int(runs["batch_size"].mode().iloc[0])
@@ -448,10 +499,24 @@ def robustness_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> 
     for ax, (label, (data, key)) in zip(axes[0], axes_data.items(), strict=True):
         for method in methods:
             s = data[data["line"] == method].groupby(key)["acc"].agg(["mean", "std"])
-            ax.errorbar(s.index, s["mean"], yerr=s["std"].fillna(0), marker="o", capsize=3, label=method)
+            if s["std"].notna().any():  # error bars only where a point has several seeds
+                ax.errorbar(s.index, s["mean"], yerr=s["std"].fillna(0), marker="o", capsize=3, label=method)
+            else:
+                ax.plot(s.index, s["mean"], marker="o", label=method)
         ax.set(xlabel=label, ylabel="final test accuracy (%)")
     axes[0, 0].set_xscale("log", base=2)
     axes[0, 0].legend()
+    counts = runs.groupby(["line", "batch_size", "noise"])["seed"].nunique()
+    bars = ", error bars ± 1 std over seeds" if counts.max() > 1 else " (no error bars)"
+    fig.suptitle(f"Final test accuracy, {seeds_text(counts)} per point{bars}")
+    return fig
+
+
+def robustness_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
+    """robustness_figure and robustness.md (accuracy per method, batch size and noise)."""
+    runs = robustness_frame(root)
+    methods = ordered(runs["line"], None)
+    fig = robustness_figure(runs)
     paths = _save(fig, out_dir, "robustness")
     table = runs.groupby(["line", "batch_size", "noise"])["acc"].agg([mean_std, "count"]).reset_index()
     table = table.rename(columns={"line": "method", "mean_std": "final accuracy (%)", "count": "seeds"})

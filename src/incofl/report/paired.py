@@ -14,9 +14,19 @@ seed still counts once.
 from __future__ import annotations
 
 import math
+import os
+import sys
+from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
+from scipy.stats import t as student_t
+
+from incofl.report.figures import STYLE, _save
+from incofl.report.runs import dataset_label
+from incofl.report.tables import METRIC_LABELS
 
 
 def sign_test(diffs: list[float]) -> float:
@@ -32,6 +42,7 @@ def sign_test(diffs: list[float]) -> float:
 # compared when the runs report them: the final and last-10 accuracy, and ScaleFL's released
 # statistic (the mean over its exits)
 STATISTICS = ("final_acc", "last10_acc", "final_exits_mean")
+STATISTIC_LABELS = {**METRIC_LABELS, "final_exits_mean": "final accuracy, mean over the exits"}
 
 
 def statistics(summaries: pd.DataFrame) -> list[str]:
@@ -73,3 +84,57 @@ def to_markdown(table: pd.DataFrame, method: str, base: str) -> str:
         lines.append(f"| {r.dataset} | {r.alpha} | {r.metric} | {r.n} | {r.mean_diff:+.2f}{se} | "
                      f"{r.wins}/{r.losses} | {r.sign_p:.3f} | {diffs} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def interval95(diffs: list[float]) -> tuple[float, float]:
+    """The 95% t-interval of the mean of `diffs` (n - 1 degrees of freedom); NaN for n < 2."""
+    n = len(diffs)
+    if n < 2:
+        return math.nan, math.nan
+    mean, se = float(np.mean(diffs)), float(np.std(diffs, ddof=1)) / math.sqrt(n)
+    half = float(student_t.ppf(0.975, n - 1)) * se
+    return mean - half, mean + half
+
+
+def _row_label(pair: str, dataset: str, alpha: float, n: int) -> str:
+    return f"{pair}\n{dataset_label(dataset)} α={float(alpha)}, n={n}"
+
+
+def paired_figure(differences: pd.DataFrame) -> Figure:
+    """`differences`: paired.csv of `incofl metrics` (pair, dataset, alpha, statistic, seed,
+    difference). One panel per statistic, a row per pair and (data set, alpha): each seed's
+    difference (dots), their mean (diamond) and its 95% t-interval (bar), a line at zero."""
+    keys = ["pair", "dataset", "alpha", "statistic"]
+    cells = differences.groupby(keys, sort=False)["difference"].agg(list).reset_index()
+    cells["label"] = [_row_label(c.pair, c.dataset, c.alpha, len(c.difference)) for c in cells.itertuples()]
+    stats, labels = list(dict.fromkeys(cells["statistic"])), list(dict.fromkeys(cells["label"]))
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(3.4 * len(stats) + 1.5, 0.6 * len(labels) + 1.4), layout="constrained")
+        axes = fig.subplots(1, len(stats), sharey=True, squeeze=False)[0]
+    for ax, stat in zip(axes, stats, strict=True):
+        for c in cells[cells["statistic"] == stat].itertuples():
+            y = labels.index(c.label)
+            ax.plot(c.difference, [y] * len(c.difference), "o", ms=4, color="tab:gray", alpha=0.7,
+                    label="one seed's difference")  # fmt: skip
+            ax.plot(interval95(c.difference), [y, y], color="black", lw=1.5, label="95% t-interval of the mean")
+            ax.plot([np.mean(c.difference)], [y], "D", ms=6, color="tab:blue", label="mean difference")
+        ax.axvline(0, color="tab:red", lw=0.8, ls="--", label="no difference")
+        ax.set(xlabel="difference (accuracy points)", title=STATISTIC_LABELS[stat])
+        ax.grid(axis="y", visible=False)
+    axes[0].set_yticks(range(len(labels)), labels, fontsize=8)
+    axes[0].invert_yaxis()
+    handles, names = axes[0].get_legend_handles_labels()
+    unique = dict(zip(names, handles, strict=True))
+    fig.legend(unique.values(), unique.keys(), loc="outside lower center", ncols=4, fontsize=8)
+    fig.suptitle("Method - base, paired by seed (same partition, sampling and initialisation)")
+    return fig
+
+
+def plot_paired(paired_csv: str | os.PathLike, png: str | os.PathLike) -> list[Path]:
+    """paired_figure of an `incofl metrics` paired.csv as `png` and a PDF beside it."""
+    png = Path(png)
+    return _save(paired_figure(pd.read_csv(paired_csv)), png.parent, png.stem)
+
+
+if __name__ == "__main__":  # dvc.yaml's report stages: python -m incofl.report.paired PAIRED_CSV PNG
+    print("\n".join(str(path) for path in plot_paired(*sys.argv[1:3])))
