@@ -34,10 +34,9 @@ from incofl.fl.plan import ClientPlan, FullPlanner
 from incofl.fl.server import Average, Shared
 from incofl.fl.slicing import View, extract, index_map, sliced_mean
 from incofl.models.flops import forward_flops
+from incofl.streams import Stream, generator
 
 State = dict[str, torch.Tensor]
-WIDTH_STREAM = 4  # dynamic levels' RNG stream (1: sampling, 2: local training, 3: FedPart's order)
-STATIC_BN_STREAM = 5  # static BN's sample of the training images
 BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 CLASSIFIER = frozenset({"fc.weight", "fc.bias"})  # the width models' class rows
 
@@ -88,7 +87,7 @@ class WidthPlanner(FullPlanner):
     def level(self, round_: int, client: int, fixed: int) -> int:
         if not self.dynamic:
             return fixed
-        return int(np.random.default_rng([self.seed, WIDTH_STREAM, round_, client]).integers(self.groups))
+        return int(generator(self.seed, Stream.WIDTH_LEVEL, round_, client).integers(self.groups))
 
     def plan(self, round_: int, client: int) -> ClientPlan:
         full = super().plan(round_, client)
@@ -137,7 +136,7 @@ def statistics_indices(parts: list[np.ndarray], samples: int | None, seed: int) 
     sorted: the cumulative running variance averages per-batch variances, and sorted indices of
     a class-ordered training set give one-class batches, whose variance is the within-class one."""
     pooled = np.sort(np.concatenate(parts))
-    rng = np.random.default_rng([seed, STATIC_BN_STREAM])
+    rng = generator(seed, Stream.STATIC_BN)
     if samples is not None and samples < len(pooled):
         return torch.from_numpy(rng.choice(pooled, samples, replace=False))
     return torch.from_numpy(rng.permutation(pooled))
