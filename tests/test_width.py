@@ -3,6 +3,8 @@ slice-aware InCo step, and the six methods end to end on tiny data."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from helpers import engine_on, small_synthetic
@@ -249,21 +251,17 @@ def _release_round(params: dict, counts: dict, trained: dict) -> None:
 
 def _train(params: dict, gen: torch.Generator) -> dict:
     """Each client's trained block of every entry (rows never cut): its start plus a random step."""
-    return {c: {k: take(v, _index(k, ch)) + torch.randn(take(v, _index(k, ch)).shape, generator=gen)
-                for k, v in params.items()} for c, ch in _CHANNELS.items()}  # fmt: skip
+    starts = {c: {k: take(v, _index(k, ch)) for k, v in params.items()} for c, ch in _CHANNELS.items()}
+    return {c: {k: b + torch.randn(b.shape, generator=gen) for k, b in blocks.items()} for c, blocks in starts.items()}
 
 
 def _updates(params: dict, trained: dict) -> list:
-    from types import SimpleNamespace
-
     return [SimpleNamespace(delta={k: t - take(params[k], _index(k, _CHANNELS[c])) for k, t in trained[c].items()},
                             view=View(0, {k: _index(k, _CHANNELS[c]) for k in _ENTRIES}),
                             classes=torch.tensor(_CLASSES[c])) for c in _CHANNELS]  # fmt: skip
 
 
-def _rolex(weighting: str):
-    from types import SimpleNamespace
-
+def _rolex(weighting: str) -> tuple[RolexMean, SlicedMean]:
     setup = SimpleNamespace(widths=SimpleNamespace(shapes={k: torch.Size(s) for k, s in _ENTRIES.items()}))
     return RolexMean(RolexParams(weighting=weighting), setup), SlicedMean(RolexParams(), setup)
 
