@@ -3,14 +3,17 @@ slice-aware InCo step, and the six methods end to end on tiny data."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from helpers import engine_on, small_synthetic
 
 from incofl.config import RunConfig
 from incofl.fl.inco import cross_layer_update, find_pairs
-from incofl.fl.slicing import extract, index_map, scatter_add, sliced_mean, window
-from incofl.fl.width import Widths
+from incofl.fl.params import RolexParams
+from incofl.fl.slicing import View, extract, index_map, scatter_add, sliced_mean, take, window
+from incofl.fl.width import RolexMean, SlicedMean, Widths
 from incofl.models.family import build_model
 
 WIDTH = {"models": ["preresnet18"], "clients": 4, "ratio": 1.0, "rounds": 1, "batch_size": 16, "optimizer": "sgd",
@@ -201,3 +204,121 @@ def test_full_width_inco_heterofl_without_mask_and_clip_is_inco_avg_bit_for_bit(
         engine.run_round(0)
         engine.run_round(1)
     assert width.fingerprint() == depth.fingerprint()
+
+
+# --- FedRolex's aggregation as released (docs/fedrolex-weighting.md) ----------------------------
+
+_ENTRIES = {"conv1.weight": (4, 2), "bn.weight": (4,), "fc.weight": (3, 4), "fc.bias": (3,)}  # conv first, as both
+_CHANNELS = {"A": None, "B": torch.tensor([0, 1]), "C": torch.tensor([1, 2])}  # full; a half; that half rolled
+_CLASSES = {"A": [0, 1, 2], "B": [0, 2], "C": [0]}
+
+
+def _index(name: str, ch: torch.Tensor | None) -> tuple:
+    """A client's block of an entry: its channels, on the rows or columns they cut."""
+    return {"conv1.weight": (ch, None), "bn.weight": (ch,), "fc.weight": (None, ch), "fc.bias": (None,)}[name]
+
+
+def _positions(name: str, client: str) -> tuple[torch.Tensor, ...]:
+    """The global positions a client updates in an entry (classifier: only its classes' rows)."""
+    index = list(_index(name, _CHANNELS[client]))
+    if name.startswith("fc"):
+        index[0] = torch.tensor(_CLASSES[client])
+    full = [torch.arange(n) if ix is None else ix for ix, n in zip(index, _ENTRIES[name], strict=True)]
+    return torch.meshgrid(*full, indexing="ij")
+
+
+def _release_round(params: dict, counts: dict, trained: dict) -> None:
+    """The release's server step (FedRolex's `combine`) restated by hand, on parameters, in
+    place: per entry, per client in order, a convolution weight adds its values with weight 1,
+    any other entry with the counts it reads, and each element it holds counts once more; the
+    first entry reads the round's starting counts, the later ones the counts being raised."""
+    raised = {k: c.clone() for k, c in counts.items()}
+    reading = counts
+    for name, v in params.items():
+        total, weights = torch.zeros_like(v), torch.zeros_like(v)
+        for client, local in trained.items():
+            pos = _positions(name, client)
+            value = local[name][_CLASSES[client]] if name.startswith("fc") else local[name]
+            w = 1.0 if name == "conv1.weight" else reading[name][pos]
+            total[pos] += w * value
+            weights[pos] += w
+            raised[name][pos] += 1
+        held = weights > 0
+        v[held] = total[held] / weights[held]
+        reading = raised
+    counts.update(raised)
+
+
+def _train(params: dict, gen: torch.Generator) -> dict:
+    """Each client's trained block of every entry (rows never cut): its start plus a random step."""
+    starts = {c: {k: take(v, _index(k, ch)) for k, v in params.items()} for c, ch in _CHANNELS.items()}
+    return {c: {k: b + torch.randn(b.shape, generator=gen) for k, b in blocks.items()} for c, blocks in starts.items()}
+
+
+def _updates(params: dict, trained: dict) -> list:
+    return [SimpleNamespace(delta={k: t - take(params[k], _index(k, _CHANNELS[c])) for k, t in trained[c].items()},
+                            view=View(0, {k: _index(k, _CHANNELS[c]) for k in _ENTRIES}),
+                            classes=torch.tensor(_CLASSES[c])) for c in _CHANNELS]  # fmt: skip
+
+
+def _rolex(weighting: str) -> tuple[RolexMean, SlicedMean]:
+    setup = SimpleNamespace(widths=SimpleNamespace(shapes={k: torch.Size(s) for k, s in _ENTRIES.items()}))
+    return RolexMean(RolexParams(weighting=weighting), setup), SlicedMean(RolexParams(), setup)
+
+
+def test_released_weighting_is_the_release_arithmetic_over_two_rounds():
+    gen = torch.Generator().manual_seed(0)
+    ours = {k: torch.randn(s, generator=gen) for k, s in _ENTRIES.items()}
+    theirs, counts = {k: v.clone() for k, v in ours.items()}, {k: torch.ones(s) for k, s in _ENTRIES.items()}
+    rolex, _ = _rolex("released")
+    for round_ in range(2):
+        trained = _train(ours, gen)
+        mean = rolex.aggregate(_updates(ours, trained))[0]
+        ours = {k: v + mean[k] for k, v in ours.items()}
+        _release_round(theirs, counts, trained)
+        assert all(torch.allclose(ours[k], theirs[k], atol=1e-6) for k in _ENTRIES)
+        if round_ == 0:  # by hand: BN channel 0 held by A (weight 1), then by B (1 + A's hold)
+            a, b = (trained[c]["bn.weight"][0].item() for c in "AB")
+            assert ours["bn.weight"][0].item() == pytest.approx((a + 2 * b) / 3)
+    assert rolex.times["bn.weight"].tolist() == [5.0, 7.0, 5.0, 3.0]  # 1 + its holders in each of two rounds
+    assert rolex.times["fc.bias"].tolist() == [7.0, 3.0, 5.0]  # class 0: A, B and C; 1: A; 2: A and B
+    assert "conv1.weight" not in rolex.times  # convolution weights: unweighted, no counts kept
+
+
+def test_mean_weighting_is_the_unweighted_sliced_mean_bit_for_bit():
+    gen = torch.Generator().manual_seed(1)
+    params = {k: torch.randn(s, generator=gen) for k, s in _ENTRIES.items()}
+    updates = _updates(params, _train(params, gen))
+    rolex, plain = _rolex("mean")
+    ours, theirs = rolex.aggregate(updates)[0], plain.aggregate(updates)[0]
+    assert all(torch.equal(ours[k], theirs[k]) and torch.equal(ours.held[k], theirs.held[k]) for k in _ENTRIES)
+    assert rolex.state_dict() == {"times": {}}
+
+
+def test_fedrolex_weighting_is_checked_when_the_config_is():
+    with pytest.raises(
+        ValueError, match=r"method_args.weighting: Input should be 'mean' or 'released' \(got 'count'\)"
+    ):
+        RunConfig(**{**WIDTH, "method": "FedRolex", "width_rates": [1.0, 0.5], "method_args": {"weighting": "count"}})
+    with pytest.raises(ValueError, match="method_args.weighting: not a parameter of HeteroFL"):
+        RunConfig(**{**WIDTH, "method": "HeteroFL", "width_rates": [1.0, 0.5], "method_args": {"weighting": "mean"}})
+
+
+@pytest.mark.slow
+def test_a_resumed_released_fedrolex_run_equals_an_uninterrupted_one(data):
+    settings = {**WIDTH, "method": "FedRolex", "width_rates": [1.0, 0.5], "rounds": 2,
+                "method_args": {"weighting": "released"}}  # fmt: skip
+    straight = engine_on(data, **settings)
+    straight.run_round(0)
+    straight.run_round(1)
+    first = engine_on(data, **settings)
+    first.run_round(0)
+    resumed = engine_on(data, **settings)
+    resumed.load_state_dict(first.state_dict())
+    resumed.run_round(1)
+    assert resumed.fingerprint() == straight.fingerprint()
+    assert resumed.aggregator.times["fc.bias"].min() > 1  # the counts came back with the checkpoint
+    mean = engine_on(data, **{**settings, "method_args": {}})
+    mean.run_round(0)
+    mean.run_round(1)
+    assert mean.fingerprint() != straight.fingerprint()

@@ -13,6 +13,7 @@ import numpy as np
 
 from incofl.atomic import atomic_path
 from incofl.data.release import ReleasePartitionError, read_release_partition, release_file
+from incofl.streams import Stream, generator, seed_int
 
 if TYPE_CHECKING:
     from incofl.config import RunConfig
@@ -25,7 +26,7 @@ class PartitionError(RuntimeError):
 
 def iid_partition(num_samples: int, num_clients: int, seed: int) -> list[np.ndarray]:
     """A random permutation cut into `num_clients` near-equal parts."""
-    perm = np.random.default_rng(seed).permutation(num_samples)
+    perm = generator(seed, Stream.PARTITION).permutation(num_samples)
     return [part.astype(np.int64) for part in np.array_split(perm, num_clients)]
 
 
@@ -34,7 +35,7 @@ def iid_draw_partition(num_samples: int, num_clients: int, client_samples: int, 
     clients may hold the same image (FedPart's release, Fling's `iid` sampling)."""
     if client_samples > num_samples:
         raise PartitionError(f"client_samples: {client_samples} exceeds the {num_samples} training images")
-    rng = np.random.default_rng(seed)
+    rng = generator(seed, Stream.PARTITION)
     draws = (rng.choice(num_samples, client_samples, replace=False) for _ in range(num_clients))
     return [np.sort(draw).astype(np.int64) for draw in draws]
 
@@ -53,7 +54,7 @@ def dirichlet_partition(
     client holds >= min_size samples. With `balance`, clients already holding >= N/K samples
     get no more. The class count comes from the labels."""
     labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
+    rng = generator(seed, Stream.PARTITION)
     n, cap = len(labels), len(labels) / num_clients
     by_class = [np.flatnonzero(labels == k) for k in range(int(labels.max()) + 1)]
     for _ in range(max_retries):
@@ -107,16 +108,13 @@ def shard_partition(labels: np.ndarray, num_clients: int, shard_classes: int, se
         cut = len(idx) // per_class * per_class
         rest = idx[cut:]
         shards.append([np.append(row, rest[j : j + 1]) for j, row in enumerate(np.split(idx[:cut], per_class))])
-    rng = np.random.default_rng(seed)
+    rng = generator(seed, Stream.PARTITION)
     dealt = rng.permutation(np.repeat(np.arange(num_classes), per_class)).reshape(num_clients, shard_classes)
     parts = []
     for classes in dealt:
         held = [shards[k].pop(int(rng.integers(len(shards[k])))) for k in np.unique(classes)]
         parts.append(np.concatenate(held).astype(np.int64))
     return parts
-
-
-HOLDOUT_STREAM = 4  # the held-out split's RNG stream (sampling: 1, training: 2, FedPart's order: 3)
 
 
 def holdout_split(
@@ -133,7 +131,7 @@ def holdout_split(
             train.append(idx)
             held.append(idx[:0])
             continue
-        state = int(np.random.SeedSequence([seed, HOLDOUT_STREAM, client]).generate_state(1)[0])
+        state = seed_int(seed, Stream.HOLDOUT, client)
         try:
             a, b = train_test_split(idx, test_size=share, random_state=state, stratify=labels[idx])
         except ValueError:  # a class with one sample, or fewer held-out slots than classes

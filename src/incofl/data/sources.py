@@ -25,6 +25,7 @@ from PIL import Image
 from incofl.atomic import atomic_path, remove_stale_temporaries
 from incofl.config import DATASETS
 from incofl.data.dataset import ImageDataset
+from incofl.streams import DIGITS_SPLIT_SEED, SYNTHETIC_SEED, fixed_generator
 
 if TYPE_CHECKING:
     from incofl.config import RunConfig
@@ -128,13 +129,13 @@ def _digits() -> ImageDataset:
     d = load_digits()
     x = _upsample(d.images[:, None] * (255.0 / 16.0), 32)
     y = d.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, stratify=y, random_state=DIGITS_SPLIT_SEED)
     return ImageDataset("digits", x_tr, y_tr, x_te, y_te)
 
 
-def _synthetic(classes: int = 10, n_train: int = 2000, n_test: int = 500, seed: int = 0) -> ImageDataset:
+def _synthetic(classes: int = 10, n_train: int = 2000, n_test: int = 500, seed: int = SYNTHETIC_SEED) -> ImageDataset:
     """Each class a fixed smooth random 3x32x32 template; images are template plus Gaussian noise."""
-    rng = np.random.default_rng(seed)
+    rng = fixed_generator(seed)
     templates = _upsample(rng.uniform(0, 255, (classes, 3, 8, 8)), 32).astype(np.float64)
 
     def sample(n: int) -> Arrays:

@@ -33,10 +33,10 @@ from incofl.data.tensors import TensorSplit
 from incofl.fl.observers import Observer, write_rows
 from incofl.fl.similarity import cka, cosine, gram
 from incofl.fl.slicing import View
+from incofl.streams import PROBE_SEED, fixed_generator
 
 State = dict[str, torch.Tensor]
 STAGE, BLOCK = re.compile(r"layer\d+"), re.compile(r"(layer\d+|blocks)\.\d+")
-PROBE_SEED = 0  # the probe images: the same for every run, method and seed
 
 
 @dataclass
@@ -109,7 +109,7 @@ class CKAProbe(ModelProbe):
         self.points = [probe_points(m) for m in models]
         if not any(self.points):
             raise ConfigError("analyses.cka_rounds: the model has no stage or block outputs to compare")
-        order = np.random.default_rng(PROBE_SEED).permutation(len(test))[: min(samples, len(test))]
+        order = fixed_generator(PROBE_SEED).permutation(len(test))[: min(samples, len(test))]
         self.images = torch.from_numpy(np.sort(order))
         self.similarity: list[dict] = []  # update_similarity.csv
 

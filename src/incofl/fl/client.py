@@ -26,6 +26,7 @@ from incofl.data.tensors import TensorSplit
 from incofl.fl.params import Params
 from incofl.fl.slicing import View
 from incofl.models.family import exit_logits
+from incofl.streams import EVAL_ORDER_SEED
 
 
 @dataclass
@@ -205,9 +206,6 @@ def count_correct(
     return correct[-1], loss[-1], n
 
 
-EVAL_ORDER_SEED = 0  # one fixed order for every run and evaluation: all methods score the same batches
-
-
 def batch_statistics(model: nn.Module) -> bool:
     """Whether the model's BN layers normalise with the batch's statistics at evaluation too
     (no running statistics: ScaleFL's ResNet-110, width models without static BN)."""
@@ -215,10 +213,11 @@ def batch_statistics(model: nn.Module) -> bool:
 
 
 def mixed_order(order: torch.Tensor) -> torch.Tensor:
-    """`order` shuffled by a fixed seed. With batch statistics a prediction depends on the rest of
-    its batch, and data sets read from class folders (the CIFAR-10 archive here) list each class
-    together: scored in that order, every batch is one class and its statistics erase what tells
-    classes apart (ScaleFL stayed near chance). torchvision's CIFAR-10 test set is mixed alike."""
+    """`order` shuffled by a fixed seed, the same for every run and evaluation: all methods score
+    the same batches. With batch statistics a prediction depends on the rest of its batch, and
+    data sets read from class folders (the CIFAR-10 archive here) list each class together:
+    scored in that order, every batch is one class and its statistics erase what tells classes
+    apart (ScaleFL stayed near chance). torchvision's CIFAR-10 test set is mixed alike."""
     return order[torch.randperm(len(order), generator=torch.Generator().manual_seed(EVAL_ORDER_SEED))]
 
 

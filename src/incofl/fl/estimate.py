@@ -16,6 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from incofl.fl.sampling import group_of
 from incofl.models.family import exit_logits
+from incofl.streams import PROBE_INPUT_SEED
 
 if TYPE_CHECKING:
     from incofl.fl.simulation import Engine
@@ -34,7 +35,7 @@ class Work:
 
     def __init__(self, engine: Engine, start: int):
         cfg, data = engine.cfg, engine.train_data
-        gen = torch.Generator().manual_seed(0)  # probe inputs: the run's RNG streams stay untouched
+        gen = torch.Generator().manual_seed(PROBE_INPUT_SEED)  # its own generator: the run's draws stay untouched
         x = torch.rand((2, data.x.shape[1], data.input_size, data.input_size), generator=gen).to(data.x.device)
         y = torch.zeros(2, dtype=torch.long, device=data.x.device)
         per_sample = [training_flops(copy.deepcopy(m).eval(), x, y) for m in engine.models]  # eval: no dropout draws

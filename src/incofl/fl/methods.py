@@ -20,7 +20,7 @@ from incofl.fl.personal import FedPerPlanner, LagPlanner, LocalPlanner
 from incofl.fl.plan import FullPlanner, PartPlanner
 from incofl.fl.server import GroupWise, Shared
 from incofl.fl.transforms import INCO, AverageTransform, NovaNormalize, UpdateTransform
-from incofl.fl.width import SlicedMean, WidthPlanner
+from incofl.fl.width import RolexMean, SlicedMean, WidthPlanner
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,13 @@ def _inco(
     return Method(name, objective, aggregator, post=INCO, observers=(InCoLog,), base=base, source=source, **kw)
 
 
-def _width(name: str, source: str, inco: str | None = None, **kw: Any) -> Method:
+def _width(
+    name: str, source: str, inco: str | None = None, aggregator: type[SlicedMean] = SlicedMean, **kw: Any
+) -> Method:
     """A width-splitting method (fl/width.py), or with `inco` (its base's name) the InCo step after it."""
     if inco:
-        return _inco(name, inco, _PAPER + "; " + source, aggregator=SlicedMean, planner=WidthPlanner, **kw)
-    return Method(name, aggregator=SlicedMean, planner=WidthPlanner, source=source, **kw)
+        return _inco(name, inco, _PAPER + "; " + source, aggregator=aggregator, planner=WidthPlanner, **kw)
+    return Method(name, aggregator=aggregator, planner=WidthPlanner, source=source, **kw)
 
 
 _PAPER = "Chan et al., ICLR 2024"
@@ -130,10 +132,10 @@ _REGISTRY = [
     Method("FedLAG", planner=LagPlanner, base="FedAvg", defaults={"weighted": True}, source=_LAG + "; sample-weighted"),
     # width (and depth) splitting, the InCo paper's "hetero splitting" (its Fig. 5c)
     _width("HeteroFL", _HETEROFL, objective=MaskedCE),
-    _width("FedRolex", _ROLEX, objective=MaskedCE, defaults=_ROLLING),
+    _width("FedRolex", _ROLEX, aggregator=RolexMean, objective=MaskedCE, defaults=_ROLLING),
     _width("ScaleFL", _SCALEFL, objective=ExitLoss, defaults=_EXITS),
     _width("InCoHeteroFL", _HETEROFL, inco="HeteroFL", objective=MaskedCE),
-    _width("InCoRolex", _ROLEX, inco="FedRolex", objective=MaskedCE, defaults=_ROLLING),
+    _width("InCoRolex", _ROLEX, inco="FedRolex", aggregator=RolexMean, objective=MaskedCE, defaults=_ROLLING),
     _width("InCoScaleFL", _SCALEFL, inco="ScaleFL", objective=ExitLoss, defaults=_EXITS),
 ]
 METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}

@@ -78,6 +78,13 @@ class SlicedParams(Params):
     class_rows: bool = True
 
 
+class RolexParams(SlicedParams):
+    """FedRolex's aggregation. `mean`: the paper's selective average, as SlicedMean; `released`:
+    the release's weighting by how often each element was held (docs/fedrolex-weighting.md)."""
+
+    weighting: Literal["mean", "released"] = "mean"
+
+
 class LagParams(Params):
     """FedLAG (METHODS.md 5.2): FedAvg warm-up counting gradient conflicts, then the top-K
     conflicting state entries personal."""

@@ -36,7 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-import numpy as np
 from torch import nn
 
 from incofl.fl.client import ClientUpdate
@@ -46,8 +45,7 @@ from incofl.fl.slicing import View
 from incofl.fl.transforms import Setup
 from incofl.models.family import check_nested
 from incofl.models.groups import counterpart, layer_groups
-
-PART_STREAM = 3  # the random order's RNG stream, apart from sampling's (1: clients, 2: local training)
+from incofl.streams import Stream, generator
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,7 @@ class PartPlanner(FullPlanner):
         """The server's layer groups in the order of one pass over them (one cycle under `cycles`)."""
         groups = len(self.keys)
         if self.hp.order == "random":
-            return np.random.default_rng([self.seed, PART_STREAM, pass_]).permutation(groups).tolist()
+            return generator(self.seed, Stream.PART_ORDER, pass_).permutation(groups).tolist()
         return list(range(groups))[:: -1 if self.hp.order == "reverse" else 1]
 
     def layer(self, round_: int) -> int | None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SAMPLING_STREAM = 1  # keeps the sampling RNG apart from every other use of the seed
-TRAINING_STREAM = 2
-NOISE_STREAM = 3  # update noise (robustness analysis)
+from incofl.streams import Stream, generator, seed_int
 
 
 def clients_per_round(num_clients: int, ratio: float) -> int:
@@ -16,7 +14,7 @@ def clients_per_round(num_clients: int, ratio: float) -> int:
 def sample_schedule(seed: int, num_clients: int, ratio: float, rounds: int) -> np.ndarray:
     """(rounds, m) client ids, uniformly without replacement each round. Drawn round by round
     from one stream, so a longer run starts with the same rounds as a shorter one."""
-    rng = np.random.default_rng([seed, SAMPLING_STREAM])
+    rng = generator(seed, Stream.SAMPLING)
     m = clients_per_round(num_clients, ratio)
     return np.stack([np.sort(rng.choice(num_clients, size=m, replace=False)) for _ in range(rounds)])
 
@@ -29,9 +27,9 @@ def group_of(client: int, num_clients: int, groups: int) -> int:
 def client_seed(seed: int, round_: int, client: int) -> int:
     """Seed of one client's local training in one round: batches and augmentation depend on
     nothing else, which makes a resumed run bit-identical to an uninterrupted one."""
-    return int(np.random.SeedSequence([seed, TRAINING_STREAM, round_, client]).generate_state(1)[0])
+    return seed_int(seed, Stream.TRAINING, round_, client)
 
 
 def noise_seed(seed: int, round_: int, client: int) -> int:
     """Seed of the noise added to one client's update in one round (`update_noise`)."""
-    return int(np.random.SeedSequence([seed, NOISE_STREAM, round_, client]).generate_state(1)[0])
+    return seed_int(seed, Stream.NOISE, round_, client)

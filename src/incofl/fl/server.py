@@ -53,6 +53,13 @@ class Shared:
     def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
         return {0: heteroavg(updates, self.weighted)}
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the aggregator carries from round to round (FedRolex's released counts): none here."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+
 
 class GroupWise(Shared):
     """The paper's FedAvg baseline: each model group averages only its own clients."""

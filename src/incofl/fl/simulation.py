@@ -225,6 +225,7 @@ class Engine:
         return {
             "states": [{k: v.cpu() for k, v in s.items()} for s in self.states],
             "objective": self.objective.state_dict(),
+            "aggregator": self.aggregator.state_dict(),
             "planner": self.planner.state_dict(),
             "observers": [observer.state_dict() for observer in self.observers],
             "kept": {c: {k: v.cpu() for k, v in kept.items()} for c, kept in self.kept.items()},
@@ -235,6 +236,7 @@ class Engine:
             for k, v in saved.items():
                 ours[k].copy_(v)
         self.objective.load_state_dict(payload["objective"])
+        self.aggregator.load_state_dict(payload.get("aggregator", {}))  # none before FedRolex's counts
         self.planner.load_state_dict(payload["planner"])
         self.kept = {c: {k: v.to(self.device) for k, v in kept.items()} for c, kept in payload.get("kept", {}).items()}
         for observer, state in zip(self.observers, payload["observers"], strict=True):

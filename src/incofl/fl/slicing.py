@@ -12,13 +12,15 @@ clients' deltas back with a per-element count: never a copy of the full model pe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 State = dict[str, torch.Tensor]
 Index = tuple[torch.Tensor | None, ...]
+# A client's weight per element of a block (entry name, its index, the delta); None: weight 1
+Weigh = Callable[[str, Index, torch.Tensor], torch.Tensor | None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,17 +84,24 @@ def scatter_add(target: torch.Tensor, index: Index, block: torch.Tensor) -> None
 
 @dataclass
 class Sliced:
-    """Per-element sums and holder counts of one federation's round, in the server's shapes."""
+    """Per-element (weighted) sums and holder counts (total weights) of one federation's round,
+    in the server's shapes."""
 
     sums: State
     counts: State
 
-    def add(self, name: str, index: Index, delta: torch.Tensor, shape: torch.Size) -> None:
+    def add(
+        self, name: str, index: Index, delta: torch.Tensor, shape: torch.Size, weight: torch.Tensor | None = None
+    ) -> None:
         if name not in self.sums:
             self.sums[name] = torch.zeros(shape, dtype=delta.dtype, device=delta.device)
             self.counts[name] = torch.zeros(shape, dtype=delta.dtype, device=delta.device)
-        scatter_add(self.sums[name], index, delta)
-        scatter_add(self.counts[name], index, torch.ones_like(delta))
+        if weight is None:
+            scatter_add(self.sums[name], index, delta)
+            scatter_add(self.counts[name], index, torch.ones_like(delta))
+        else:
+            scatter_add(self.sums[name], index, weight * delta)
+            scatter_add(self.counts[name], index, weight)
 
     def mean(self) -> tuple[State, dict[str, torch.Tensor]]:
         """(the per-element mean over holders, 0 where nobody held; which elements were held)."""
@@ -110,11 +119,13 @@ def sliced_mean(
     shapes: dict[str, torch.Size],
     deltas: Sequence[tuple[State, dict[str, Index]]],
     class_rows: Iterable[tuple[set[str], torch.Tensor | None]] = (),
+    weigh: Weigh | None = None,
 ) -> tuple[State, dict[str, torch.Tensor]]:
     """Every element's unweighted mean over the clients whose block holds it; with `class_rows`
     (per client: its classifier entries and its classes), a classifier row only from the
-    clients holding that class. Returns (mean, held) in the server's shapes for every entry
-    some client uploaded; elements nobody held are 0 in the mean (they keep their value)."""
+    clients holding that class; with `weigh`, asked in client order, each client's weights.
+    Returns (mean, held) in the server's shapes for every entry some client uploaded; elements
+    nobody held are 0 in the mean (they keep their value)."""
     acc = Sliced({}, {})
     rows = list(class_rows) or [(set(), None)] * len(deltas)
     for (delta, index), (classifier, classes) in zip(deltas, rows, strict=True):
@@ -123,5 +134,5 @@ def sliced_mean(
             if name in classifier and classes is not None:
                 ix = rows_of(ix, classes)
                 d = d.index_select(0, ix[0].to(d.device))
-            acc.add(name, ix, d, shapes[name])
+            acc.add(name, ix, d, shapes[name], None if weigh is None else weigh(name, ix, d))
     return acc.mean()

@@ -9,7 +9,8 @@ One architecture (`preresnet18`, `resnet110`) at several levels: a level is a wi
 - train: the client's block of the global weights (slicing.extract) in its level's model;
 - aggregate (`SlicedMean`): every element's unweighted mean over the sampled clients that
   held it, classifier rows only from clients holding the class (`class_rows`: HeteroFL,
-  FedRolex); elements nobody held keep their value. The averaged update carries which
+  FedRolex); elements nobody held keep their value. FedRolex's `RolexMean` is that mean, or
+  with `weighting: released` its release's count weighting. The averaged update carries which
   elements were held, so the InCo step touches only slices both target and reference cover;
 - evaluate (`WidthEvaluator`): the full global model (the headline `mean_acc`) and each level's
   sub-model (leading channels) as `acc_g{g}`; BN statistics `static` (HeteroFL: gathered from
@@ -29,15 +30,14 @@ from torch import nn
 
 from incofl.data.tensors import TensorSplit
 from incofl.fl.client import ClientUpdate, exit_counts
-from incofl.fl.params import SlicedParams, WidthParams
+from incofl.fl.params import RolexParams, SlicedParams, WidthParams
 from incofl.fl.plan import ClientPlan, FullPlanner
 from incofl.fl.server import Average, Shared
-from incofl.fl.slicing import View, extract, index_map, sliced_mean
+from incofl.fl.slicing import Index, View, Weigh, extract, index_map, scatter_add, sliced_mean, take
 from incofl.models.flops import forward_flops
+from incofl.streams import Stream, generator
 
 State = dict[str, torch.Tensor]
-WIDTH_STREAM = 4  # dynamic levels' RNG stream (1: sampling, 2: local training, 3: FedPart's order)
-STATIC_BN_STREAM = 5  # static BN's sample of the training images
 BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 CLASSIFIER = frozenset({"fc.weight", "fc.bias"})  # the width models' class rows
 
@@ -88,7 +88,7 @@ class WidthPlanner(FullPlanner):
     def level(self, round_: int, client: int, fixed: int) -> int:
         if not self.dynamic:
             return fixed
-        return int(np.random.default_rng([self.seed, WIDTH_STREAM, round_, client]).integers(self.groups))
+        return int(generator(self.seed, Stream.WIDTH_LEVEL, round_, client).integers(self.groups))
 
     def plan(self, round_: int, client: int) -> ClientPlan:
         full = super().plan(round_, client)
@@ -102,14 +102,54 @@ class SlicedMean(Shared):
 
     params: ClassVar = SlicedParams
 
-    def __init__(self, hp: Any, setup: Any = None):  # unweighted, as released: no `weighted`
+    def __init__(self, hp: Any, setup: Any = None):  # unweighted (HeteroFL's release): no `weighted`
         self.shapes, self.class_rows = setup.widths.shapes, hp.class_rows
+        self.weigh: Weigh | None = None
 
     def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
         blocks = [(u.delta, u.view.index) for u in updates]
         rows = [(CLASSIFIER, u.classes) for u in updates] if self.class_rows else ()
-        mean, held = sliced_mean(self.shapes, blocks, rows)
+        mean, held = sliced_mean(self.shapes, blocks, rows, self.weigh)
         return {0: HeldAverage(mean, held)}
+
+
+class RolexMean(SlicedMean):
+    """FedRolex's aggregation. `weighting: mean` (default) is SlicedMean: the paper's selective
+    average, each element over the clients whose sub-model holds it, every holder once. It is
+    the default because it is the algorithm the paper states; the counts below appear only in
+    the code. `released` is the release's server (`combine`): convolution weights as that mean,
+    every other entry (BN weight and bias, the classifier) weighted by `tmp_counts`, 1 + how
+    often each element was held before, over all rounds, with this round's earlier clients
+    already counted. The counts persist across rounds: this aggregator's checkpointed state."""
+
+    params: ClassVar = RolexParams
+
+    def __init__(self, hp: Any, setup: Any = None):
+        super().__init__(hp, setup)
+        self.times: State = {}  # per weighted entry: the release's tmp_counts (1 + times held)
+        if hp.weighting == "released":
+            self.weigh = self.times_held
+
+    def times_held(self, name: str, index: Index, delta: torch.Tensor) -> torch.Tensor | None:
+        """A client's weights on its block (asked in client order), then its hold counted: the
+        m-th holder of an element in a round weighs 1 + earlier holds + (m - 1). The release's
+        first entry reads the counts of the round's start; its and incofl's first entry is
+        `conv1.weight`, which is unweighted, so that never matters."""
+        if delta.dim() > 1 and name not in CLASSIFIER:  # a convolution weight: the release's K = 1
+            return None
+        times = self.times.get(name)
+        if times is None:
+            times = torch.ones(self.shapes[name], dtype=delta.dtype)
+        self.times[name] = times = times.to(delta.device)
+        weight = take(times, index).clone()  # take may return a view of `times`
+        scatter_add(times, index, torch.ones_like(delta))
+        return weight
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"times": {name: t.cpu() for name, t in self.times.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.times = {name: t.clone() for name, t in state.get("times", {}).items()}
 
 
 @torch.no_grad()
@@ -137,7 +177,7 @@ def statistics_indices(parts: list[np.ndarray], samples: int | None, seed: int) 
     sorted: the cumulative running variance averages per-batch variances, and sorted indices of
     a class-ordered training set give one-class batches, whose variance is the within-class one."""
     pooled = np.sort(np.concatenate(parts))
-    rng = np.random.default_rng([seed, STATIC_BN_STREAM])
+    rng = generator(seed, Stream.STATIC_BN)
     if samples is not None and samples < len(pooled):
         return torch.from_numpy(rng.choice(pooled, samples, replace=False))
     return torch.from_numpy(rng.permutation(pooled))
