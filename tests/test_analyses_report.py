@@ -22,6 +22,7 @@ from incofl.report.analyses import (
     robustness_frame,
     separation,
     theta_beta_figure,
+    tsne_figure,
 )
 
 STAGES = ["layer1", "layer2"]
@@ -139,10 +140,10 @@ def test_groups_table_is_the_seed_mean_of_each_group(tmp_path):
 
 
 def _map(by_class: bool, seed: int = 0) -> pd.DataFrame:
-    """Three clients x two classes x 20 points of a t-SNE map: tight clusters, one per class
-    (every client's points of a class together) or one per client."""
+    """Three clients (3 in group 0, 7 and 9 in group 1) x two classes x 20 points of a t-SNE map:
+    tight clusters, one per class (every client's points of a class together) or one per client."""
     rng = np.random.default_rng(seed)
-    rows = [{"round": 10, "client": client, "group": 4, "label": label,
+    rows = [{"round": 10, "client": client, "group": int(client > 5), "label": label,
              "x": 10.0 * (label if by_class else client) + rng.normal(0, 0.1), "y": rng.normal(0, 0.1)}
             for client in (3, 7, 9) for label in (0, 1) for _ in range(20)]  # fmt: skip
     return pd.DataFrame(rows)
@@ -158,6 +159,13 @@ def test_tsne_separation_tells_class_clusters_from_client_clusters(by_class):
 def test_tsne_separation_of_a_one_client_map_is_nan_by_client():
     score = separation(_map(by_class=True).query("client == 3"))
     assert score["class"] > 0.9 and np.isnan(score["client"])
+
+
+def test_tsne_legend_names_each_clients_model_and_each_class():
+    fig = tsne_figure(_map(by_class=True).assign(method="InCoAvg", seed=0), ["InCoAvg"],
+                      {("InCoAvg", 0): ["ResNet10", "ResNet14"]})  # fmt: skip
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["client 3 (ResNet10)", "client 7 (ResNet14)", "client 9 (ResNet14)", "class 0", "class 1"]
 
 
 def test_tsne_table_is_the_seed_mean_of_each_runs_separation(tmp_path):

@@ -24,7 +24,7 @@ ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
 
 
 def snakemake_cmd(workdir: Path, *args: str, config: Path = TINY) -> list[str]:
-    return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+    return [str(BIN / "snakemake"), "-s", str(REPO / "workflow" / "Snakefile"), "--directory", str(workdir),
             "--configfile", str(config), *args]  # fmt: skip
 
 

@@ -417,24 +417,33 @@ def separation(points: pd.DataFrame) -> pd.Series:
                       else math.nan for by, column in (("class", "label"), ("client", "client"))})  # fmt: skip
 
 
-def tsne_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
-                  grid: dict | None = None) -> list[Path]:  # fmt: skip
-    points = frame(runs_with(root, "tsne.csv", grid), "tsne.csv")
-    points = points[points["round"] == points.groupby(["method", "seed"])["round"].transform("max")]
-    methods = ordered(points["method"], methods)
+def tsne_figure(points: pd.DataFrame, methods: Sequence[str], models: dict[tuple[str, int], list[str]]) -> Figure:
+    """One map per method (its first seed's last mapped round): colour = class, marker = client,
+    each client named with its model."""
     fig, axes = _figure(1, len(methods), 3.6, 4.2)
     markers, colour = "o^sDv*", matplotlib.colormaps["tab10"]
     for ax, method in zip(axes[0], methods, strict=True):
         run = first_seed(points, method)
+        names = models[(method, int(run["seed"].iloc[0]))]
         for k, (client, rows) in enumerate(run.groupby("client", sort=False)):
             ax.scatter(rows["x"], rows["y"], c=[colour(c % 10) for c in rows["label"]],
                        marker=markers[k % len(markers)], s=9, alpha=0.8)  # fmt: skip
-            ax.scatter([], [], c="grey", marker=markers[k % len(markers)], label=f"client {client} (group "
-                       f"{rows['group'].iloc[0]})")  # fmt: skip
+            ax.scatter([], [], c="grey", marker=markers[k % len(markers)],
+                       label=f"client {client} ({names[rows['group'].iloc[0]]})")  # fmt: skip
         for c in sorted(run["label"].unique()):
             ax.scatter([], [], c=[colour(c % 10)], marker="o", label=f"class {c}")
         ax.set(title=f"{method} (seed {run['seed'].iloc[0]}, round {run['round'].iloc[0]})", xticks=[], yticks=[])
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, 0), ncols=3)  # below the map
+    return fig
+
+
+def tsne_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
+                  grid: dict | None = None) -> list[Path]:  # fmt: skip
+    runs = runs_with(root, "tsne.csv", grid)
+    points = frame(runs, "tsne.csv")
+    points = points[points["round"] == points.groupby(["method", "seed"])["round"].transform("max")]
+    methods = ordered(points["method"], methods)
+    fig = tsne_figure(points, methods, group_models(runs))
     paths = _save(fig, out_dir, "tsne")
     scores = points.groupby(["method", "seed"])[["x", "y", "label", "client"]].apply(separation).reset_index()
     table = scores.groupby("method").agg(seeds=("seed", "size"), **{
