@@ -35,7 +35,8 @@ $(BIN)/.installed: pyproject.toml
 run: $(BIN)/.installed
 	$(BIN)/snakemake --cores $(CORES)
 
-# Fails fast, in this order: ruff lint, ruff format check, Snakemake's linter on the workflow
+# Fails fast, in this order: ruff lint, ruff format check, the import contract (pyproject.toml's
+# [tool.importlinter]: config validation imports no training code), Snakemake's linter on the workflow
 # (parses it with config/config.yaml; no data, no jobs; exit 1 on any lint), the test suite on
 # $(TEST_WORKERS) pytest-xdist workers, printing its 25 slowest tests (README "Tests").
 # tests/slurm_smoke/Snakefile (a by-hand SLURM check, no test runs it) is not linted: its rules
@@ -44,6 +45,7 @@ run: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	$(BIN)/snakemake --lint
 
 test: lint

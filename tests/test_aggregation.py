@@ -3,8 +3,8 @@
 import torch
 
 from incofl.fl.client import ClientUpdate
-from incofl.fl.params import AggregationParams
 from incofl.fl.server import GroupWise, Shared, apply_update, heteroavg
+from incofl.params import AggregationParams
 
 
 def _updates():
@@ -63,8 +63,8 @@ def test_official_inco_divides_vit_updates_by_local_epochs():
     """The authors' ViT path: client deltas / E before averaging, then InCo; ResNets untouched."""
     from incofl.config import RunConfig
     from incofl.fl.inco import cross_layer_update
-    from incofl.fl.methods import METHODS
     from incofl.fl.transforms import EpochScale, InCoStep, Setup
+    from incofl.registry import METHODS
 
     g = torch.Generator().manual_seed(1)
     vit = {"blocks.0.norm1.weight": torch.randn(8, generator=g), "blocks.0.norm2.weight": torch.randn(8, generator=g)}

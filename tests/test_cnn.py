@@ -13,10 +13,10 @@ from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.methods import METHODS
 from incofl.fl.simulation import Engine, train
 from incofl.models.cnn import flat_features
 from incofl.models.family import build_model, check_nested, num_parameters
+from incofl.registry import METHODS
 
 TINY = {
     "dataset": "synthetic",

@@ -104,7 +104,7 @@ def test_bad_per_method_args_name_the_method(tmp_path):
 
 
 def test_method_args_take_their_types_and_method_defaults():
-    from incofl.fl.methods import METHODS
+    from incofl.registry import METHODS
 
     assert METHODS["FedProx"].parse_args({"mu": 1}).mu == 1.0  # an int is a valid float
     assert METHODS["FedNova"].parse_args({}).weighted is True  # FedNova's own default
@@ -169,10 +169,9 @@ def test_personalised_method_without_holdout_is_refused(tmp_path, capsys, method
 def test_committed_personalised_configs_set_holdout():
     from pathlib import Path
 
-    from incofl.fl.methods import METHODS
-    from incofl.fl.personal import KeepPlanner, LagPlanner
+    from incofl.registry import METHODS
 
     for path in sorted(Path(__file__).parents[1].glob("config/*.yaml")):
         exp = load_experiment(path)
-        personal = [m for m in exp.methods if issubclass(METHODS[exp.method_of(m)].planner, (KeepPlanner, LagPlanner))]
+        personal = [m for m in exp.methods if METHODS[exp.method_of(m)].planner.personal]
         assert not personal or exp.holdout == 0.25, path  # FedLAG's, as their evidence runs were trained

@@ -16,16 +16,16 @@ from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.fl import plan as plan_module
 from incofl.fl.client import Objective, client_batches, make_optimizer
-from incofl.fl.methods import METHODS
 from incofl.fl.objectives import FedProx, Moon
 from incofl.fl.observers import InCoLog
 from incofl.fl.plan import PartPlanner
 from incofl.fl.sampling import client_seed
 from incofl.fl.server import GroupWise, Shared
 from incofl.fl.simulation import Engine
-from incofl.fl.transforms import INCO, Setup
+from incofl.fl.transforms import InCoStep, Setup
 from incofl.models.family import build_model, num_parameters
 from incofl.models.groups import HEAD, STEM, LayerGroup, counterpart, layer_groups
+from incofl.registry import METHODS
 
 COUNTS = {"resnet8": 10, "resnet10": 13, "resnet14": 17, "resnet18": 21, "resnet22": 25, "resnet26": 29}
 TINY = {
@@ -238,12 +238,12 @@ def test_registry_entries():
         "FedPart": (Objective, GroupWise, (), (), "FedAvg"),
         "FedPartProx": (FedProx, GroupWise, (), (), "FedProx"),
         "FedPartMOON": (Moon, GroupWise, (), (), "MOON"),
-        "InCoPart": (Objective, Shared, INCO, (InCoLog,), "FedPart"),
+        "InCoPart": (Objective, Shared, (InCoStep,), (InCoLog,), "FedPart"),
     }
     for name, (objective, aggregator, post, observers, base) in expected.items():
         m = METHODS[name]
-        assert (m.objective, m.aggregator, m.post, m.observers, m.base, m.planner) == (
-            objective, aggregator, post, observers, base, PartPlanner)  # fmt: skip
+        stages = (m.objective, m.aggregator, *m.post, *m.observers, m.planner)
+        assert tuple(c.cls for c in stages) + (m.base,) == (objective, aggregator, *post, *observers, PartPlanner, base)
         assert "NeurIPS 2024" in m.source
         hp = m.parse_args({})
         assert (hp.order, hp.warmup, hp.rounds_per_group, hp.schedule) == ("sequential", 5, 2, "cycles")

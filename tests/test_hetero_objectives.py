@@ -13,7 +13,7 @@ from torch import nn
 from incofl.fl.client import ClientContext, Session, train_step
 from incofl.fl.objectives.exits import ExitLoss, exit_loss
 from incofl.fl.objectives.masked import MaskedCE, masked_logits
-from incofl.fl.params import ExitParams, MaskedParams
+from incofl.params import ExitParams, MaskedParams
 
 
 def context(model: nn.Module, **kw: object) -> ClientContext:

@@ -23,10 +23,10 @@ from incofl.data.release import ReleasePartitionError, read_release_partition, r
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit, to_device
 from incofl.fl.client import client_batches, evaluate
-from incofl.fl.methods import METHODS
 from incofl.fl.simulation import Engine
 from incofl.fl.transforms import EpochScale, Setup
 from incofl.models.family import build_model
+from incofl.registry import METHODS
 
 CPU = torch.device("cpu")
 

@@ -14,10 +14,10 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.fl.client import ClientUpdate
-from incofl.fl.methods import METHODS
-from incofl.fl.params import describe
 from incofl.fl.simulation import Engine
 from incofl.fl.transforms import Setup
+from incofl.params import describe
+from incofl.registry import METHODS
 
 TINY = {"dataset": "synthetic", "clients": 4, "ratio": 0.5, "models": ["resnet10", "resnet14"], "rounds": 2,
         "batch_size": 32, "partition": "iid", "progress": False, "threads": 1, "device": "cpu"}  # fmt: skip

@@ -117,7 +117,7 @@ def test_schema_has_no_defaults_and_is_a_valid_2020_12_schema(schema):
 
 def test_enums_come_from_the_registries(schema):
     from incofl.config import DATASETS, MODELS
-    from incofl.fl.methods import METHODS
+    from incofl.registry import METHODS
 
     defs = schema["$defs"]
     assert defs["Dataset"]["enum"] == list(DATASETS)

@@ -11,10 +11,10 @@ from helpers import engine_on, small_synthetic
 
 from incofl.config import RunConfig
 from incofl.fl.inco import cross_layer_update, find_pairs
-from incofl.fl.params import RolexParams
 from incofl.fl.slicing import View, extract, index_map, scatter_add, sliced_mean, take, window
 from incofl.fl.width import RolexMean, SlicedMean, Widths
 from incofl.models.family import build_model
+from incofl.params import RolexParams
 
 WIDTH = {"models": ["preresnet18"], "clients": 4, "ratio": 1.0, "rounds": 1, "batch_size": 16, "optimizer": "sgd",
          "lr": 0.05, "partition": "iid", "eval_last": 0}  # fmt: skip

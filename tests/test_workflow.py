@@ -16,7 +16,7 @@ import yaml
 from workflows import REPO, TINY, TINY_ANALYSIS, planned_jobs, run_snakemake
 
 from incofl.config import validate_experiment
-from incofl.fl.methods import METHODS
+from incofl.registry import METHODS
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 CONFIGS = sorted((REPO / "config").glob("*.yaml")) + [TINY, TINY_ANALYSIS]

@@ -128,7 +128,7 @@ def _bases(exp: Any) -> dict[str, str | None]:
     """Name shown -> the base method its table row and figure colour are paired with. A variant
     has its method's base (FedPart-W0: FedAvg, as FedPart), so that every setting of a method
     is compared with the same baseline; `incofl paired` compares a variant with its method."""
-    from incofl.fl.methods import base_of
+    from incofl.registry import base_of
 
     return {name: base_of(exp.method_of(m)) for m, name in zip(exp.methods, exp.names, strict=True)}
 
@@ -273,14 +273,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from incofl.fl.methods import METHODS
-    from incofl.fl.params import describe
-    from incofl.fl.plan import FullPlanner
+    from incofl.params import describe
+    from incofl.registry import FULL, METHODS
 
     for m in METHODS.values():
-        planner = [] if m.planner is FullPlanner else [m.planner.__name__]  # a partial plan is named
-        stages = [*planner, m.objective.__name__, m.aggregator.__name__, *(t.__name__ for t in m.pre + m.post)]
-        trainers = "serial,batched" if m.objective.batchable() else "serial"
+        planner = [] if m.planner is FULL else [m.planner.name]  # a partial plan is named
+        stages = [*planner, m.objective.name, m.aggregator.name, *(t.name for t in m.pre + m.post)]
+        trainers = "serial,batched" if m.objective.cls.batchable() else "serial"
         print(f"{m.name:20s} base={m.base or '-':9s} stages={'+'.join(stages)} trainer={trainers}")
         print(f"{'':20s} method_args: {describe(m.params)}")
     return 0

@@ -16,8 +16,10 @@ import hashlib
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent
-# What `incofl train` runs: the engine, methods, models, data, the random streams, the config and the CLI entry.
-TRAINING_CODE = ("fl", "models", "data", "streams.py", "config.py", "studies.py", "atomic.py", "cli.py")
+# What `incofl train` runs: the engine, methods, models, data, the random streams, the config
+# with the method registry and its parameters, and the CLI entry.
+TRAINING_CODE = ("fl", "models", "data", "streams.py", "config.py", "registry.py", "params.py", "errors.py",
+                 "studies.py", "atomic.py", "cli.py")  # fmt: skip
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:

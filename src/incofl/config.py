@@ -20,22 +20,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator, with_config
 from typing_extensions import TypedDict  # pydantic needs this one, not typing's, before Python 3.12
 
+from incofl.errors import ConfigError, key_and_message
+from incofl.models.names import EXIT_MODEL, EXITS, LAYER_GROUP_MODELS, MODELS, RESNETS, WIDTH_LEVELS, WIDTH_MODELS
+from incofl.registry import METHODS
 from incofl.studies import CaseStudy, Robustness, check_studies
 
 DATASETS = ("digits", "synthetic", "cifar10", "cinic10", "fmnist", "svhn")
-RESNETS = ("resnet10", "resnet14", "resnet18", "resnet22", "resnet26")
-VITS = ("vit_d8", "vit_d9", "vit_d10", "vit_d11", "vit_d12")
-# resnet8: FedPart's poster model (3 stages), not in the nested family; cnn20: FedLAG's 6-conv CNN;
-# preresnet18 and resnet110: cut in width (HeteroFL, FedRolex) and in width and depth (ScaleFL)
-WIDTH_MODELS = ("preresnet18", "resnet110")
-MODELS = ("resnet8", *RESNETS, *VITS, "cnn20", *WIDTH_MODELS)
-# each model group's (width rate, deepest exit) when `width_rates` is unset: HeteroFL's five
-# rates, ScaleFL's four levels (METHODS.md 5.3, 5.4); exits None: no early exits
-WIDTH_LEVELS = {
-    "preresnet18": ([1.0, 0.5, 0.25, 0.125, 0.0625], None),
-    "resnet110": ([0.7, 0.7, 0.75, 1.0], [1, 2, 3, 4]),
-}
-EXITS = 4  # resnet110: three early exits and the final classifier
 GRID_KEYS = {"dataset": "datasets", "alpha": "alphas", "method": "methods", "seed": "seeds"}
 # What a run is shown under (a method, variant or label name): it names run directories, so the
 # workflow's {method} wildcard is this pattern too.
@@ -45,10 +35,6 @@ NAME = r"[A-Za-z0-9-]+"
 SHARED_SETTINGS = frozenset({"data_dir", "cache_dir", "partition", "client_samples", "shard_classes", "min_size",
                              "max_retries", "partition_file", "release_partitions", "fmnist_partition",
                              "pool_test"})  # fmt: skip
-
-
-class ConfigError(ValueError):
-    """A config problem, phrased as one line that names the key."""
 
 
 Rounds = list[Annotated[int, Field(ge=1)]]
@@ -297,7 +283,7 @@ class Settings(BaseModel):
         rates, exits = WIDTH_LEVELS[self.models[0]]
         rates = self.width_rates or rates
         exits = self.exits or (exits if exits and len(exits) == len(rates) else None)
-        deepest = EXITS if self.models[0] == "resnet110" else None
+        deepest = EXITS if self.models[0] == EXIT_MODEL else None
         return [(r, e) for r, e in zip(rates, exits or [deepest] * len(rates), strict=True)]
 
     @property
@@ -312,12 +298,12 @@ class Settings(BaseModel):
         if not width and any(getattr(self, k) for k in keys):
             key = next(k for k in keys if getattr(self, k))
             raise ValueError(f"{key}: only width models ({', '.join(WIDTH_MODELS)}) are cut in width and depth")
-        if self.model_scale != 1.0 and self.models[0] not in ("resnet8", *RESNETS, *WIDTH_MODELS):
+        if self.model_scale != 1.0 and self.models[0] not in (*LAYER_GROUP_MODELS, *WIDTH_MODELS):
             raise ValueError(f"model_scale: thins ResNets and width models ({', '.join(WIDTH_MODELS)}), "
                              f"not {self.models[0]}")  # fmt: skip
         if width and len(self.models) > 1:
             raise ValueError(f"models: {self.models[0]} is cut in width: one architecture, its groups `width_rates`")
-        if self.exits is not None and self.models[0] != "resnet110":
+        if self.exits is not None and self.models[0] != EXIT_MODEL:
             raise ValueError("exits: only resnet110 has early exits")
         if self.exits is not None and len(self.exits) != len(self.width_rates or WIDTH_LEVELS["resnet110"][0]):
             raise ValueError(f"exits: one deepest exit per width rate ({len(self.exits)} given)")
@@ -374,41 +360,7 @@ def _unique(values: list[Any]) -> list[Any]:
     return values
 
 
-def _check_combination(method: str, settings: Settings) -> None:
-    """Settings a method cannot run with: partial methods plan over ResNet layer groups
-    (models/groups.py); width methods need a width model (ScaleFL resnet110, the others
-    preresnet18) and other methods uncut levels; the batched trainer trains only objectives it
-    can batch (fl/batched.py)."""
-    from incofl.fl.methods import METHODS
-    from incofl.fl.objectives import ExitLoss
-    from incofl.fl.personal import KeepPlanner, LagPlanner
-
-    spec, models = METHODS[method], settings.models
-    if issubclass(spec.planner, (KeepPlanner, LagPlanner)) and not settings.holdout:
-        # without it, the first client's personal model would be reported on the global test set
-        raise ValueError(f"holdout: {method} keeps a personal model on each client, tested on that client's "
-                         "held-out share: set holdout (FedLAG's: 0.25)")  # fmt: skip
-    if spec.partial and models[0] not in ("resnet8", *RESNETS):
-        raise ValueError(f"models: {method}'s layer groups are defined for ResNets, not {models[0]}")
-    if spec.width and models[0] not in WIDTH_MODELS:
-        raise ValueError(f"models: {method} cuts a model in width; use one of {', '.join(WIDTH_MODELS)}")
-    exits = spec.objective is ExitLoss  # its loss reads every exit; the other width methods' one output
-    if spec.width and exits != (models[0] == "resnet110"):
-        raise ValueError(f"models: {method} trains {'resnet110 (early exits)' if exits else 'preresnet18'}")
-    if spec.width and settings.holdout:
-        raise ValueError(f"holdout: personal accuracy is not defined for {method}'s width levels")
-    cut = settings.levels and any(rate < 1 or exits not in (None, EXITS) for rate, exits in settings.levels)
-    if cut and not spec.width:
-        raise ValueError(f"width_rates: {method} trains whole models; cut ones need a width method "
-                         "(HeteroFL, FedRolex, ScaleFL, or their InCo)")  # fmt: skip
-    if settings.trainer == "batched" and not spec.objective.batchable():
-        raise ValueError(f"trainer: batched cannot train {method} (its {spec.objective.__name__} objective has "
-                         "session hooks of its own); use trainer: serial")  # fmt: skip
-
-
 def _check_method(name: str) -> str:
-    from incofl.fl.methods import METHODS  # late import: the registry imports the engine
-
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
     return name
@@ -416,16 +368,12 @@ def _check_method(name: str) -> str:
 
 def _check_label(label: str | None, method: str) -> None:
     """A label must not pass a run off as another registered method."""
-    from incofl.fl.methods import METHODS
-
     if label is not None and label != method and label in METHODS:
         raise ValueError(f"label: {label!r} is a registered method, not a name for runs of {method}")
 
 
 def _check_variant(name: str, spec: dict[str, Any], variants: dict[str, Any]) -> None:
     """A variant's name and `method` (its settings are checked merged, with every other method's)."""
-    from incofl.fl.methods import METHODS
-
     where = f"variants.{name}"
     if not re.fullmatch(NAME, name):
         raise ValueError(f"{where}: a variant name is letters, digits and '-' only (it names run directories)")
@@ -486,10 +434,8 @@ class RunConfig(Settings):
 
     @model_validator(mode="after")
     def _method_args(self) -> RunConfig:
-        from incofl.fl.methods import METHODS
-
         METHODS[self.method].parse_args(self.method_args)  # a ValueError naming method_args.<key>
-        _check_combination(self.method, self)
+        METHODS[self.method].check(self)
         _check_label(self.label, self.method)
         return self
 
@@ -556,8 +502,6 @@ class ExperimentConfig(Settings):
     def _methods_and_variants(self) -> ExperimentConfig:
         """Variants are named settings of a registered method; `methods` lists either; no override
         changes the data or partition, and `label` names the runs of one method only."""
-        from incofl.fl.methods import METHODS
-
         for name, spec in self.variants.items():
             _check_variant(name, spec, self.variants)
         for method in self.methods:
@@ -587,8 +531,6 @@ class ExperimentConfig(Settings):
     @model_validator(mode="after")
     def _per_dataset_and_method(self) -> ExperimentConfig:
         """Every data set x method's merged settings and method_args are valid before any job starts."""
-        from incofl.fl.methods import METHODS
-
         for dataset in self.per_dataset:
             if dataset not in DATASETS:
                 raise ValueError(f"per_dataset.{dataset}: unknown dataset; known: {', '.join(DATASETS)}")
@@ -599,9 +541,9 @@ class ExperimentConfig(Settings):
                 try:
                     settings = Settings.model_validate(self.settings_for(method, dataset, validate=False))
                     METHODS[_check_method(base)].parse_args(settings.method_args)
-                    _check_combination(base, settings)
+                    METHODS[base].check(settings)
                 except ValueError as err:  # pydantic's ValidationError too
-                    problem = _key_and_message(err)
+                    problem = key_and_message(err)
                     where = self._override_key(method, dataset, problem.split(":")[0].split(".")[0])
                     raise ValueError(f"{where}.{problem}" if where else problem) from None
         return self
@@ -656,18 +598,8 @@ class ExperimentConfig(Settings):
         return RunConfig(dataset=dataset, alpha=alpha, method=self.method_of(method), seed=seed, **settings)
 
 
-def _key_and_message(err: ValueError) -> str:
-    """`key: message` of a ValidationError's first error (or a ValueError's own text)."""
-    if not isinstance(err, ValidationError):
-        return str(err)
-    first = err.errors()[0]
-    msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
-    key = ".".join(str(p) for p in first["loc"])
-    return f"{key}: {msg}" if key else msg
-
-
 def _one_line(err: ValidationError, source: str) -> ConfigError:
-    return ConfigError(f"{source}: {_key_and_message(err)}")
+    return ConfigError(f"{source}: {key_and_message(err)}")
 
 
 def with_overrides(settings: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ What `ExperimentConfig.model_json_schema()` gives is post-processed:
   (docstrings of nested models) on one line;
 - enums for the names pydantic checks with functions, not types: data sets
   (`incofl.config.DATASETS`), models (`MODELS`) and methods (the keys of
-  `incofl.fl.methods.METHODS`, also the keys of `per_method`), read from those registries;
+  `incofl.registry.METHODS`, also the keys of `per_method`), read from those registries;
 - variants: a name (`incofl.config.NAME`, not a method's) for each, whose `method` is a
   registered method; `methods` lists registered methods, or also variant names where the
   config has variants (whether those are defined is pydantic's check);
@@ -35,6 +35,7 @@ import yaml
 from pydantic import BaseModel
 
 from incofl.config import DATASETS, MODELS, NAME, ExperimentConfig, RunConfig, Settings
+from incofl.registry import METHODS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,12 +58,10 @@ DESCRIPTION = (
 
 def _names() -> dict[str, tuple[str, tuple[str, ...], list[str]]]:
     """$defs name -> (description, the registry's names, the list fields whose items they are)."""
-    from incofl.fl.methods import METHODS  # late import: the registry imports the engine
-
     return {
         "Dataset": ("a data set (incofl.config.DATASETS)", DATASETS, ["datasets"]),
         "Model": ("a model (incofl.config.MODELS)", MODELS, ["models"]),
-        "Method": ("a method (incofl.fl.methods.METHODS, `incofl methods`)", tuple(METHODS), ["methods"]),
+        "Method": ("a method (incofl.registry.METHODS, `incofl methods`)", tuple(METHODS), ["methods"]),
     }
 
 

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from incofl.errors import key_and_message
+from incofl.models.names import FAMILIES
+from incofl.registry import METHODS
+
 if TYPE_CHECKING:
     from incofl.config import ExperimentConfig, RunConfig
 
-FAMILIES = {"resnet": ("resnet10", "resnet14", "resnet18", "resnet22", "resnet26"),
-            "vit": ("vit_d8", "vit_d9", "vit_d10", "vit_d11", "vit_d12")}  # fmt: skip
 ROBUSTNESS = re.compile(r"(?P<dataset>[a-z0-9]+)/a(?P<alpha>[0-9.e+-]+)/(?P<method>[A-Za-z0-9-]+)/"
                         r"b(?P<batch>\d+)-n(?P<noise>[0-9.e+-]+)")  # fmt: skip
 CASE = re.compile(r"(?P<dataset>[a-z0-9]+)/(?P<family>[a-z]+)-(?P<iid>iid|noniid)-(?P<models>homo|hetero)")
@@ -96,9 +98,6 @@ def study_run(exp: ExperimentConfig, study: str, point: str, seed: int) -> RunCo
 
 def check_studies(exp: ExperimentConfig) -> None:
     """Every study run's config is valid (a ValueError naming the study and its point otherwise)."""
-    from incofl.config import _key_and_message
-    from incofl.fl.methods import METHODS
-
     for method in exp.robustness.methods if exp.robustness else []:
         if method not in METHODS and method not in exp.variants:
             raise ValueError(f"robustness.methods: unknown method {method!r}; known: {', '.join(METHODS)}")
@@ -107,4 +106,4 @@ def check_studies(exp: ExperimentConfig) -> None:
             try:
                 study_run(exp, study, point, study_seeds(exp, study)[0])
             except ValueError as err:
-                raise ValueError(f"{study} ({point}): {_key_and_message(err)}") from None
+                raise ValueError(f"{study} ({point}): {key_and_message(err)}") from None

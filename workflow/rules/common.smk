@@ -152,7 +152,7 @@ def figures(ext):
 
 def partial_in_grid():
     """Whether a method of the grid trains partial rounds (FedPart and its kin, or their variants)."""
-    from incofl.fl.methods import METHODS
+    from incofl.registry import METHODS
 
     return any(METHODS[EXP.method_of(m)].partial for m in EXP.methods)
 
@@ -167,7 +167,7 @@ def all_targets():
 
 def analyses():
     """The analysis folders this config asks for: none without `analyses` rounds or a study."""
-    from incofl.fl.methods import METHODS
+    from incofl.registry import METHODS
 
     settings = [EXP.settings_for(m, d)["analyses"] for m in EXP.methods for d in EXP.datasets]
     asked = {name for name, key in GRID_ANALYSES.items() if key and any(a[key] for a in settings)}

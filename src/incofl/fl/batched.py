@@ -137,10 +137,15 @@ class BatchedTrainer(Trainer):
                     if plans[i].signal:
                         last_grads[i] = {k: g[n].detach() for k, g in grads.items()}
         totals = losses.tolist()  # the bucket's one host sync
-        return [
-            self._update(plan, i, starts[i], weights, rest, params, steps[i], totals[i], last_grads.get(i))
-            for i, plan in enumerate(plans)
-        ]
+        updates = []
+        for i, plan in enumerate(plans):
+            final = {k: (weights[k] if k in weights else rest[k])[i] for k in starts[i]}
+            last_grad = None  # a signal plan's last gradients: zero for a client that took no step
+            if plan.signal:
+                last_grad = last_grads.get(i) or {k: torch.zeros_like(w[i]) for k, w in weights.items()}
+            loss = totals[i] / steps[i] if steps[i] else float("nan")
+            updates.append(self.assemble(plan, starts[i], final, params, steps[i], loss, last_grad))
+        return updates
 
     def _loss(self, model: nn.Module) -> Callable[[State, State, torch.Tensor, torch.Tensor], torch.Tensor]:
         def loss(w: State, r: State, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -148,22 +153,6 @@ class BatchedTrainer(Trainer):
                 return F.cross_entropy(functional_call(model, {**w, **r}, (x,)), y)
 
         return loss
-
-    def _update(
-        self, plan: ClientPlan, i: int, start: State, weights: State, rest: State, params: set[str], steps: int,
-        loss: float, last_grad: State | None,
-    ) -> ClientUpdate:  # fmt: skip
-        final = {k: v[i] for k, v in (weights | rest).items()}
-        delta = {k: v - start[k] for k, v in final.items() if v.is_floating_point() and plan.uploads(k)}
-        uploaded = sum(v.numel() for k, v in delta.items() if k in params)
-        kept = {k: final[k].clone() for k in plan.keep}
-        extra = {"last_grad": last_grad if last_grad is not None else {k: torch.zeros_like(w[i])
-                                                                       for k, w in weights.items()}}  # fmt: skip
-        return ClientUpdate(
-            plan.client, plan.group, delta, len(self.parts[plan.client]), steps, state=plan.federation,
-            loss=loss / steps if steps else float("nan"), full=plan.full, upload_params=uploaded, kept=kept,
-            extra=extra if plan.signal else {},
-        )  # fmt: skip
 
 
 @contextmanager

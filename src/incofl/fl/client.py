@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.params import Params
 from incofl.fl.slicing import View
 from incofl.models.family import exit_logits
+from incofl.params import Params
 from incofl.streams import EVAL_ORDER_SEED
 
 
@@ -39,7 +39,6 @@ class ClientContext:
     model: nn.Module
     global_state: dict[str, torch.Tensor]  # the model's sub-state of the global weights (read-only)
     lr: float
-    momentum: float = 0.0  # the local optimizer's heavy-ball momentum (SGD's; Adam has none)
     state: int = 0  # the server state (federation) the client trains from: 0 if shared, else its group
     federation_size: int = 1  # clients in that federation: K if shared, the group's size for `groupwise`
     steps: int = 0
@@ -91,7 +90,6 @@ class Objective:
     configure the model rather than the loss (MOON's projection head, for `build_model`)."""
 
     session_type: ClassVar[type[Session]] = Session
-    params: ClassVar[type[Params]] = Params
     model_args: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, hp: Params):

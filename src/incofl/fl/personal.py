@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from incofl.fl.client import ClientUpdate
-from incofl.fl.params import LagParams
 from incofl.fl.plan import ClientPlan, FullPlanner
 from incofl.fl.transforms import Setup
 from incofl.models.family import check_nested
+from incofl.params import LagParams
 
 
 class KeepPlanner(FullPlanner):
@@ -77,8 +77,6 @@ def conflict_counts(signals: list[dict[str, torch.Tensor]], entries: list[str], 
 
 class LagPlanner(FullPlanner):
     """FedLAG (see the module docstring); its checkpoint holds the counts and the choice."""
-
-    params = LagParams
 
     def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
         super().__init__(hp, setup, models, federation_of)

@@ -34,12 +34,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 from torch import nn
 
 from incofl.fl.client import ClientUpdate
-from incofl.fl.params import Params, PartParams
 from incofl.fl.sampling import group_of
 from incofl.fl.slicing import View
 from incofl.fl.transforms import Setup
@@ -79,8 +78,6 @@ class FullPlanner:
     method's parameters, the run's Setup (config, server entries, width levels), the model groups'
     models and the aggregator's map of a model group to its federation."""
 
-    params: ClassVar[type[Params]] = Params
-
     def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
         cfg = setup.cfg
         self.clients, self.groups, self.federation_of = cfg.clients, cfg.groups, federation_of
@@ -109,8 +106,6 @@ class FullPlanner:
 class PartPlanner(FullPlanner):
     """FedPart's schedule (see the module docstring). A pure function of the round and the run
     seed; its checkpoint holds the server's group names, so a resumed run with other groups fails."""
-
-    params = PartParams
 
     def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
         super().__init__(hp, setup, models, federation_of)

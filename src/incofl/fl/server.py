@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from incofl.fl.client import ClientUpdate
-from incofl.fl.params import AggregationParams
+from incofl.params import AggregationParams
 
 Average = dict[str, torch.Tensor]
 
@@ -36,11 +36,11 @@ def heteroavg(updates: Sequence[ClientUpdate], weighted: bool = False) -> Averag
     return {name: s.div_(totals[name]) for name, s in sums.items()}
 
 
-class Shared:
-    """One shared global state; every entry averaged over the sampled clients that hold it."""
+class Aggregator:
+    """Turns the round's client updates into one averaged update per federation (server state).
+    `shared`: one global state for every model group, else one per group."""
 
-    shared: ClassVar[bool] = True
-    params: ClassVar[type[AggregationParams]] = AggregationParams
+    shared: ClassVar[bool]
 
     def __init__(self, hp: AggregationParams, setup: Any = None):
         """`setup`: the run's Setup (transforms.py), for aggregators that need the server's shapes."""
@@ -51,7 +51,7 @@ class Shared:
         return 0 if self.shared else group
 
     def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
-        return {0: heteroavg(updates, self.weighted)}
+        raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
         """What the aggregator carries from round to round (FedRolex's released counts): none here."""
@@ -61,7 +61,16 @@ class Shared:
         """Restore what `state_dict` returned."""
 
 
-class GroupWise(Shared):
+class Shared(Aggregator):
+    """HeteroAvg: one shared global state; every entry averaged over the sampled clients that hold it."""
+
+    shared = True
+
+    def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
+        return {0: heteroavg(updates, self.weighted)}
+
+
+class GroupWise(Aggregator):
     """The paper's FedAvg baseline: each model group averages only its own clients."""
 
     shared = False

@@ -24,7 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from incofl.atomic import atomic_path, write_json
-from incofl.config import VITS, ConfigError, RunConfig
+from incofl.config import ConfigError, RunConfig
 from incofl.data.augment import resolve_augment
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, holdout_split, partition_for
@@ -36,7 +36,6 @@ from incofl.fl.client import ClientUpdate
 from incofl.fl.divergence import Diverged, check_states, check_updates
 from incofl.fl.estimate import Work
 from incofl.fl.evaluation import GroupEvaluator, PersonalEvaluator
-from incofl.fl.methods import METHODS
 from incofl.fl.observers import CostLog, RoundReport
 from incofl.fl.plan import ClientPlan
 from incofl.fl.rundir import claimed
@@ -47,6 +46,8 @@ from incofl.fl.trainer import SerialTrainer
 from incofl.fl.transforms import EpochScale, Setup, UpdateNoise
 from incofl.fl.width import StaticBN, WidthEvaluator, Widths, statistics_indices
 from incofl.models.family import build_model, check_nested, input_size
+from incofl.models.names import VITS
+from incofl.registry import METHODS
 
 
 def resolve_device(name: str) -> torch.device:
@@ -108,15 +109,15 @@ class Engine:
         server = self.server_model.state_dict()
         self.names = [list(m.state_dict()) for m in self.models]
         setup = Setup(cfg, list(server), self.widths)
-        self.objective = method.objective(hp)
-        self.aggregator = method.aggregator(hp, setup)
+        self.objective = method.objective.cls(hp)
+        self.aggregator = method.aggregator.cls(hp, setup)
         noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
-        self.pre = [*noise, *(transform(hp, setup) for transform in method.pre)]
-        self.post = [EpochScale(hp, setup), *(transform(hp, setup) for transform in method.post)]
+        self.pre = [*noise, *(transform.cls(hp, setup) for transform in method.pre)]
+        self.post = [EpochScale(hp, setup), *(transform.cls(hp, setup) for transform in method.post)]
         self.costs = CostLog()  # every method's; its totals go into metrics.csv and summary.json
-        self.observers = [self.costs, *(observer() for observer in method.observers)]
+        self.observers = [self.costs, *(observer.cls() for observer in method.observers)]
         self.observers += analyses_for(cfg, self.models, self.test_data)  # none unless `analyses` lists rounds
-        self.planner = method.planner(hp, setup, self.models, self.aggregator.federation)
+        self.planner = method.planner.cls(hp, setup, self.models, self.aggregator.federation)
         autocast = cfg.bf16 and device.type == "cuda"
         trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
         self.trainer = trainer(cfg, self.models, self.train_data, self.parts, autocast)

@@ -62,6 +62,19 @@ class Trainer:
         gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, client))
         return client_batches(self.data, self.parts[client], cfg.local_epochs, cfg.batch_size, gen, cfg.drop_last)
 
+    def assemble(self, plan: ClientPlan, start: State, final: State, params: set[str], steps: int, loss: float,
+                 last_grad: State | None) -> ClientUpdate:  # fmt: skip
+        """A trained client's update, for every trainer: the delta of each uploaded
+        floating-point entry from its `final` state (in state order), the entries it keeps, and
+        with a `signal` plan its last mini-batch gradients. `params`: the model's parameter names."""
+        delta = {k: v.detach() - start[k] for k, v in final.items() if v.is_floating_point() and plan.uploads(k)}
+        uploaded = sum(v.numel() for k, v in delta.items() if k in params)  # parameters, not buffers
+        kept = {k: v.detach().clone() for k, v in final.items() if k in plan.keep}
+        return ClientUpdate(plan.client, plan.group, delta, len(self.parts[plan.client]), steps, state=plan.federation,
+                            loss=loss, full=plan.full, upload_params=uploaded, kept=kept,
+                            extra={"last_grad": last_grad} if plan.signal else {}, view=plan.view,
+                            classes=self.classes(plan.client))  # fmt: skip
+
 
 class SerialTrainer(Trainer):
     def train(
@@ -74,22 +87,13 @@ class SerialTrainer(Trainer):
         model.load_state_dict(start)  # copies: `start` stays the untouched global weights
         params = set_trainable(model, plan.trainable)
         optimizer = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
-        momentum = optimizer.param_groups[0].get("momentum", 0.0)
-        classes = self.classes(plan.client)
-        ctx = ClientContext(plan.client, plan.group, round_, model, start, cfg.lr, momentum=momentum,
-                            state=plan.federation, federation_size=plan.federation_size, rounds=cfg.rounds,
-                            classes=classes)  # fmt: skip
+        ctx = ClientContext(plan.client, plan.group, round_, model, start, cfg.lr, state=plan.federation,
+                            federation_size=plan.federation_size, rounds=cfg.rounds,
+                            classes=self.classes(plan.client))  # fmt: skip
         model.train()
         session = objective.session(ctx)
-        indices = self.parts[plan.client]
         loss = local_train(session, optimizer, self.batches(round_, plan.client), self.autocast)
-        delta = {
-            k: v.detach() - start[k] for k, v in model.state_dict().items() if v.is_floating_point() and plan.uploads(k)
-        }
-        uploaded = sum(p.numel() for name, p in model.named_parameters() if name in delta)
-        kept = {k: v.detach().clone() for k, v in model.state_dict().items() if k in plan.keep}
-        extra = {"last_grad": last_gradients(model)} if plan.signal else {}
-        update = ClientUpdate(plan.client, plan.group, delta, len(indices), ctx.steps, state=plan.federation,
-                              loss=loss, full=plan.full, upload_params=uploaded, kept=kept, extra=extra,
-                              view=plan.view, classes=classes)  # fmt: skip
+        params = {name for name, _ in model.named_parameters()}
+        last_grad = last_gradients(model) if plan.signal else None
+        update = self.assemble(plan, start, model.state_dict(), params, ctx.steps, loss, last_grad)
         return session.end(update)

@@ -29,15 +29,15 @@ about 1, not 1/(1 - beta1). `rho` in method_args overrides it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from incofl.config import RunConfig
 from incofl.fl.client import ClientUpdate
 from incofl.fl.inco import cross_layer_update, find_pairs, vit_pairs
-from incofl.fl.params import InCoParams, NovaParams, Params
 from incofl.fl.sampling import noise_seed
+from incofl.params import InCoParams
 
 if TYPE_CHECKING:
     from incofl.fl.width import Widths
@@ -56,8 +56,6 @@ class Setup:
 
 class UpdateTransform:
     """Before aggregation: all of the round's client updates in, the same updates out."""
-
-    params: ClassVar[type[Params]] = Params
 
     def __init__(self, hp: Any, setup: Setup):
         self.hp = hp
@@ -89,8 +87,6 @@ class UpdateNoise(UpdateTransform):
 class AverageTransform:
     """After aggregation: one federation's averaged update in, the update to apply out."""
 
-    params: ClassVar[type[Params]] = Params
-
     def __init__(self, hp: Any, setup: Setup):
         self.hp = hp
 
@@ -108,7 +104,7 @@ def normalizer(steps: int, rho: float) -> float:
 
 
 class NovaNormalize(UpdateTransform):
-    params = NovaParams
+    """FedNova: each client's update rescaled by tau_eff / a_i before averaging (module docstring)."""
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
@@ -149,8 +145,6 @@ class InCoStep(AverageTransform):
     """Internal cross-layer gradients on the averaged update (inco.py). Pairs whose target or
     reference is not in the update (not uploaded this round) are skipped."""
 
-    params = InCoParams
-
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
         self.pairs = find_pairs(setup.state_names)
@@ -164,6 +158,3 @@ class InCoStep(AverageTransform):
     def diagnostics(self) -> dict[str, dict[str, float]]:
         stats, self.stats = self.stats, {}
         return stats
-
-
-INCO = (InCoStep,)  # the post-aggregation stage of every InCo method (after the engine's EpochScale)

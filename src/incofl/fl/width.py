@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +30,6 @@ from torch import nn
 
 from incofl.data.tensors import TensorSplit
 from incofl.fl.client import ClientUpdate, exit_counts
-from incofl.fl.params import RolexParams, SlicedParams, WidthParams
 from incofl.fl.plan import ClientPlan, FullPlanner
 from incofl.fl.server import Average, Shared
 from incofl.fl.slicing import Index, View, Weigh, extract, index_map, scatter_add, sliced_mean, take
@@ -78,8 +77,6 @@ class HeldAverage(dict):
 class WidthPlanner(FullPlanner):
     """Each sampled client's level and view (module docstring)."""
 
-    params = WidthParams
-
     def __init__(self, hp: Any, setup: Any, models: list[nn.Module], federation_of: Callable[[int], int]):
         super().__init__(hp, setup, models, federation_of)
         self.widths, self.rolling, self.seed = setup.widths, hp.rolling, setup.cfg.seed
@@ -100,8 +97,6 @@ class WidthPlanner(FullPlanner):
 class SlicedMean(Shared):
     """Per-element mean over the clients that held each element (module docstring)."""
 
-    params: ClassVar = SlicedParams
-
     def __init__(self, hp: Any, setup: Any = None):  # unweighted (HeteroFL's release): no `weighted`
         self.shapes, self.class_rows = setup.widths.shapes, hp.class_rows
         self.weigh: Weigh | None = None
@@ -121,8 +116,6 @@ class RolexMean(SlicedMean):
     every other entry (BN weight and bias, the classifier) weighted by `tmp_counts`, 1 + how
     often each element was held before, over all rounds, with this round's earlier clients
     already counted. The counts persist across rounds: this aggregator's checkpointed state."""
-
-    params: ClassVar = RolexParams
 
     def __init__(self, hp: Any, setup: Any = None):
         super().__init__(hp, setup)

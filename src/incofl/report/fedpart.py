@@ -19,9 +19,9 @@ from typing import Any
 
 import pandas as pd
 
-from incofl.fl.methods import METHODS
 from incofl.models.family import build_model
 from incofl.models.groups import layer_groups
+from incofl.registry import METHODS
 from incofl.report.runs import read_csv, read_summary
 
 # The poster, CIFAR-10, ResNet-8, 40 clients: (FNU, FedPart) accuracy after C cycles (METHODS.md 5.1).

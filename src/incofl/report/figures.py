@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from incofl.atomic import atomic_path
+from incofl.registry import METHODS
 from incofl.report.runs import alpha_tag, dataset_label
 from incofl.report.tables import METRIC_LABELS, table2
 
@@ -130,8 +131,6 @@ def plot_curves(
 def _setting_of(name: str) -> str | None:
     """The method a registered `F-x` is a setting of: F, when it runs F's stages with other
     defaults (InCoAvg-noNorm: InCoAvg without normalisation)."""
-    from incofl.fl.methods import METHODS
-
     if name not in METHODS:  # a variant without runs: its method is unknown here
         return None
     m = METHODS[name]
@@ -143,8 +142,6 @@ def _setting_of(name: str) -> str | None:
 def _without_step(method: str) -> str | None:
     """The registered method that is `method` without its step after aggregation (InCoAvg
     without InCo's: HeteroAvg; InCoHeteroFL: HeteroFL), None if it has no such step."""
-    from incofl.fl.methods import METHODS
-
     m = METHODS.get(method)
     if m is None or not m.post:
         return None

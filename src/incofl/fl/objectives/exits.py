@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 
 from incofl.fl.client import ClientContext, Objective, Session
-from incofl.fl.params import ExitParams
 
 
 def exit_loss(
@@ -54,4 +53,3 @@ class ExitSession(Session):
 
 class ExitLoss(Objective):
     session_type = ExitSession
-    params = ExitParams

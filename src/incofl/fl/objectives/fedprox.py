@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from incofl.fl.client import ClientContext, Objective, Session
-from incofl.fl.params import ProxParams
 
 
 class ProxSession(Session):
@@ -34,7 +33,6 @@ class ProxSession(Session):
 
 class FedProx(Objective):
     session_type = ProxSession
-    params = ProxParams  # mu = 0.1: the paper's mu/2 = 0.05
     initial: dict[str, torch.Tensor]
 
     def batched_correction(self, weights: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> dict:

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from incofl.fl.client import ClientContext, Objective, Session
-from incofl.fl.params import MaskedParams
 
 
 def masked_logits(logits: torch.Tensor, classes: torch.Tensor | None) -> torch.Tensor:
@@ -44,4 +43,3 @@ class MaskedSession(Session):
 
 class MaskedCE(Objective):
     session_type = MaskedSession
-    params = MaskedParams

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from incofl.fl.client import ClientContext, ClientUpdate, Objective, Session
-from incofl.fl.params import MoonParams
+from incofl.params import MoonParams
 
 State = dict[str, torch.Tensor]
 
@@ -92,7 +92,6 @@ class MoonSession(Session):
 
 class Moon(Objective):
     session_type = MoonSession
-    params = MoonParams
     model_args = ("projection_dim",)
 
     def __init__(self, hp: MoonParams):

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from incofl.fl.client import ClientContext, ClientUpdate, Objective, Session
-from incofl.fl.params import ScaffoldParams
+from incofl.params import ScaffoldParams
 
 Variates = dict[str, torch.Tensor]
 
@@ -84,7 +84,6 @@ class ScaffoldSession(Session):
 
 class Scaffold(Objective):
     session_type = ScaffoldSession
-    params = ScaffoldParams
 
     def __init__(self, hp: ScaffoldParams):
         super().__init__(hp)

@@ -1,0 +1,19 @@
+"""One-line errors: every bad input is refused in one line that names its key (exit code 2)."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased as one line that names the key."""
+
+
+def key_and_message(err: ValueError) -> str:
+    """`key: message` of a ValidationError's first error (or a ValueError's own text)."""
+    if not isinstance(err, ValidationError):
+        return str(err)
+    first = err.errors()[0]
+    msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    key = ".".join(str(p) for p in first["loc"])
+    return f"{key}: {msg}" if key else msg
