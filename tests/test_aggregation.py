@@ -2,7 +2,7 @@
 
 import torch
 
-from incofl.fl.client import ClientUpdate
+from incofl.fl.contracts import ClientUpdate, Setup
 from incofl.fl.server import GroupWise, Shared, apply_update, heteroavg
 from incofl.params import AggregationParams
 
@@ -63,7 +63,7 @@ def test_official_inco_divides_vit_updates_by_local_epochs():
     """The authors' ViT path: client deltas / E before averaging, then InCo; ResNets untouched."""
     from incofl.config import RunConfig
     from incofl.fl.inco import cross_layer_update
-    from incofl.fl.transforms import EpochScale, InCoStep, Setup
+    from incofl.fl.transforms import EpochScale, InCoStep
     from incofl.registry import METHODS
 
     g = torch.Generator().manual_seed(1)

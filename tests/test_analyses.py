@@ -12,10 +12,10 @@ import torch
 from helpers import QUIET, engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig
-from incofl.fl.client import ClientUpdate
+from incofl.fl.contracts import ClientUpdate, Setup
 from incofl.fl.similarity import cka, cosine, gram
 from incofl.fl.simulation import Run
-from incofl.fl.transforms import Setup, UpdateNoise
+from incofl.fl.transforms import UpdateNoise
 
 SMALL = {"clients": 4, "ratio": 1.0, "models": ["resnet10", "resnet14"], "rounds": 2, "batch_size": 16,
          "eval_every": 2, "eval_last": 0}  # fmt: skip

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.client import batch_statistics, exit_counts
+from incofl.fl.evaluation import batch_statistics, score
 from incofl.fl.width import gather_statistics, statistics_indices
 from incofl.models.family import build_model
 
@@ -37,7 +37,8 @@ def _brightness_classifier(track_stats: bool) -> nn.Module:
 
 def test_a_batch_statistics_model_is_scored_on_mixed_batches():
     data = _class_sorted_split()
-    correct, _, n = exit_counts(_brightness_classifier(track_stats=False), data, batch_size=50)
+    scores = score(_brightness_classifier(track_stats=False), data, batch_size=50)
+    correct, n = scores.correct, scores.n
     # in the data set's order every batch is one class and its own mean erases the brightness
     assert n == 2 * PER_CLASS and correct[0] / n > 0.95
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from incofl.cli import build_parser, run
-from incofl.config import RESNETS
 from incofl.data.partition import Partition
+from incofl.models.names import RESNETS
 
 REPO = Path(__file__).resolve().parents[1]
 INCOFL = Path(sys.executable).parent / "incofl"

@@ -16,7 +16,7 @@ from incofl.cli import run
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import holdout_split, iid_partition
 from incofl.fl import personal as personal_module
-from incofl.fl.client import evaluate
+from incofl.fl.evaluation import score
 from incofl.fl.personal import conflict_counts
 
 TINY = {
@@ -160,7 +160,7 @@ def test_personal_accuracy_is_micro_averaged_over_each_clients_model(data):
     for c in range(4):
         model = engine.models[0]
         model.load_state_dict(engine.client_state(c, 0))
-        acc, _ = evaluate(model, engine.train_data, 1000, indices=torch.from_numpy(engine.held[c]))
+        acc = score(model, engine.train_data, 1000, indices=torch.from_numpy(engine.held[c])).accuracy()
         correct += acc * len(engine.held[c]) / 100
         total += len(engine.held[c])
         accs.append(acc)

@@ -16,13 +16,14 @@ from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.fl import plan as plan_module
 from incofl.fl.client import Objective, client_batches, make_optimizer
+from incofl.fl.contracts import Setup
 from incofl.fl.objectives import FedProx, Moon
 from incofl.fl.observers import InCoLog
 from incofl.fl.plan import PartPlanner
 from incofl.fl.sampling import client_seed
 from incofl.fl.server import GroupWise, Shared
 from incofl.fl.simulation import Engine
-from incofl.fl.transforms import InCoStep, Setup
+from incofl.fl.transforms import InCoStep
 from incofl.models.family import build_model, num_parameters
 from incofl.models.groups import HEAD, STEM, LayerGroup, counterpart, layer_groups
 from incofl.registry import METHODS

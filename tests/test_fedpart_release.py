@@ -10,7 +10,7 @@ from helpers import QUIET, engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.partition import PartitionError, check_provenance, iid_draw_partition, make_partition
-from incofl.fl.client import evaluate
+from incofl.fl.evaluation import score
 from incofl.fl.plan import bn_statistics
 from incofl.models.family import build_model
 
@@ -112,10 +112,10 @@ def test_evaluation_uses_the_first_clients_statistics(data):
     engine.run_round(0)
     model = engine.models[0]
     model.load_state_dict({**engine.states[0], **engine.kept[0]})
-    ours = evaluate(model, engine.test_data, 1000)
-    assert engine.evaluate()["acc_g0"] == ours[0]
+    ours = score(model, engine.test_data, 1000)
+    assert engine.evaluate()["acc_g0"] == ours.accuracy()
     model.load_state_dict({**engine.states[0], **engine.kept[1]})
-    assert evaluate(model, engine.test_data, 1000)[1] != ours[1]  # client 1's statistics differ
+    assert score(model, engine.test_data, 1000).mean_loss() != ours.mean_loss()  # client 1's statistics differ
 
 
 def test_averaged_statistics_keep_nothing(data):

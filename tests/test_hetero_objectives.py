@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from incofl.fl.client import ClientContext, Session, train_step
+from incofl.fl.client import Session, train_step
+from incofl.fl.contracts import ClientContext
 from incofl.fl.objectives.exits import ExitLoss, exit_loss
 from incofl.fl.objectives.masked import MaskedCE, masked_logits
 from incofl.params import ExitParams, MaskedParams

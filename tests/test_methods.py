@@ -19,20 +19,14 @@ from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
 from incofl.fl import checkpoint
-from incofl.fl.client import (
-    ClientContext,
-    ClientUpdate,
-    Objective,
-    client_batches,
-    evaluate,
-    local_train,
-    train_step,
-)
+from incofl.fl.client import Objective, client_batches, local_train, train_step
+from incofl.fl.contracts import ClientContext, ClientUpdate, Setup
+from incofl.fl.evaluation import score
 from incofl.fl.objectives import FedProx, Moon, Scaffold
 from incofl.fl.objectives.moon import moon_loss
 from incofl.fl.server import GroupWise, Shared, heteroavg
 from incofl.fl.simulation import Engine, train
-from incofl.fl.transforms import InCoStep, NovaNormalize, Setup, normalizer
+from incofl.fl.transforms import InCoStep, NovaNormalize, normalizer
 from incofl.models.family import build_model, check_nested
 from incofl.registry import METHODS
 
@@ -331,7 +325,7 @@ def test_method_lowers_the_training_loss(data, method):
 
     def train_loss():
         engine.models[0].load_state_dict(engine.sub_state(0))
-        return evaluate(engine.models[0], engine.train_data, 400)[1]
+        return score(engine.models[0], engine.train_data, 400).mean_loss()
 
     before = train_loss()
     for t in range(3):  # later rounds use SCAFFOLD's variates and MOON's previous models

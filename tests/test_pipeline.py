@@ -22,9 +22,11 @@ from incofl.data.partition import Partition, iid_partition, make_partition, part
 from incofl.data.release import ReleasePartitionError, read_release_partition, release_file
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit, to_device
-from incofl.fl.client import client_batches, evaluate
+from incofl.fl.client import client_batches
+from incofl.fl.contracts import Setup
+from incofl.fl.evaluation import score
 from incofl.fl.simulation import Engine
-from incofl.fl.transforms import EpochScale, Setup
+from incofl.fl.transforms import EpochScale
 from incofl.models.family import build_model
 from incofl.registry import METHODS
 
@@ -122,8 +124,8 @@ def test_drop_last_scores_the_test_sets_full_batches():
         model[1].weight.zero_()
         model[1].weight[1] = 1.0  # class 1 for a bright image, else class 0
         model[1].bias.copy_(torch.tensor([0.5, 0.0]))
-    assert evaluate(model, split, 512, drop_last=True)[0] == 100.0
-    assert evaluate(model, split, 512)[0] == pytest.approx(100.0 * 9728 / n)
+    assert score(model, split, 512, drop_last=True).accuracy() == 100.0
+    assert score(model, split, 512).accuracy() == pytest.approx(100.0 * 9728 / n)
 
 
 # --- the options reach the engine --------------------------------------------------------------

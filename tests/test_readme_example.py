@@ -13,9 +13,8 @@ from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.client import ClientUpdate
+from incofl.fl.contracts import ClientUpdate, Setup
 from incofl.fl.simulation import Engine
-from incofl.fl.transforms import Setup
 from incofl.params import describe
 from incofl.registry import METHODS
 

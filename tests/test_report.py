@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from incofl.cli import run
-from incofl.config import RESNETS, VITS
+from incofl.models.names import RESNETS, VITS
 from incofl.report import figures
 from incofl.report.figures import (
     BAND_TITLE,

@@ -116,7 +116,8 @@ def test_schema_has_no_defaults_and_is_a_valid_2020_12_schema(schema):
 
 
 def test_enums_come_from_the_registries(schema):
-    from incofl.config import DATASETS, MODELS
+    from incofl.config import DATASETS
+    from incofl.models.names import MODELS
     from incofl.registry import METHODS
 
     defs = schema["$defs"]

@@ -10,8 +10,9 @@ import torch
 from helpers import engine_on, small_synthetic
 
 from incofl.config import RunConfig
+from incofl.fl.contracts import View
 from incofl.fl.inco import cross_layer_update, find_pairs
-from incofl.fl.slicing import View, extract, index_map, scatter_add, sliced_mean, take, window
+from incofl.fl.slicing import extract, index_map, scatter_add, sliced_mean, take, window
 from incofl.fl.width import RolexMean, SlicedMean, Widths
 from incofl.models.family import build_model
 from incofl.params import RolexParams

@@ -13,7 +13,7 @@ What `ExperimentConfig.model_json_schema()` gives is post-processed:
 - no `title`s (pydantic's "Clients", "Eval Every", ...: noise in the file); descriptions
   (docstrings of nested models) on one line;
 - enums for the names pydantic checks with functions, not types: data sets
-  (`incofl.config.DATASETS`), models (`MODELS`) and methods (the keys of
+  (`incofl.config.DATASETS`), models (`incofl.models.names.MODELS`) and methods (the keys of
   `incofl.registry.METHODS`, also the keys of `per_method`), read from those registries;
 - variants: a name (`incofl.config.NAME`, not a method's) for each, whose `method` is a
   registered method; `methods` lists registered methods, or also variant names where the
@@ -34,7 +34,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from incofl.config import DATASETS, MODELS, NAME, ExperimentConfig, RunConfig, Settings
+from incofl.config import DATASETS, NAME, ExperimentConfig, RunConfig, Settings
+from incofl.models.names import MODELS
 from incofl.registry import METHODS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -60,7 +61,7 @@ def _names() -> dict[str, tuple[str, tuple[str, ...], list[str]]]:
     """$defs name -> (description, the registry's names, the list fields whose items they are)."""
     return {
         "Dataset": ("a data set (incofl.config.DATASETS)", DATASETS, ["datasets"]),
-        "Model": ("a model (incofl.config.MODELS)", MODELS, ["models"]),
+        "Model": ("a model (incofl.models.names.MODELS)", MODELS, ["models"]),
         "Method": ("a method (incofl.registry.METHODS, `incofl methods`)", tuple(METHODS), ["methods"]),
     }
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
@@ -30,24 +29,12 @@ from torch import nn
 
 from incofl.config import ConfigError, RunConfig
 from incofl.data.tensors import TensorSplit
+from incofl.fl.contracts import State, Trained
 from incofl.fl.observers import Observer, write_rows
 from incofl.fl.similarity import cka, cosine, gram
-from incofl.fl.slicing import View
 from incofl.streams import PROBE_SEED, fixed_generator
 
-State = dict[str, torch.Tensor]
 STAGE, BLOCK = re.compile(r"layer\d+"), re.compile(r"(layer\d+|blocks)\.\d+")
-
-
-@dataclass
-class Trained:
-    """A client's model after local training this round."""
-
-    client: int
-    group: int
-    state: State  # its weights: the round's start with the update added
-    delta: State  # its update of every uploaded entry (the round's own tensors: read it in `see_clients`)
-    view: View | None  # width splitting: where its (sub-shaped) entries sit in the global model
 
 
 def probe_points(model: nn.Module) -> dict[str, str]:

@@ -30,11 +30,10 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from incofl.config import RunConfig
-from incofl.fl.client import ClientUpdate, Objective
-from incofl.fl.plan import ClientPlan
+from incofl.fl.client import Objective
+from incofl.fl.contracts import ClientPlan, ClientUpdate, State
 from incofl.fl.trainer import Trainer
 
-State = dict[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from incofl.fl.client import ClientUpdate
+from incofl.fl.contracts import ClientUpdate
 
 EXIT_DIVERGED = 3
 

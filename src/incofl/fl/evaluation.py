@@ -1,18 +1,79 @@
 """The evaluate stage: every group's model on the global test set (the paper's metric), and
-with `holdout` every client's model on its held-out data (personal accuracy)."""
+with `holdout` every client's model on its held-out data (personal accuracy); `score` is the
+one loop over a split that every evaluator (and width.py's) scores with."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.client import count_correct, evaluate
+from incofl.fl.contracts import State
+from incofl.models.family import exit_logits
+from incofl.streams import EVAL_ORDER_SEED
 
-State = dict[str, torch.Tensor]
+
+@dataclass(frozen=True)
+class Scores:
+    """A model's scores on a split: per exit (one for a model without early exits) the correct
+    predictions and the summed cross-entropy, and the samples scored."""
+
+    correct: list[int]
+    loss: list[float]
+    n: int
+
+    def accuracy(self, exit_: int = -1) -> float:
+        """In percent, of the last exit unless asked."""
+        return 100.0 * self.correct[exit_] / self.n
+
+    def mean_loss(self, exit_: int = -1) -> float:
+        return self.loss[exit_] / self.n
+
+
+def batch_statistics(model: nn.Module) -> bool:
+    """Whether the model's BN layers normalise with the batch's statistics at evaluation too
+    (no running statistics: ScaleFL's ResNet-110, width models without static BN)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is None for m in model.modules())
+
+
+def mixed_order(order: torch.Tensor) -> torch.Tensor:
+    """`order` shuffled by a fixed seed, the same for every run and evaluation: all methods score
+    the same batches. With batch statistics a prediction depends on the rest of its batch, and
+    data sets read from class folders (the CIFAR-10 archive here) list each class together:
+    scored in that order, every batch is one class and its statistics erase what tells classes
+    apart (ScaleFL stayed near chance). torchvision's CIFAR-10 test set is mixed alike."""
+    return order[torch.randperm(len(order), generator=torch.Generator().manual_seed(EVAL_ORDER_SEED))]
+
+
+@torch.inference_mode()
+def score(model: nn.Module, data: TensorSplit, batch_size: int, drop_last: bool = False,
+          indices: torch.Tensor | None = None) -> Scores:  # fmt: skip
+    """The model on a split, or on `indices` of it; with `drop_last` on its full batches only
+    (as released: 9,728 of CIFAR-10's 10,000 test images in batches of 512). A model that
+    normalises with each batch's own statistics scores the samples in a fixed shuffled order
+    (`mixed_order`). Counted on the device, the losses in float64 (each batch's float32 sum added
+    as Python would add its `.item()`): one host sync per call, not two per batch."""
+    model.eval()
+    order = torch.arange(len(data)) if indices is None else indices
+    if batch_statistics(model):
+        order = mixed_order(order)
+    n = len(order) // batch_size * batch_size if drop_last and len(order) >= batch_size else len(order)
+    correct = loss = None
+    for batch in order[:n].split(batch_size):
+        x, y = data.batch(batch)
+        outs = [z.float() for z in exit_logits(model(x))]
+        batch_loss = torch.stack([F.cross_entropy(z, y, reduction="sum") for z in outs]).double()
+        batch_correct = torch.stack([(z.argmax(1) == y).sum() for z in outs])
+        correct = batch_correct if correct is None else correct + batch_correct
+        loss = batch_loss if loss is None else loss + batch_loss
+    if correct is None:
+        return Scores([0], [0.0], n)
+    return Scores(correct.tolist(), loss.tolist(), n)
 
 
 class GroupEvaluator:
@@ -24,9 +85,9 @@ class GroupEvaluator:
         accs, losses = [], []
         for group, model in enumerate(self.models):
             model.load_state_dict(sub_state(group))
-            acc, loss = evaluate(model, self.test, self.batch_size, self.drop_last)
-            accs.append(acc)
-            losses.append(loss)
+            scores = score(model, self.test, self.batch_size, self.drop_last)
+            accs.append(scores.accuracy())
+            losses.append(scores.mean_loss())
         return {"mean_acc": float(np.mean(accs)), "mean_loss": float(np.mean(losses)),
                 **{f"acc_g{g}": a for g, a in enumerate(accs)}}  # fmt: skip
 
@@ -48,7 +109,8 @@ class PersonalEvaluator:
                 continue
             group, model = self.groups[client], self.models[self.groups[client]]
             model.load_state_dict(client_state(client, group))
-            correct, loss, n = count_correct(model, self.data, self.batch_size, indices=torch.from_numpy(indices))
+            scores = score(model, self.data, self.batch_size, indices=torch.from_numpy(indices))
+            correct, loss, n = scores.correct[-1], scores.loss[-1], scores.n
             accs.append(100.0 * correct / n)
             by_group[group] += (correct, loss, n)
         correct, loss, n = by_group.sum(0)

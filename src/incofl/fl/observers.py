@@ -12,44 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from incofl.atomic import atomic_path
-from incofl.fl.client import ClientUpdate
-
-if TYPE_CHECKING:
-    import torch
-
-    from incofl.fl.analyses import Trained
-
-    State = dict[str, torch.Tensor]
-
-FULL_UNITS, PARTIAL_UNITS = 3, 2  # compute per sample pass: forward + backward (+ weight gradients when full)
-BYTES_PER_PARAM = 4  # fp32 upload
-
-
-@dataclass
-class RoundReport:
-    round: int  # 1-based: the round just finished
-    samples: int  # sample passes trained (epochs x samples, over the sampled clients)
-    upload_bytes: int
-    compute_units: int
-    losses: dict[int, float]  # client -> mean local training loss
-    diagnostics: dict[str, dict[str, float]] = field(default_factory=dict)  # e.g. InCo's per-layer theta/beta
-    seconds: float = 0.0  # training time of the round
-
-    @classmethod
-    def of(cls, round_: int, updates: list[ClientUpdate], epochs: int, diagnostics: dict) -> RoundReport:
-        passes = [epochs * u.num_samples for u in updates]
-        units = round(sum(n * (FULL_UNITS if u.full else PARTIAL_UNITS) * (u.view.cost if u.view else 1.0)
-                          for n, u in zip(passes, updates, strict=True)))  # fmt: skip
-        return cls(round_, sum(passes), BYTES_PER_PARAM * sum(u.upload_params for u in updates), units,
-                   {u.client: u.loss for u in updates}, diagnostics)  # fmt: skip
+from incofl.fl.contracts import RoundReport, State, Trained
 
 
 class Observer:

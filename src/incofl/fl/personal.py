@@ -23,9 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from incofl.fl.client import ClientUpdate
-from incofl.fl.plan import ClientPlan, FullPlanner
-from incofl.fl.transforms import Setup
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
+from incofl.fl.plan import FullPlanner
 from incofl.models.family import check_nested
 from incofl.params import LagParams
 

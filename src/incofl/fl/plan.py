@@ -33,38 +33,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
 
-from incofl.fl.client import ClientUpdate
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
 from incofl.fl.sampling import group_of
-from incofl.fl.slicing import View
-from incofl.fl.transforms import Setup
 from incofl.models.family import check_nested
 from incofl.models.groups import counterpart, layer_groups
 from incofl.streams import Stream, generator
-
-
-@dataclass(frozen=True)
-class ClientPlan:
-    client: int
-    group: int
-    federation: int  # the server state it trains from and updates
-    federation_size: int  # clients in that federation (SCAFFOLD's K)
-    trainable: frozenset[str] | None = None  # parameter names trained; None: all
-    upload: frozenset[str] | None = None  # state entries uploaded; None: every floating-point entry
-    keep: frozenset[str] = frozenset()  # state entries the client keeps for itself, never uploaded
-    signal: bool = False  # attach the client's last mini-batch gradients to its update (FedLAG)
-    view: View | None = None  # width splitting: the block of the global model the client trains (slicing.py)
-
-    @property
-    def full(self) -> bool:
-        return self.trainable is None
-
-    def uploads(self, name: str) -> bool:
-        return name not in self.keep and (self.upload is None or name in self.upload)
 
 
 def bn_statistics(model: nn.Module) -> frozenset[str]:

@@ -15,10 +15,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from incofl.fl.client import ClientUpdate
+from incofl.fl.contracts import Average, ClientUpdate
 from incofl.params import AggregationParams
-
-Average = dict[str, torch.Tensor]
 
 
 def heteroavg(updates: Sequence[ClientUpdate], weighted: bool = False) -> Average:

@@ -17,20 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-State = dict[str, torch.Tensor]
-Index = tuple[torch.Tensor | None, ...]
+from incofl.fl.contracts import Index, State
+
 # A client's weight per element of a block (entry name, its index, the delta); None: weight 1
 Weigh = Callable[[str, Index, torch.Tensor], torch.Tensor | None]
-
-
-@dataclass(frozen=True, eq=False)
-class View:
-    """One client's sub-model in one round: its width level, each entry's index and the
-    sub-model's share of the server model's per-sample FLOPs (compute cost)."""
-
-    level: int
-    index: dict[str, Index]
-    cost: float = 1.0
 
 
 def window(full: int, sub: int, offset: int = 0) -> torch.Tensor | None:

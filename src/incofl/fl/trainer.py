@@ -17,11 +17,9 @@ from torch import nn
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
-from incofl.fl.client import ClientContext, ClientUpdate, Objective, client_batches, local_train, make_optimizer
-from incofl.fl.plan import ClientPlan
+from incofl.fl.client import Objective, client_batches, local_train, make_optimizer
+from incofl.fl.contracts import ClientContext, ClientPlan, ClientUpdate, State
 from incofl.fl.sampling import client_seed
-
-State = dict[str, torch.Tensor]
 
 
 def set_trainable(model: nn.Module, trainable: frozenset[str] | None) -> list[nn.Parameter]:

@@ -28,30 +28,14 @@ about 1, not 1/(1 - beta1). `rho` in method_args overrides it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from incofl.config import RunConfig
-from incofl.fl.client import ClientUpdate
+from incofl.fl.contracts import Average, ClientUpdate, Setup
 from incofl.fl.inco import cross_layer_update, find_pairs, vit_pairs
 from incofl.fl.sampling import noise_seed
 from incofl.params import InCoParams
-
-if TYPE_CHECKING:
-    from incofl.fl.width import Widths
-
-Average = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What a stage component is built from."""
-
-    cfg: RunConfig
-    state_names: list[str]  # the server model's state entries
-    widths: Widths | None = None  # width splitting: the server's shapes and the levels' views (fl/width.py)
 
 
 class UpdateTransform:

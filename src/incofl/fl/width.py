@@ -29,14 +29,14 @@ import torch
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.client import ClientUpdate, exit_counts
-from incofl.fl.plan import ClientPlan, FullPlanner
-from incofl.fl.server import Average, Shared
-from incofl.fl.slicing import Index, View, Weigh, extract, index_map, scatter_add, sliced_mean, take
+from incofl.fl.contracts import Average, ClientPlan, ClientUpdate, Index, State, View
+from incofl.fl.evaluation import score
+from incofl.fl.plan import FullPlanner
+from incofl.fl.server import Shared
+from incofl.fl.slicing import Weigh, extract, index_map, scatter_add, sliced_mean, take
 from incofl.models.flops import forward_flops
 from incofl.streams import Stream, generator
 
-State = dict[str, torch.Tensor]
 BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 CLASSIFIER = frozenset({"fc.weight", "fc.bias"})  # the width models' class rows
 
@@ -158,12 +158,6 @@ def gather_statistics(model: nn.Module, data: TensorSplit, indices: torch.Tensor
 
 
 @torch.inference_mode()
-def exit_scores(model: nn.Module, data: TensorSplit, batch_size: int) -> list[tuple[float, float]]:
-    """(accuracy in percent, mean cross-entropy) of every exit on a split; BN as the model is set."""
-    correct, loss, n = exit_counts(model, data, batch_size)
-    return [(100.0 * c / n, e / n) for c, e in zip(correct, loss, strict=True)]
-
-
 def statistics_indices(parts: list[np.ndarray], samples: int | None, seed: int) -> torch.Tensor:
     """The training images static BN gathers statistics from: every client's, or `samples` of
     them, in an order drawn once from the run seed (the same at every evaluation). Shuffled, not
@@ -202,7 +196,8 @@ class WidthEvaluator:
         if self.static is not None:  # every missing entry a BN statistic, gathered here
             assert all(k.rsplit(".", 1)[1] in BN_STATISTICS for k in missing), missing
             gather_statistics(model, self.static.data, self.static.indices, self.batch_size)
-        return exit_scores(model, self.test, self.batch_size)
+        scores = score(model, self.test, self.batch_size)
+        return [(scores.accuracy(j), scores.mean_loss(j)) for j in range(len(scores.correct))]
 
     def __call__(self, state: State) -> dict[str, float]:
         exits = self.score(self.server, state)

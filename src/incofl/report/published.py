@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from incofl.config import RESNETS
+from incofl.models.names import RESNETS
 
 PAPER_SETTING = "ResNet family, 100 clients, ratio 0.1, 500 rounds of E = 5"
 _COLUMNS = [(d, a) for d in ("fmnist", "svhn", "cifar10", "cinic10") for a in (0.5, 1.0)]

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from incofl.fl.client import ClientContext, Objective, Session
+from incofl.fl.client import Objective, Session
+from incofl.fl.contracts import ClientContext
 
 
 def exit_loss(

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from incofl.fl.client import ClientContext, Objective, Session
+from incofl.fl.client import Objective, Session
+from incofl.fl.contracts import ClientContext
 
 
 class ProxSession(Session):

@@ -33,10 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from incofl.fl.client import ClientContext, ClientUpdate, Objective, Session
+from incofl.fl.client import Objective, Session
+from incofl.fl.contracts import ClientContext, ClientUpdate, State
 from incofl.params import MoonParams
-
-State = dict[str, torch.Tensor]
 
 
 def moon_loss(

@@ -1,0 +1,128 @@
+"""The contracts between the round's stages: what a planner hands a client (`ClientPlan`),
+what local training sees (`ClientContext`) and returns (`ClientUpdate`), a client's trained
+model for the analyses (`Trained`), the round's report for the observers (`RoundReport`), what a
+stage component is built from (`Setup`), and a width client's place in the global model
+(`View`). Data only: the stages that produce and consume them live in their own modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from incofl.config import RunConfig
+    from incofl.fl.width import Widths
+
+State = dict[str, torch.Tensor]  # a model's state entries by name (weights, updates, averages)
+Average = State  # one federation's averaged update
+Index = tuple[torch.Tensor | None, ...]  # per dimension: the global indices a sub-tensor holds (None: all)
+FULL_UNITS, PARTIAL_UNITS = 3, 2  # compute per sample pass: forward + backward (+ weight gradients when full)
+BYTES_PER_PARAM = 4  # fp32 upload
+
+
+@dataclass(frozen=True, eq=False)
+class View:
+    """One client's sub-model in one round: its width level, each entry's index and the
+    sub-model's share of the server model's per-sample FLOPs (compute cost)."""
+
+    level: int
+    index: dict[str, Index]
+    cost: float = 1.0
+
+
+@dataclass(frozen=True)
+class ClientPlan:
+    client: int
+    group: int
+    federation: int  # the server state it trains from and updates
+    federation_size: int  # clients in that federation (SCAFFOLD's K)
+    trainable: frozenset[str] | None = None  # parameter names trained; None: all
+    upload: frozenset[str] | None = None  # state entries uploaded; None: every floating-point entry
+    keep: frozenset[str] = frozenset()  # state entries the client keeps for itself, never uploaded
+    signal: bool = False  # attach the client's last mini-batch gradients to its update (FedLAG)
+    view: View | None = None  # width splitting: the block of the global model the client trains (slicing.py)
+
+    @property
+    def full(self) -> bool:
+        return self.trainable is None
+
+    def uploads(self, name: str) -> bool:
+        return name not in self.keep and (self.upload is None or name in self.upload)
+
+
+@dataclass
+class ClientContext:
+    """What one client's local training sees."""
+
+    client: int
+    group: int
+    round: int
+    model: nn.Module
+    global_state: dict[str, torch.Tensor]  # the model's sub-state of the global weights (read-only)
+    lr: float
+    state: int = 0  # the server state (federation) the client trains from: 0 if shared, else its group
+    federation_size: int = 1  # clients in that federation: K if shared, the group's size for `groupwise`
+    steps: int = 0
+    rounds: int = 0  # rounds of the run (schedules inside a loss: ScaleFL's distillation start)
+    classes: torch.Tensor | None = None  # the classes the client holds samples of (masked cross-entropy)
+
+
+@dataclass
+class ClientUpdate:
+    """g_i = w_i - w for every uploaded floating-point state entry, with what aggregation needs."""
+
+    client: int
+    group: int
+    delta: dict[str, torch.Tensor]
+    num_samples: int
+    steps: int
+    state: int = 0  # the federation, as in ClientContext
+    extra: dict[str, Any] = field(default_factory=dict)  # what a session's `end` leaves for the server
+    loss: float = float("nan")  # mean training loss over the local steps
+    full: bool = True  # every parameter trained (compute: 3 units a sample; partial rounds 2)
+    upload_params: int = 0  # parameters (not buffers) uploaded
+    kept: dict[str, torch.Tensor] = field(default_factory=dict)  # entries the client keeps (bn_stats: local)
+    view: View | None = None  # width splitting: where the (sub-shaped) deltas sit in the global model
+    classes: torch.Tensor | None = None  # the classes the client holds (HeteroFL's classifier rows)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a stage component is built from."""
+
+    cfg: RunConfig
+    state_names: list[str]  # the server model's state entries
+    widths: Widths | None = None  # width splitting: the server's shapes and the levels' views (fl/width.py)
+
+
+@dataclass
+class Trained:
+    """A client's model after local training this round."""
+
+    client: int
+    group: int
+    state: State  # its weights: the round's start with the update added
+    delta: State  # its update of every uploaded entry (the round's own tensors: read it in `see_clients`)
+    view: View | None  # width splitting: where its (sub-shaped) entries sit in the global model
+
+
+@dataclass
+class RoundReport:
+    round: int  # 1-based: the round just finished
+    samples: int  # sample passes trained (epochs x samples, over the sampled clients)
+    upload_bytes: int
+    compute_units: int
+    losses: dict[int, float]  # client -> mean local training loss
+    diagnostics: dict[str, dict[str, float]] = field(default_factory=dict)  # e.g. InCo's per-layer theta/beta
+    seconds: float = 0.0  # training time of the round
+
+    @classmethod
+    def of(cls, round_: int, updates: list[ClientUpdate], epochs: int, diagnostics: dict) -> RoundReport:
+        passes = [epochs * u.num_samples for u in updates]
+        units = round(sum(n * (FULL_UNITS if u.full else PARTIAL_UNITS) * (u.view.cost if u.view else 1.0)
+                          for n, u in zip(passes, updates, strict=True)))  # fmt: skip
+        return cls(round_, sum(passes), BYTES_PER_PARAM * sum(u.upload_params for u in updates), units,
+                   {u.client: u.loss for u in updates}, diagnostics)  # fmt: skip
