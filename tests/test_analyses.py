@@ -1,4 +1,4 @@
-"""The analyses as observers (fl/analyses.py, fl/similarity.py, UpdateNoise): CKA's
+"""The analyses as observers (fl/probes.py, fl/similarity.py, UpdateNoise): CKA's
 defining properties, the trained models the probes see, histograms that account for every
 weight, t-SNE rows, noise statistics, that analyses never change training, and resume."""
 

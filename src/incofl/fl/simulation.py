@@ -30,13 +30,13 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, holdout_split, partition_for
 from incofl.data.tensors import to_device
 from incofl.fl import checkpoint
-from incofl.fl.analyses import analyses_for
 from incofl.fl.batched import BatchedTrainer
 from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundReport, Setup, Trained
 from incofl.fl.divergence import Diverged, check_states, check_updates
 from incofl.fl.estimate import Work
 from incofl.fl.evaluation import GroupEvaluator, PersonalEvaluator
 from incofl.fl.observers import CostLog
+from incofl.fl.probes import analyses_for
 from incofl.fl.rundir import claimed
 from incofl.fl.sampling import group_of, sample_schedule
 from incofl.fl.server import apply_update

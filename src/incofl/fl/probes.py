@@ -1,4 +1,5 @@
-"""The paper's analyses as observers of the round (config `analyses`; README "Analyses").
+"""The paper's analyses as probes: observers of the round that also look at its trained models
+(config `analyses`; docs/analyses.md; their tables and figures: report/analyses.py).
 
 An observer that `wants` a round is shown, besides the round's report, the models its
 clients trained (`see_clients`, before any transform touches their updates) and each
