@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
+from html.parser import HTMLParser
 from pathlib import Path
 
 import matplotlib
@@ -26,7 +28,7 @@ from incofl.report.figures import (
 )
 from incofl.report.published import is_resnet_family, paper_table2
 from incofl.report.runs import collect_curves, collect_summaries
-from incofl.report.tables import metrics_json, table2, to_markdown, write_metrics_json, write_tables
+from incofl.report.tables import metrics_json, table2, to_html, to_markdown, write_metrics_json, write_tables
 
 METHODS = ["FedAvg", "FedProx", "FedNova", "InCoNova", "InCoProx", "InCoAvg"]
 BASE_OF = {
@@ -183,6 +185,45 @@ def test_paper_columns(table: pd.DataFrame, runs_root: Path, tmp_path: Path) -> 
     assert "| HeteroAvg | 57.0 ± 2.0 | – | 64.0 ± 1.4 [n=2] | – |" in to_markdown(
         hetero, metric="final_acc", paper=paper_table2()
     )
+
+
+def _html_rows(page: str) -> list[list[str]]:
+    """The text of every th/td cell of an HTML table, row by row."""
+
+    class Cells(HTMLParser):
+        rows: list[list[str]] = []
+        cell: str | None = None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.rows[-1].append(self.cell.strip())
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    parser = Cells()
+    parser.rows = []
+    parser.feed(page)
+    return parser.rows
+
+
+def test_html_table_holds_the_markdown_tables_cells_and_caption(table: pd.DataFrame, tmp_path: Path) -> None:
+    """table2.html (what the Snakemake report shows) parses back to the Markdown table's rows."""
+    write_tables(table, tmp_path, metric="final_acc", paper=paper_table2())
+    md, page = (tmp_path / "table2.md").read_text(), (tmp_path / "table2.html").read_text()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines() if line.startswith("| ")]
+    assert _html_rows(page) == [rows[0], *rows[2:]]  # the header, then every method's row
+    caption = md.split("\n")[0].removeprefix("**Table 2.** ")
+    assert f"<b>Table 2.</b> {html.escape(caption)}</p>" in page
+    assert to_html(table, metric="final_acc").startswith("<!DOCTYPE html>")
 
 
 def test_published_numbers() -> None:

@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_config(p)
     p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, train.log, ckpt.pt)")
     p.set_defaults(func=cmd_train)
-    p = _add_report(sub, "table", "paper-style accuracy table (md, tex, csv) + metrics.json",
+    p = _add_report(sub, "table", "paper-style accuracy table (md, tex, csv, html) + metrics.json",
                     "table2.md, table2.tex, table2.csv and metrics.json")  # fmt: skip
     p.add_argument("--metric", choices=["final_acc", "best_acc", "last10_acc"],
                    help="the statistic shown (default: the config's table_metric)")  # fmt: skip

@@ -114,7 +114,7 @@ PARTITION = "results/partitions/{dataset}/a{alpha}-k{clients}-p{pseed}.npz"
 RUNS_ROOT = "results/runs"
 RUN = f"{RUNS_ROOT}/{{dataset}}/a{{alpha}}/{{method}}/s{{seed}}"  # {method}: a method or variant name
 RUNS = expand(f"{RUN}/summary.json", dataset=EXP.datasets, alpha=EXP.alphas, method=EXP.methods, seed=EXP.seeds)
-TABLES = [f"results/tables/table2.{ext}" for ext in ("md", "tex", "csv")]
+TABLES = [f"results/tables/table2.{ext}" for ext in ("md", "tex", "csv", "html")]
 FIGURES = "results/figures"
 METRICS = "results/metrics.json"
 FEDPART_TABLE = "results/tables/fedpart.md"  # FedPart's poster table, when the grid has partial methods

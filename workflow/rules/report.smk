@@ -1,4 +1,4 @@
-"""Aggregate: Table 2 (md, tex, csv) with results/metrics.json, the figures, the curve data
+"""Aggregate: Table 2 (md, tex, csv, html: the report shows the html) with results/metrics.json, the figures, the curve data
 for `dvc plots`, and FedPart's poster table when the grid has partial methods. Light jobs: they run where Snakemake runs, also under SLURM."""
 
 
@@ -10,6 +10,7 @@ rule table:
         md=report(TABLES[0], caption="../report/table2.rst", category="Table 2"),
         tex=TABLES[1],
         csv=report(TABLES[2], caption="../report/table2.rst", category="Table 2"),
+        html=report(TABLES[3], caption="../report/table2.rst", category="Table 2"),
         metrics=METRICS,
     log:
         "results/logs/report/table.log",

@@ -3,6 +3,7 @@ improvement of each method over its base method (InCoAvg over FedAvg, ...)."""
 
 from __future__ import annotations
 
+import html
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -124,19 +125,38 @@ def _header(column: tuple) -> str:
     return f"{dataset_label(dataset)} α={alpha}" + "".join(f" ({s})" for s in source if s)
 
 
-def to_markdown(table: pd.DataFrame, *, metric: str, caption_extra: str = "", paper: pd.DataFrame | None = None) -> str:
-    """Markdown Table 2; with `paper` (tidy published numbers, see `published.paper_table2`)
-    each (dataset, alpha) column that has them is followed by the published column."""
+def _shown(
+    table: pd.DataFrame, metric: str, caption_extra: str, paper: pd.DataFrame | None
+) -> tuple[pd.DataFrame, str]:
+    """The cells and caption of the Markdown and HTML tables: with `paper` (tidy published
+    numbers, see `published.paper_table2`) each (dataset, alpha) column that has them is
+    followed by the published column."""
     wide = _wide(table, tex=False)
     if paper is not None:
         wide = _with_paper(wide, paper)
         if "paper" in wide.columns.get_level_values(-1):
             caption_extra = f"{caption_extra} Columns (paper): the InCo paper's Table 2 ({PAPER_SETTING}).".strip()
-    header = ["Method"] + [_header(col) for col in wide.columns]
-    rows = [header, [":---"] + [":---:"] * len(wide.columns)]
+    wide.columns = [_header(col) for col in wide.columns]
+    return wide, _caption(table, metric, caption_extra, tex=False)
+
+
+def to_markdown(table: pd.DataFrame, *, metric: str, caption_extra: str = "", paper: pd.DataFrame | None = None) -> str:
+    """Markdown Table 2 (`_shown`)."""
+    wide, caption = _shown(table, metric, caption_extra, paper)
+    rows = [["Method", *wide.columns], [":---"] + [":---:"] * len(wide.columns)]
     rows += [[m, *cells] for m, cells in zip(wide.index, wide.to_numpy(), strict=True)]
     body = "\n".join("| " + " | ".join(r) + " |" for r in rows)
-    return f"**Table 2.** {_caption(table, metric, caption_extra, tex=False)}\n\n{body}\n"
+    return f"**Table 2.** {caption}\n\n{body}\n"
+
+
+def to_html(table: pd.DataFrame, *, metric: str, caption_extra: str = "", paper: pd.DataFrame | None = None) -> str:
+    """The Markdown table's cells and caption as an HTML page: the Snakemake report shows HTML
+    inline, Markdown and CSV only as downloads."""
+    wide, caption = _shown(table, metric, caption_extra, paper)
+    body = wide.rename_axis("Method").reset_index().to_html(index=False, border=0, justify="center")
+    style = "body{font-family:sans-serif}td,th{padding:2px 10px;text-align:center}td:first-child,th{text-align:left}"
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><style>{style}</style></head><body>\n"
+            f"<p><b>Table 2.</b> {html.escape(caption)}</p>\n{body}\n</body></html>\n")  # fmt: skip
 
 
 def _esc(text: str) -> str:
@@ -180,10 +200,11 @@ def write_tables(
     caption_extra: str = "",
     paper: pd.DataFrame | None = None,
 ) -> None:
-    """Write table2.md (with `paper` columns if given), table2.tex and the tidy table2.csv
-    into `out_dir`, atomically."""
+    """Write table2.md and table2.html (with `paper` columns if given), table2.tex and the tidy
+    table2.csv into `out_dir`, atomically."""
     out = Path(out_dir)
     write_text(out / "table2.md", to_markdown(table, metric=metric, caption_extra=caption_extra, paper=paper))
+    write_text(out / "table2.html", to_html(table, metric=metric, caption_extra=caption_extra, paper=paper))
     write_text(out / "table2.tex", to_latex(table, metric=metric, caption_extra=caption_extra))
     write_text(out / "table2.csv", table[TIDY].to_csv(index=False))
 
