@@ -46,7 +46,8 @@ from incofl.fl.transforms import EpochScale, UpdateNoise
 from incofl.fl.width import StaticBN, WidthEvaluator, Widths, statistics_indices
 from incofl.models.family import build_model, check_nested, input_size
 from incofl.models.names import VITS
-from incofl.registry import METHODS
+from incofl.params import Params
+from incofl.registry import METHODS, Method
 
 
 def resolve_device(name: str) -> torch.device:
@@ -77,49 +78,50 @@ class Engine:
     """One federated run: the server states and the method's stage components around them."""
 
     def __init__(self, cfg: RunConfig, data: ImageDataset, partition: Partition, device: torch.device):
-        self.cfg, self.device, self.parts = cfg, device, partition.parts
+        """Built in one downward pass: the data, then the models and their evaluators, then the
+        method's stage components, the trainer and the server states."""
+        self.cfg, self.device = cfg, device
+        self._data(data, partition)
+        torch.manual_seed(cfg.seed)  # the models' initialisation
+        method = METHODS[cfg.method]
+        hp = method.parse_args(cfg.method_args)
+        self._models(data, method.model_kwargs(hp))
+        self._method(method, hp)
+
+    def _data(self, data: ImageDataset, partition: Partition) -> None:
+        """Each client's training indices (with `holdout`, less its held-out share) and the
+        splits on the device, in the models' input size, with the augmentation they train with."""
+        cfg, self.parts = self.cfg, partition.parts
         if len(self.parts) != cfg.clients:
             raise ValueError(f"partition has {len(self.parts)} clients, config has clients={cfg.clients}")
         self.held: list[np.ndarray] | None = None  # each client's held-out indices (holdout > 0)
         if cfg.holdout:
             self.parts, self.held = holdout_split(self.parts, data.y_train, cfg.holdout, cfg.partition_seed)
-        size = input_size(cfg.models[0], cfg.resize or data.image_size)
+        self.size = input_size(cfg.models[0], cfg.resize or data.image_size)
         aug = resolve_augment(cfg.augment, cfg.dataset, vit=cfg.models[0] in VITS, cutout=cfg.cutout,
                               pad_fill=cfg.pad_fill)  # fmt: skip
-        self.train_data, self.test_data = to_device(data, device, size, aug, cfg.normalize)
-        torch.manual_seed(cfg.seed)
-        method = METHODS[cfg.method]
-        hp = method.parse_args(cfg.method_args)
+        self.train_data, self.test_data = to_device(data, self.device, self.size, aug, cfg.normalize)
+
+    def _models(self, data: ImageDataset, model_kwargs: dict[str, Any]) -> None:
+        """The model groups (width splitting: the full server model and one cut model per level)
+        and the evaluators that score them."""
+        cfg, device = self.cfg, self.device
 
         def build(name: str, rate: float = 1.0, exits: int | None = None, track_stats: bool = False) -> nn.Module:
             model = build_model(name, data.num_classes, data.channels, stem=cfg.stem, pretrained=cfg.pretrained,
-                                image_size=size, rate=rate, exits=exits, track_stats=track_stats, scale=cfg.model_scale,
-                                **method.model_kwargs(hp)).to(device)  # fmt: skip
+                                image_size=self.size, rate=rate, exits=exits, track_stats=track_stats,
+                                scale=cfg.model_scale, **model_kwargs).to(device)  # fmt: skip
             return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
         self.widths: Widths | None = None  # width splitting (fl/width.py): the server is the full model
         if cfg.levels:
             self.server_model = build(cfg.models[0])
             self.models = [build(cfg.models[0], rate, exits) for rate, exits in cfg.levels]
-            self.widths = Widths(self.server_model, self.models, size)
+            self.widths = Widths(self.server_model, self.models, self.size)
         else:
             self.models = [build(name) for name in cfg.models]
             self.server_model = self.models[check_nested(self.models)]
-        server = self.server_model.state_dict()
         self.names = [list(m.state_dict()) for m in self.models]
-        setup = Setup(cfg, list(server), self.widths)
-        self.objective = method.objective.cls(hp)
-        self.aggregator = method.aggregator.cls(hp, setup)
-        noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
-        self.pre = [*noise, *(transform.cls(hp, setup) for transform in method.pre)]
-        self.post = [EpochScale(hp, setup), *(transform.cls(hp, setup) for transform in method.post)]
-        self.costs = CostLog()  # every method's; its totals go into metrics.csv and summary.json
-        self.observers = [self.costs, *(observer.cls() for observer in method.observers)]
-        self.observers += analyses_for(cfg, self.models, self.test_data)  # none unless `analyses` lists rounds
-        self.planner = method.planner.cls(hp, setup, self.models, self.aggregator.federation)
-        autocast = cfg.bf16 and device.type == "cuda"
-        trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
-        self.trainer = trainer(cfg, self.models, self.train_data, self.parts, autocast)
         if self.widths is None:
             self.evaluator = GroupEvaluator(self.models, self.test_data, cfg.eval_batch_size, cfg.drop_last)
         else:
@@ -134,6 +136,23 @@ class Engine:
         self.first = [groups.index(g) for g in range(cfg.groups)]  # each model group's first client
         self.personal = None if self.held is None else PersonalEvaluator(
             self.models, self.train_data, self.held, groups, cfg.eval_batch_size)  # fmt: skip
+
+    def _method(self, method: Method, hp: Params) -> None:
+        """The method's component of each stage, the trainer, and the server states they start from."""
+        cfg, server = self.cfg, self.server_model.state_dict()
+        setup = Setup(cfg, list(server), self.widths)
+        self.objective = method.objective.cls(hp)
+        self.aggregator = method.aggregator.cls(hp, setup)
+        noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
+        self.pre = [*noise, *(transform.cls(hp, setup) for transform in method.pre)]
+        self.post = [EpochScale(hp, setup), *(transform.cls(hp, setup) for transform in method.post)]
+        self.costs = CostLog()  # every method's; its totals go into metrics.csv and summary.json
+        self.observers = [self.costs, *(observer.cls() for observer in method.observers)]
+        self.observers += analyses_for(cfg, self.models, self.test_data)  # none unless `analyses` lists rounds
+        self.planner = method.planner.cls(hp, setup, self.models, self.aggregator.federation)
+        autocast = cfg.bf16 and self.device.type == "cuda"
+        trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
+        self.trainer = trainer(cfg, self.models, self.train_data, self.parts, autocast)
         if self.aggregator.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
