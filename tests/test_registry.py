@@ -25,8 +25,9 @@ STAGES = {"objective": Objective, "aggregator": Aggregator, "pre": UpdateTransfo
 
 
 def _components(stage: str):
-    values = {getattr(m, stage) for m in METHODS.values()} if stage in ("objective", "aggregator", "planner") else \
-        {c for m in METHODS.values() for c in getattr(m, stage)}  # fmt: skip
+    """Every registered method's component(s) of a stage, each once."""
+    picked = (getattr(m, stage) for m in METHODS.values())
+    values = {c for v in picked for c in (v if isinstance(v, tuple) else (v,))}
     return sorted(values, key=lambda c: c.name)
 
 

@@ -191,8 +191,10 @@ def _html_rows(page: str) -> list[list[str]]:
     """The text of every th/td cell of an HTML table, row by row."""
 
     class Cells(HTMLParser):
-        rows: list[list[str]] = []
-        cell: str | None = None
+        def __init__(self):
+            super().__init__()
+            self.rows: list[list[str]] = []
+            self.cell: str | None = None
 
         def handle_starttag(self, tag, attrs):
             if tag == "tr":
@@ -210,7 +212,6 @@ def _html_rows(page: str) -> list[list[str]]:
                 self.cell += data
 
     parser = Cells()
-    parser.rows = []
     parser.feed(page)
     return parser.rows
 

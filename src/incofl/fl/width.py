@@ -157,7 +157,6 @@ def gather_statistics(model: nn.Module, data: TensorSplit, indices: torch.Tensor
         model(data.batch(batch)[0])
 
 
-@torch.inference_mode()
 def statistics_indices(parts: list[np.ndarray], samples: int | None, seed: int) -> torch.Tensor:
     """The training images static BN gathers statistics from: every client's, or `samples` of
     them, in an order drawn once from the run seed (the same at every evaluation). Shuffled, not
