@@ -63,7 +63,7 @@ def test_official_inco_divides_vit_updates_by_local_epochs():
     """The authors' ViT path: client deltas / E before averaging, then InCo; ResNets untouched."""
     from incofl.config import RunConfig
     from incofl.fl.inco import cross_layer_update
-    from incofl.fl.transforms import EpochScale, InCoStep
+    from incofl.fl.transforms import InCoStep
     from incofl.registry import METHODS
 
     g = torch.Generator().manual_seed(1)
@@ -72,9 +72,9 @@ def test_official_inco_divides_vit_updates_by_local_epochs():
     pairs = {"blocks.0.norm2.weight": "blocks.0.norm1.weight"}
     setup = Setup(RunConfig(local_epochs=4), list(vit))
     hp, paper = METHODS["InCoAvg"].parse_args({}), METHODS["InCoAvg-paper"].parse_args({})
-    got = InCoStep(hp, setup)(EpochScale(hp, setup)(heteroavg(ups)))
+    got = InCoStep(hp, setup)(heteroavg(ups))
     expected = cross_layer_update({k: v * 1.5 / 4 for k, v in vit.items()}, pairs)
     assert all(torch.allclose(got[k], expected[k]) for k in vit)
-    assert EpochScale(paper, setup).scale == 1.0
+    assert InCoStep(paper, setup).scale == 1.0
     resnet = ["layer1.1.conv1.weight", "layer1.0.conv2.weight"]
-    assert EpochScale(hp, Setup(RunConfig(local_epochs=4), resnet)).scale == 1.0
+    assert InCoStep(hp, Setup(RunConfig(local_epochs=4), resnet)).scale == 1.0

@@ -26,7 +26,7 @@ from incofl.fl.client import client_batches
 from incofl.fl.contracts import Setup
 from incofl.fl.evaluation import score
 from incofl.fl.simulation import Engine
-from incofl.fl.transforms import EpochScale
+from incofl.fl.transforms import EpochScale, InCoStep
 from incofl.models.family import build_model
 from incofl.registry import METHODS
 
@@ -47,7 +47,7 @@ def test_release_augmentation_per_data_set_and_family():
     assert resolve_augment("release", "svhn") == Augmentation(cutout=16)  # no crop, no flip
     assert resolve_augment("release", "cinic10") == Augmentation(crop=True, flip=True)
     assert resolve_augment("release", "fmnist") == Augmentation()
-    assert resolve_augment("release", "cifar10", vit=True) == Augmentation(resized_crop=224, flip=True)
+    assert resolve_augment("release", "cifar10", model="vit_d8") == Augmentation(resized_crop=224, flip=True)
     assert resolve_augment("crop", "cifar10", cutout=8, pad_fill="black") == Augmentation(
         crop=True, cutout=8, black_pad=True
     )
@@ -151,7 +151,7 @@ def test_every_pipeline_option_reaches_the_engine():
     assert torch.equal(engine.test_data.mean, torch.zeros(1, 1, 1, 1)) and torch.equal(
         engine.test_data.std, torch.ones(1, 1, 1, 1)
     )
-    assert engine.evaluator.drop_last and engine.evaluator.batch_size == 16
+    assert engine.layout.evaluator.drop_last and engine.layout.evaluator.batch_size == 16
     batches = client_batches(engine.train_data, engine.parts[0], 1, 4, torch.Generator(), engine.cfg.drop_last)
     assert all(len(y) == 4 for _, y in batches)
 
@@ -288,12 +288,17 @@ def test_fedprox_initial_anchor_is_the_round_anchor_in_round_one_only():
 
 
 def test_vit_epoch_scale_for_every_method_or_inco_only():
+    """By default only InCo's official ViT step divides by E; `vit_epoch_scale: all` (the
+    release) has the engine's EpochScale do it for every method, on ViTs only, and InCo's step
+    then does not divide again."""
     names = list(build_model("vit_d8", 10, 3, image_size=32).state_dict())
-    resnet = list(build_model("resnet10", 10, 3).state_dict())
     hetero, inco = METHODS["HeteroAvg"].parse_args({}), METHODS["InCoAvg"].parse_args({})
-    cfg = RunConfig(local_epochs=4)
-    assert EpochScale(hetero, Setup(cfg, names)).scale == 1.0  # ours: baselines unscaled
-    assert EpochScale(inco, Setup(cfg, names)).scale == 0.25  # InCo's official ViT form
-    release = cfg.model_copy(update={"vit_epoch_scale": "all"})
+    paper = METHODS["InCoAvg-paper"].parse_args({})
+    ours = RunConfig(models=["vit_d8"], local_epochs=4)
+    release = ours.model_copy(update={"vit_epoch_scale": "all"})
+    assert not ours.scales_epochs and release.scales_epochs
+    assert not RunConfig(local_epochs=4, vit_epoch_scale="all").scales_epochs  # ViTs only
+    assert InCoStep(inco, Setup(ours, names)).scale == 0.25  # InCo's official ViT form
+    assert InCoStep(paper, Setup(ours, names)).scale == 1.0  # ours: the paper's variant and baselines unscaled
     assert EpochScale(hetero, Setup(release, names)).scale == 0.25  # the release: every method
-    assert EpochScale(hetero, Setup(release, resnet)).scale == 1.0  # ViTs only
+    assert InCoStep(inco, Setup(release, names)).scale == 1.0  # divided once

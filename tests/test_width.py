@@ -263,7 +263,8 @@ def _updates(params: dict, trained: dict) -> list:
 
 
 def _rolex(weighting: str) -> tuple[RolexMean, SlicedMean]:
-    setup = SimpleNamespace(widths=SimpleNamespace(shapes={k: torch.Size(s) for k, s in _ENTRIES.items()}))
+    shapes = {k: torch.Size(s) for k, s in _ENTRIES.items()}
+    setup = SimpleNamespace(layout=SimpleNamespace(widths=SimpleNamespace(shapes=shapes)))
     return RolexMean(RolexParams(weighting=weighting), setup), SlicedMean(RolexParams(), setup)
 
 

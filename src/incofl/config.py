@@ -21,7 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from typing_extensions import TypedDict  # pydantic needs this one, not typing's, before Python 3.12
 
 from incofl.errors import ConfigError, key_and_message
-from incofl.models.names import EXIT_MODEL, EXITS, LAYER_GROUP_MODELS, MODELS, RESNETS, WIDTH_LEVELS, WIDTH_MODELS
+from incofl.models.names import (
+    EXIT_MODEL,
+    EXITS,
+    LAYER_GROUP_MODELS,
+    MODELS,
+    RESNETS,
+    VITS,
+    WIDTH_LEVELS,
+    WIDTH_MODELS,
+)
 from incofl.registry import METHODS
 from incofl.studies import CaseStudy, Robustness, check_studies
 
@@ -270,6 +279,11 @@ class Settings(BaseModel):
         if models != sorted(models, key=MODELS.index):
             raise ValueError(f"one group per model, smallest first: {', '.join(sorted(models, key=MODELS.index))}")
         return models
+
+    @property
+    def scales_epochs(self) -> bool:
+        """Every method's averaged update divided by local_epochs (the release on ViTs)."""
+        return self.vit_epoch_scale == "all" and self.models[0] in VITS
 
     @property
     def groups(self) -> int:

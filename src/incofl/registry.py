@@ -90,6 +90,9 @@ LOCAL = Component("incofl.fl.personal:LocalPlanner", personal=True)
 FEDPER = Component("incofl.fl.personal:FedPerPlanner", personal=True)
 LAG = Component("incofl.fl.personal:LagPlanner", LagParams, personal=True)
 WIDTH = Component("incofl.fl.width:WidthPlanner", WidthParams, width=True)
+# The layouts: how the models are built, started from and evaluated (`layout_of`)
+GROUPS = Component("incofl.fl.layout:GroupLayout")  # one whole model per model group
+WIDTH_LAYOUT = Component("incofl.fl.width:WidthLayout")  # one model cut in width (and depth), a level per group
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,14 @@ def register(method: Method) -> Method:
     """Add a method (used by modules that define new components)."""
     METHODS[method.name] = method
     return method
+
+
+def layout_of(settings: Settings) -> Component:
+    """The layout of a run's models, which follows its model: a width model (preresnet18,
+    resnet110) in width levels, under a whole-model method too (uncut then: Method.check refuses
+    cut levels), so that it is scored as a width model is (its BN rule at evaluation); every other
+    model one per model group."""
+    return WIDTH_LAYOUT if settings.levels else GROUPS
 
 
 def base_of(name: str) -> str | None:

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2.functional import resized_crop
 
+from incofl.models.names import VITS
+
 PAD = 4  # random crop: pixels of padding on each side
 
 
@@ -48,13 +50,14 @@ MODES = {"none": Augmentation(), "crop": Augmentation(crop=True), "crop_flip": _
 
 
 def resolve_augment(
-    mode: str, dataset: str, *, vit: bool = False, cutout: int | None = None, pad_fill: str = "mean"
+    mode: str, dataset: str, *, model: str = "", cutout: int | None = None, pad_fill: str = "mean"
 ) -> Augmentation:
-    """The augmentation a config asks for; `cutout` (if set) replaces the mode's square size."""
+    """The augmentation a config asks for, for its (first) model; `cutout` (if set) replaces the
+    mode's square size. The release trains ViTs on 224-pixel random resized crops."""
     if mode == "auto":
         aug = OURS.get(dataset, Augmentation())
     elif mode == "release":
-        aug = (RELEASE_VIT if vit else RELEASE).get(dataset, Augmentation())
+        aug = (RELEASE_VIT if model in VITS else RELEASE).get(dataset, Augmentation())
     else:
         aug = MODES[mode]
     if cutout is not None:

@@ -14,7 +14,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from incofl.config import RunConfig
-    from incofl.fl.width import Widths
+    from incofl.fl.layout import Layout
 
 State = dict[str, torch.Tensor]  # a model's state entries by name (weights, updates, averages)
 Average = State  # one federation's averaged update
@@ -95,7 +95,7 @@ class Setup:
 
     cfg: RunConfig
     state_names: list[str]  # the server model's state entries
-    widths: Widths | None = None  # width splitting: the server's shapes and the levels' views (fl/width.py)
+    layout: Layout | None = None  # the run's model layout (width splitting's components read its levels)
 
 
 @dataclass

@@ -34,20 +34,17 @@ from incofl.fl.batched import BatchedTrainer
 from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundReport, Setup, Trained
 from incofl.fl.divergence import Diverged, check_states, check_updates
 from incofl.fl.estimate import Work
-from incofl.fl.evaluation import GroupEvaluator, PersonalEvaluator
+from incofl.fl.layout import Layout, LayoutInputs
 from incofl.fl.observers import CostLog
 from incofl.fl.probes import analyses_for
 from incofl.fl.rundir import claimed
 from incofl.fl.sampling import group_of, sample_schedule
 from incofl.fl.server import apply_update
-from incofl.fl.slicing import extract
 from incofl.fl.trainer import SerialTrainer
 from incofl.fl.transforms import EpochScale, UpdateNoise
-from incofl.fl.width import StaticBN, WidthEvaluator, Widths, statistics_indices
-from incofl.models.family import build_model, check_nested, input_size
-from incofl.models.names import VITS
+from incofl.models.family import build_model, input_size
 from incofl.params import Params
-from incofl.registry import METHODS, Method
+from incofl.registry import METHODS, Component, Method, layout_of
 
 
 def resolve_device(name: str) -> torch.device:
@@ -78,14 +75,14 @@ class Engine:
     """One federated run: the server states and the method's stage components around them."""
 
     def __init__(self, cfg: RunConfig, data: ImageDataset, partition: Partition, device: torch.device):
-        """Built in one downward pass: the data, then the models and their evaluators, then the
+        """Built in one downward pass: the data, then the models (the method's layout), then the
         method's stage components, the trainer and the server states."""
         self.cfg, self.device = cfg, device
         self._data(data, partition)
         torch.manual_seed(cfg.seed)  # the models' initialisation
         method = METHODS[cfg.method]
         hp = method.parse_args(cfg.method_args)
-        self._models(data, method.model_kwargs(hp))
+        self._models(data, layout_of(cfg), method.model_kwargs(hp))
         self._method(method, hp)
 
     def _data(self, data: ImageDataset, partition: Partition) -> None:
@@ -98,54 +95,35 @@ class Engine:
         if cfg.holdout:
             self.parts, self.held = holdout_split(self.parts, data.y_train, cfg.holdout, cfg.partition_seed)
         self.size = input_size(cfg.models[0], cfg.resize or data.image_size)
-        aug = resolve_augment(cfg.augment, cfg.dataset, vit=cfg.models[0] in VITS, cutout=cfg.cutout,
-                              pad_fill=cfg.pad_fill)  # fmt: skip
+        aug = resolve_augment(cfg.augment, cfg.dataset, model=cfg.models[0], cutout=cfg.cutout, pad_fill=cfg.pad_fill)
         self.train_data, self.test_data = to_device(data, self.device, self.size, aug, cfg.normalize)
 
-    def _models(self, data: ImageDataset, model_kwargs: dict[str, Any]) -> None:
-        """The model groups (width splitting: the full server model and one cut model per level)
-        and the evaluators that score them."""
+    def _models(self, data: ImageDataset, layout: Component, model_kwargs: dict[str, Any]) -> None:
+        """The models, laid out by their layout: built, started from and evaluated (fl/layout.py)."""
         cfg, device = self.cfg, self.device
 
-        def build(name: str, rate: float = 1.0, exits: int | None = None, track_stats: bool = False) -> nn.Module:
+        def build(name: str, **model_args: Any) -> nn.Module:
             model = build_model(name, data.num_classes, data.channels, stem=cfg.stem, pretrained=cfg.pretrained,
-                                image_size=self.size, rate=rate, exits=exits, track_stats=track_stats,
-                                scale=cfg.model_scale, **model_kwargs).to(device)  # fmt: skip
+                                image_size=self.size, scale=cfg.model_scale, **model_args,
+                                **model_kwargs).to(device)  # fmt: skip
             return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
-        self.widths: Widths | None = None  # width splitting (fl/width.py): the server is the full model
-        if cfg.levels:
-            self.server_model = build(cfg.models[0])
-            self.models = [build(cfg.models[0], rate, exits) for rate, exits in cfg.levels]
-            self.widths = Widths(self.server_model, self.models, self.size)
-        else:
-            self.models = [build(name) for name in cfg.models]
-            self.server_model = self.models[check_nested(self.models)]
-        self.names = [list(m.state_dict()) for m in self.models]
-        if self.widths is None:
-            self.evaluator = GroupEvaluator(self.models, self.test_data, cfg.eval_batch_size, cfg.drop_last)
-        else:
-            static = None
-            if cfg.bn_at_eval == "static":
-                levels = [*cfg.levels, (1.0, None)]  # [-1]: the full model
-                static = StaticBN(self.train_data, statistics_indices(self.parts, cfg.static_bn_samples, cfg.seed),
-                                  lambda g: build(cfg.models[0], *levels[g], track_stats=True))  # fmt: skip
-            self.evaluator = WidthEvaluator(self.widths, self.models, self.server_model, self.test_data,
-                                            cfg.eval_batch_size, static)  # fmt: skip
         groups = [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)]
-        self.first = [groups.index(g) for g in range(cfg.groups)]  # each model group's first client
-        self.personal = None if self.held is None else PersonalEvaluator(
-            self.models, self.train_data, self.held, groups, cfg.eval_batch_size)  # fmt: skip
+        inputs = LayoutInputs(cfg, build, self.size, self.train_data, self.test_data, self.parts, self.held, groups)
+        self.layout: Layout = layout.cls(inputs)
+        self.models, self.server_model = self.layout.models, self.layout.server_model
+        self.names = [list(m.state_dict()) for m in self.models]
 
     def _method(self, method: Method, hp: Params) -> None:
         """The method's component of each stage, the trainer, and the server states they start from."""
         cfg, server = self.cfg, self.server_model.state_dict()
-        setup = Setup(cfg, list(server), self.widths)
+        setup = Setup(cfg, list(server), self.layout)
         self.objective = method.objective.cls(hp)
         self.aggregator = method.aggregator.cls(hp, setup)
         noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
         self.pre = [*noise, *(transform.cls(hp, setup) for transform in method.pre)]
-        self.post = [EpochScale(hp, setup), *(transform.cls(hp, setup) for transform in method.post)]
+        scale = [EpochScale(hp, setup)] if cfg.scales_epochs else []  # the release's, for every method: first
+        self.post = [*scale, *(transform.cls(hp, setup) for transform in method.post)]
         self.costs = CostLog()  # every method's; its totals go into metrics.csv and summary.json
         self.observers = [self.costs, *(observer.cls() for observer in method.observers)]
         self.observers += analyses_for(cfg, self.models, self.test_data)  # none unless `analyses` lists rounds
@@ -167,15 +145,12 @@ class Engine:
         return {k: state[k] for k in self.names[group]}
 
     def client_state(self, client: int, group: int) -> dict[str, torch.Tensor]:
-        """The weights a client trains from: its group's global sub-state with what it keeps."""
+        """The weights of a client's model: its group's global sub-state with what it keeps."""
         return {**self.sub_state(group), **self.kept.get(client, {})}
 
     def start(self, plan: ClientPlan) -> dict[str, torch.Tensor]:
-        """The weights a planned client trains from: its block of the global model (width
-        splitting), else its group's global sub-state with what it keeps."""
-        if plan.view is not None:
-            return extract(self.states[plan.federation], plan.view.index)
-        return self.client_state(plan.client, plan.group)
+        """The weights a planned client trains from (the layout's choice)."""
+        return self.layout.start(plan, self.states, self.client_state)
 
     def run_round(self, round_: int) -> RoundReport:
         """plan -> train -> transform -> aggregate (-> transform) -> apply; the round's report.
@@ -216,18 +191,8 @@ class Engine:
             observer.observe(report)
 
     def evaluate(self) -> dict[str, float]:
-        """Every group's global model; with kept BN statistics, those of the group's first client
-        (the release evaluates client 0's model). With `holdout`, also every client's model on
-        its held-out data; with no global test set (`pool_test`) that personal accuracy is the
-        run's accuracy (mean_acc, acc_g{g})."""
-        if self.widths is not None:  # the global model and each level's (fl/width.py)
-            return self.evaluator(self.states[0])
-        personal = {} if self.personal is None else self.personal(self.client_state)
-        shown = {k: personal[k] for k in ("personal_acc", "personal_acc_std") if k in personal}
-        if len(self.test_data) == 0:  # pool_test: the personal accuracy is the run's
-            groups = {f"acc_g{g}": personal[f"personal_g{g}"] for g in range(self.cfg.groups)}
-            return {"mean_acc": personal["personal_acc"], "mean_loss": personal["personal_loss"], **groups, **shown}
-        return self.evaluator(lambda group: self.client_state(self.first[group], group)) | shown
+        """The metrics of an evaluated round (the layout scores the server states)."""
+        return self.layout.evaluate(self.states, self.client_state)
 
     def fingerprint(self) -> str:
         """SHA-256 of every server state entry, then of what clients keep (name and bytes, in
@@ -418,26 +383,9 @@ class Run:
             "last10_acc": float(np.mean([r["mean_acc"] for r in self.rows if r["round"] > cfg.rounds - 10])),
             "group_final_acc": [final[f"acc_g{g}"] for g in range(cfg.groups)],
             "final_loss": final["mean_loss"],
-            **self.personal_accuracy(),
-            **self.exit_accuracy(),
+            **self.engine.layout.summary(self.rows),
             "state_sha256": self.engine.fingerprint(),
         }
-
-    def exit_accuracy(self) -> dict[str, Any]:
-        """Models with early exits (ScaleFL): each exit's final accuracy, and the release's mean over them."""
-        final = self.rows[-1]
-        exits = sorted(k for k in final if k.startswith("acc_exit") and k[8:].isdigit())
-        if not exits:
-            return {}
-        return {"exit_final_acc": [final[k] for k in exits], "final_exits_mean": final["acc_exits_mean"]}
-
-    def personal_accuracy(self) -> dict[str, Any]:
-        """With `holdout`: the final personal accuracy, its std over clients, and the best (the release's)."""
-        if "personal_acc" not in self.rows[-1]:
-            return {}
-        accs = [r["personal_acc"] for r in self.rows]
-        return {"personal_acc": accs[-1], "personal_acc_std": self.rows[-1]["personal_acc_std"],
-                "best_personal_acc": max(accs)}  # fmt: skip
 
 
 def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:

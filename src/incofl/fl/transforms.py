@@ -2,7 +2,7 @@
 
 Before aggregation a transform sees every client update of the round (`UpdateTransform`:
 FedNova's normalisation); after it, one federation's averaged update (`AverageTransform`: the
-InCo step; the engine runs the ViT epoch scale first, for every method). A method lists them
+InCo step). A method lists them
 in its registry entry; each takes the method's typed parameters and a `Setup` (the run's
 config and the server state's names).
 
@@ -109,34 +109,40 @@ class NovaNormalize(UpdateTransform):
 
 
 class EpochScale(AverageTransform):
-    """ViTs: every client update divided by the number of local epochs before averaging (done
-    on the average: the mean is linear). The release does it for every method on ViTs
-    (`vit_epoch_scale: all`); by default only InCo's official variant does, as the InCo step's
-    ViT form. The engine runs it first after aggregation, for every method."""
+    """Every averaged update divided by the number of local epochs (as every client update
+    before averaging: the mean is linear). The release does it for every method on ViTs; the
+    engine adds it first after aggregation when a config asks for that (`vit_epoch_scale: all`,
+    RunConfig.scales_epochs)."""
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        vit = bool(vit_pairs(find_pairs(setup.state_names)))
-        inco_official = getattr(hp, "variant", None) == "official"
-        scaled = vit and (setup.cfg.vit_epoch_scale == "all" or inco_official)
-        self.scale = 1.0 / setup.cfg.local_epochs if scaled else 1.0
+        self.scale = 1.0 / setup.cfg.local_epochs
 
     def __call__(self, average: Average) -> Average:
-        return {k: v.mul_(self.scale) for k, v in average.items()} if self.scale != 1.0 else average
+        for v in average.values():
+            v.mul_(self.scale)
+        return average
 
 
 class InCoStep(AverageTransform):
     """Internal cross-layer gradients on the averaged update (inco.py). Pairs whose target or
-    reference is not in the update (not uploaded this round) are skipped."""
+    reference is not in the update (not uploaded this round) are skipped. The official variant's
+    ViT form first divides the update by the number of local epochs (the authors' ViT path),
+    unless the engine's EpochScale did for every method (`vit_epoch_scale: all`)."""
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
         self.pairs = find_pairs(setup.state_names)
         self.options = {k: getattr(hp, k) for k in InCoParams.model_fields}
         self.stats: dict[str, dict[str, float]] = {}
+        vit = vit_pairs(self.pairs) and hp.variant == "official" and not setup.cfg.scales_epochs
+        self.scale = 1.0 / setup.cfg.local_epochs if vit else 1.0
 
     def __call__(self, average: Average) -> Average:
         held = getattr(average, "held", None)  # width splitting: the elements clients held (fl/width.py)
+        if self.scale != 1.0:
+            for v in average.values():
+                v.mul_(self.scale)
         return cross_layer_update(average, self.pairs, stats=self.stats, held=held, **self.options)
 
     def diagnostics(self) -> dict[str, dict[str, float]]:

@@ -12,6 +12,8 @@ One architecture (`preresnet18`, `resnet110`) at several levels: a level is a wi
   FedRolex); elements nobody held keep their value. FedRolex's `RolexMean` is that mean, or
   with `weighting: released` its release's count weighting. The averaged update carries which
   elements were held, so the InCo step touches only slices both target and reference cover;
+- layout (`WidthLayout`): the server's full model and one cut model per level; a client trains
+  from its block of the global weights;
 - evaluate (`WidthEvaluator`): the full global model (the headline `mean_acc`) and each level's
   sub-model (leading channels) as `acc_g{g}`; BN statistics `static` (HeteroFL: gathered from
   training data before each evaluation) or `batch` (the test batch's); resnet110: every exit
@@ -31,6 +33,7 @@ from torch import nn
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import Average, ClientPlan, ClientUpdate, Index, State, View
 from incofl.fl.evaluation import score
+from incofl.fl.layout import ClientState, Layout, LayoutInputs
 from incofl.fl.plan import FullPlanner
 from incofl.fl.server import Shared
 from incofl.fl.slicing import Weigh, extract, index_map, scatter_add, sliced_mean, take
@@ -79,7 +82,7 @@ class WidthPlanner(FullPlanner):
 
     def __init__(self, hp: Any, setup: Any, models: list[nn.Module], federation_of: Callable[[int], int]):
         super().__init__(hp, setup, models, federation_of)
-        self.widths, self.rolling, self.seed = setup.widths, hp.rolling, setup.cfg.seed
+        self.widths, self.rolling, self.seed = setup.layout.widths, hp.rolling, setup.cfg.seed
         self.dynamic = setup.cfg.rate_assignment == "dynamic"
 
     def level(self, round_: int, client: int, fixed: int) -> int:
@@ -98,7 +101,7 @@ class SlicedMean(Shared):
     """Per-element mean over the clients that held each element (module docstring)."""
 
     def __init__(self, hp: Any, setup: Any = None):  # unweighted (HeteroFL's release): no `weighted`
-        self.shapes, self.class_rows = setup.widths.shapes, hp.class_rows
+        self.shapes, self.class_rows = setup.layout.widths.shapes, hp.class_rows
         self.weigh: Weigh | None = None
 
     def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
@@ -207,3 +210,42 @@ class WidthEvaluator:
             row |= {f"acc_exit{j + 1}": a for j, (a, _) in enumerate(exits)}
             row["acc_exits_mean"] = float(np.mean([a for a, _ in exits]))
         return row
+
+
+class WidthLayout(Layout):
+    """The server holds the full model; each model group is a width level with its cut model
+    (`levels`: width rate and deepest exit). Clients train from their block of the global
+    weights; evaluation scores the full model and each level's leading block (`WidthEvaluator`,
+    with static BN models built here)."""
+
+    def __init__(self, inputs: LayoutInputs):
+        cfg, build, name = inputs.cfg, inputs.build, inputs.cfg.models[0]
+        self.server_model = build(name)
+        self.models = [build(name, rate=rate, exits=exits) for rate, exits in cfg.levels]
+        self.widths = Widths(self.server_model, self.models, inputs.size)
+        static = None
+        if cfg.bn_at_eval == "static":
+            levels = [*cfg.levels, (1.0, None)]  # [-1]: the full model
+            indices = statistics_indices(inputs.parts, cfg.static_bn_samples, cfg.seed)
+            static = StaticBN(inputs.train, indices, lambda g: build(name, rate=levels[g][0], exits=levels[g][1],
+                                                                     track_stats=True))  # fmt: skip
+        self.evaluator = WidthEvaluator(self.widths, self.models, self.server_model, inputs.test,
+                                        cfg.eval_batch_size, static)  # fmt: skip
+
+    def start(self, plan: ClientPlan, states: list[State], client_state: ClientState) -> State:
+        """The client's block of the global model (its view); a whole-model method's client (its
+        levels uncut) its group's global sub-state with what it keeps."""
+        if plan.view is None:
+            return client_state(plan.client, plan.group)
+        return extract(states[plan.federation], plan.view.index)
+
+    def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:
+        return self.evaluator(states[0])
+
+    def summary(self, rows: list[dict[str, float]]) -> dict[str, Any]:
+        """Models with early exits (ScaleFL): each exit's final accuracy, and the release's mean over them."""
+        final = rows[-1]
+        exits = sorted(k for k in final if k.startswith("acc_exit") and k[8:].isdigit())
+        if not exits:
+            return {}
+        return {"exit_final_acc": [final[k] for k in exits], "final_exits_mean": final["acc_exits_mean"]}

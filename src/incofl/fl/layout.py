@@ -1,0 +1,101 @@
+"""The layout stage component: how a run's models are laid out over its clients. A layout builds
+the models and the server model, gives each planned client the weights it trains from
+(`start`), scores the server states (`evaluate`) and adds its own statistics to the run's
+summary (`summary`). The registry picks it from the run's model (`registry.layout_of`); the
+engine only calls it.
+
+`GroupLayout`, every model's but the width models': one whole model per model group (the
+configured `models`, nested in one another), the server state the largest one's; a group's
+model is scored on the global test set with its group's first client's kept entries (the
+release evaluates client 0's model). With `holdout`, every client's model is also scored on
+its held-out share of its data (the personal accuracy); with no global test set (`pool_test`)
+that is the run's accuracy. Width models are laid out in width levels instead (fl/width.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from incofl.config import RunConfig
+from incofl.data.tensors import TensorSplit
+from incofl.fl.contracts import ClientPlan, State
+from incofl.fl.evaluation import GroupEvaluator, PersonalEvaluator
+from incofl.models.family import check_nested
+
+ClientState = Callable[[int, int], State]  # (client, group) -> its group's global weights with what it keeps
+
+
+@dataclass(frozen=True)
+class LayoutInputs:
+    """What a layout is built from: the config, `build(name, **model_args)` (a model on the
+    run's device), the models' input size, the splits on the device, each client's training and
+    held-out indices, and each client's model group."""
+
+    cfg: RunConfig
+    build: Callable[..., nn.Module]
+    size: int
+    train: TensorSplit
+    test: TensorSplit
+    parts: list[np.ndarray]
+    held: list[np.ndarray] | None
+    groups: list[int]
+
+
+class Layout:
+    """The interface: `models` (one per model group), `server_model` (the server state's
+    shapes), `start`, `evaluate` and `summary`."""
+
+    models: list[nn.Module]
+    server_model: nn.Module
+
+    def start(self, plan: ClientPlan, states: list[State], client_state: ClientState) -> State:
+        """The weights a planned client trains from."""
+        raise NotImplementedError
+
+    def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:
+        """The metrics row of an evaluated round: mean_acc, mean_loss and acc_g{g} at least."""
+        raise NotImplementedError
+
+    def summary(self, rows: list[dict[str, float]]) -> dict[str, Any]:
+        """The layout's own statistics of a finished run's metrics rows, for summary.json."""
+        return {}
+
+
+class GroupLayout(Layout):
+    """One whole model per model group (module docstring)."""
+
+    def __init__(self, inputs: LayoutInputs):
+        cfg = inputs.cfg
+        self.models = [inputs.build(name) for name in cfg.models]
+        self.server_model = self.models[check_nested(self.models)]
+        self.evaluator = GroupEvaluator(self.models, inputs.test, cfg.eval_batch_size, cfg.drop_last)
+        self.first = [inputs.groups.index(g) for g in range(cfg.groups)]  # each model group's first client
+        self.personal = None if inputs.held is None else PersonalEvaluator(
+            self.models, inputs.train, inputs.held, inputs.groups, cfg.eval_batch_size)  # fmt: skip
+        self.pooled = len(inputs.test) == 0  # pool_test: no global test set
+
+    def start(self, plan: ClientPlan, states: list[State], client_state: ClientState) -> State:
+        """The weights a planned client trains from: its group's global sub-state with what it keeps."""
+        return client_state(plan.client, plan.group)
+
+    def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:
+        """mean_acc, mean_loss and acc_g{g}; with `holdout` also personal_acc(_std)."""
+        personal = {} if self.personal is None else self.personal(client_state)
+        shown = {k: personal[k] for k in ("personal_acc", "personal_acc_std") if k in personal}
+        if self.pooled:  # the personal accuracy is the run's
+            groups = {f"acc_g{g}": personal[f"personal_g{g}"] for g in range(len(self.models))}
+            return {"mean_acc": personal["personal_acc"], "mean_loss": personal["personal_loss"], **groups, **shown}
+        return self.evaluator(lambda group: client_state(self.first[group], group)) | shown
+
+    def summary(self, rows: list[dict[str, float]]) -> dict[str, Any]:
+        """With `holdout`: the final personal accuracy, its std over clients, and the best (the release's)."""
+        if "personal_acc" not in rows[-1]:
+            return {}
+        accs = [r["personal_acc"] for r in rows]
+        return {"personal_acc": accs[-1], "personal_acc_std": rows[-1]["personal_acc_std"],
+                "best_personal_acc": max(accs)}  # fmt: skip
