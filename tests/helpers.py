@@ -10,7 +10,7 @@ from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import make_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.simulation import Engine
+from incofl.fl.engine.engine import Engine
 
 
 def small_synthetic(n_train: int, n_test: int = 32) -> ImageDataset:

@@ -3,7 +3,7 @@
 import torch
 
 from incofl.fl.contracts import ClientUpdate, Setup
-from incofl.fl.server import GroupWise, Shared, apply_update, heteroavg
+from incofl.fl.stages.aggregate import GroupWise, Shared, apply_update, mean_over_holders
 from incofl.params import AggregationParams
 
 
@@ -19,7 +19,7 @@ def _updates():
 
 def test_heteroavg_is_mean_over_holders():
     ups = _updates()
-    avg = heteroavg(ups)
+    avg = mean_over_holders(ups)
     for name in ("a", "b"):
         assert torch.allclose(avg[name], torch.stack([u.delta[name] for u in ups]).mean(0))
     assert torch.allclose(avg["c"], (ups[2].delta["c"] + ups[3].delta["c"]) / 2)
@@ -27,7 +27,7 @@ def test_heteroavg_is_mean_over_holders():
 
 def test_heteroavg_weighted_by_samples():
     ups = _updates()
-    avg = heteroavg(ups, weighted=True)
+    avg = mean_over_holders(ups, weighted=True)
     expected = sum(u.num_samples * u.delta["a"] for u in ups) / sum(u.num_samples for u in ups)
     assert torch.allclose(avg["a"], expected)
     assert torch.allclose(avg["c"], (20 * ups[2].delta["c"] + 40 * ups[3].delta["c"]) / 60)
@@ -36,8 +36,8 @@ def test_heteroavg_weighted_by_samples():
 def test_heteroavg_leaves_client_updates_untouched():
     ups = _updates()
     before = [{k: v.clone() for k, v in u.delta.items()} for u in ups]
-    heteroavg(ups)
-    heteroavg(ups, weighted=True)
+    mean_over_holders(ups)
+    mean_over_holders(ups, weighted=True)
     for u, b in zip(ups, before, strict=True):
         assert all(torch.equal(u.delta[k], b[k]) for k in b)
 
@@ -62,8 +62,7 @@ def test_apply_update_adds_and_clamps_running_var():
 def test_official_inco_divides_vit_updates_by_local_epochs():
     """The authors' ViT path: client deltas / E before averaging, then InCo; ResNets untouched."""
     from incofl.config import RunConfig
-    from incofl.fl.inco import cross_layer_update
-    from incofl.fl.transforms import InCoStep
+    from incofl.fl.methods.inco import InCoStep, cross_layer_update
     from incofl.registry import METHODS
 
     g = torch.Generator().manual_seed(1)
@@ -72,7 +71,7 @@ def test_official_inco_divides_vit_updates_by_local_epochs():
     pairs = {"blocks.0.norm2.weight": "blocks.0.norm1.weight"}
     setup = Setup(RunConfig(local_epochs=4), list(vit))
     hp, paper = METHODS["InCoAvg"].parse_args({}), METHODS["InCoAvg-paper"].parse_args({})
-    got = InCoStep(hp, setup)(heteroavg(ups))
+    got = InCoStep(hp, setup)(mean_over_holders(ups))
     expected = cross_layer_update({k: v * 1.5 / 4 for k, v in vit.items()}, pairs)
     assert all(torch.allclose(got[k], expected[k]) for k in vit)
     assert InCoStep(paper, setup).scale == 1.0

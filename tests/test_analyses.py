@@ -1,4 +1,4 @@
-"""The analyses as observers (fl/probes.py, fl/similarity.py, UpdateNoise): CKA's
+"""The analyses as observers (fl/stages/probes.py, fl/stages/similarity.py, UpdateNoise): CKA's
 defining properties, the trained models the probes see, histograms that account for every
 weight, t-SNE rows, noise statistics, that analyses never change training, and resume."""
 
@@ -13,9 +13,9 @@ from helpers import QUIET, engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig
 from incofl.fl.contracts import ClientUpdate, Setup
-from incofl.fl.similarity import cka, cosine, gram
-from incofl.fl.simulation import Run
-from incofl.fl.transforms import UpdateNoise
+from incofl.fl.engine.run import Run
+from incofl.fl.stages.similarity import cka, cosine, gram
+from incofl.fl.stages.transforms import UpdateNoise
 
 SMALL = {"clients": 4, "ratio": 1.0, "models": ["resnet10", "resnet14"], "rounds": 2, "batch_size": 16,
          "eval_every": 2, "eval_last": 0}  # fmt: skip

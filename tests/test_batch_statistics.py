@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.evaluation import batch_statistics, score
-from incofl.fl.width import gather_statistics, statistics_indices
+from incofl.fl.methods.width.levels import gather_statistics, statistics_indices
+from incofl.fl.stages.evaluation import batch_statistics, score
 from incofl.models.family import build_model
 
 PER_CLASS = 200

@@ -1,4 +1,4 @@
-"""The batched trainer (`trainer: batched`, fl/batched.py) gives the serial trainer's updates.
+"""The batched trainer (`trainer: batched`, fl/stages/batched.py) gives the serial trainer's updates.
 
 In float32 the two differ by reassociation (a vmapped convolution sums in another order), and
 a few local steps on small BatchNorm batches amplify that (a client's 3-sample last batch

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from incofl.bench import benchmark, peak_flops
-from incofl.fl.estimate import training_flops
+from incofl.fl.engine.estimate import training_flops
 
 SMALL = {"model": "resnet10", "clients": 2, "samples": 32, "epochs": 1, "batch_size": 16, "repeats": 1, "threads": 1}
 
@@ -58,7 +58,7 @@ def test_the_work_said_before_a_run_is_what_it_trains():
     weight each client's passes by its model group's count."""
     from helpers import engine_on, small_synthetic
 
-    from incofl.fl.estimate import Work
+    from incofl.fl.engine.estimate import Work
 
     engine = engine_on(small_synthetic(120), clients=4, ratio=0.5, models=["resnet10", "resnet14"], rounds=3,
                        batch_size=16, local_epochs=2)  # fmt: skip

@@ -13,7 +13,8 @@ from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.simulation import Engine, train
+from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.run import train
 from incofl.models.cnn import flat_features
 from incofl.models.family import build_model, check_nested, num_parameters
 from incofl.registry import METHODS
@@ -158,7 +159,7 @@ def test_fedpart_is_refused_on_cnn20():
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["FedAvg", "MOON"])
 def test_two_round_run(tmp_path, data, method):
-    """A real run (incofl.fl.simulation.train): two rounds, evaluated, the weights moved."""
+    """A real run (incofl.fl.engine.run.train): two rounds, evaluated, the weights moved."""
     cfg = RunConfig(**TINY, method=method)
     summary = train(cfg, tmp_path / method, data=data)
     assert summary["status"] == "completed" and summary["rounds"] == 2

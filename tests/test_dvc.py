@@ -117,7 +117,7 @@ def test_a_code_edit_flags_the_stages_that_run_it(committed, tmp_path):
         f.write("\nREPORT_EDIT = 1\n")
     changed = changed_stages(repo)
     assert changed == {name for name in STAGES if name.endswith("-report") or name.startswith("report-")}
-    with (repo / "src/incofl/fl/server.py").open("a") as f:
+    with (repo / "src/incofl/fl/stages/aggregate.py").open("a") as f:
         f.write("\nTRAINING_EDIT = 1\n")
     runs = yaml.safe_load((repo / "workflow/dvc/runs.yaml").read_text())["runs"]
     assert changed_stages(repo) == changed | {"digits-train"} | {f"train@{key}" for key in runs}
@@ -183,7 +183,7 @@ def test_training_code_edit_makes_snakemake_plan_the_training_jobs(experiment, t
     shutil.copytree(experiment, repo, symlinks=True)  # with Snakemake's records and the data cache
     dry_run = ("snakemake", "runs", "--configfile", "config/config.yaml", "--dry-run")
     assert "Nothing to be done" in sh(repo, *dry_run)
-    server = repo / "src/incofl/fl/server.py"
+    server = repo / "src/incofl/fl/stages/aggregate.py"
     server.write_text(server.read_text() + "\n# a comment changes no number\n")
     assert "Nothing to be done" in sh(repo, *dry_run)
     server.write_text(server.read_text() + "\nTRAINING_EDIT = 1\n")

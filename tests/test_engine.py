@@ -11,8 +11,8 @@ import yaml
 
 from incofl.config import load_run_config
 from incofl.data.sources import load_dataset
-from incofl.fl.sampling import client_seed, group_of, sample_schedule
-from incofl.fl.simulation import train
+from incofl.fl.engine.run import train
+from incofl.fl.stages.sampling import client_seed, group_of, sample_schedule
 
 SMALL = {
     "datasets": ["synthetic"],
@@ -107,7 +107,7 @@ def test_one_group_heteroavg_equals_fedavg(tmp_path, synthetic):
 def test_checkpoint_from_other_settings_is_refused(tmp_path, synthetic, other):
     """Other rounds too: a resumed run never mixes two schedules (summary says 2 rounds, metrics
     from round 3)."""
-    from incofl.fl import checkpoint
+    from incofl.fl.engine import checkpoint
 
     cfg = load_run_config(_cfg(tmp_path), {"method": "InCoAvg"})
     out = tmp_path / "run"
@@ -123,7 +123,7 @@ def test_checkpoint_from_other_settings_is_refused(tmp_path, synthetic, other):
 def test_client_update_is_a_real_difference(synthetic, tmp_path):
     """The released code's CPU bug (state_dict sharing storage) makes every delta zero."""
     from incofl.data.partition import make_partition
-    from incofl.fl.simulation import Engine
+    from incofl.fl.engine.engine import Engine
 
     cfg = load_run_config(_cfg(tmp_path), {"method": "HeteroAvg"})
     part = make_partition(synthetic.y_train, kind="iid", num_clients=6, alpha=1.0, seed=0)

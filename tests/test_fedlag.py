@@ -15,9 +15,9 @@ from helpers import engine_on, small_synthetic
 from incofl.cli import run
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import holdout_split, iid_partition
-from incofl.fl import personal as personal_module
-from incofl.fl.evaluation import score
-from incofl.fl.personal import conflict_counts
+from incofl.fl.methods import personal as personal_module
+from incofl.fl.methods.personal import conflict_counts
+from incofl.fl.stages.evaluation import score
 
 TINY = {
     "clients": 4,

@@ -14,16 +14,15 @@ from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl import plan as plan_module
-from incofl.fl.client import Objective, client_batches, make_optimizer
 from incofl.fl.contracts import Setup
-from incofl.fl.objectives import FedProx, Moon
-from incofl.fl.observers import InCoLog
-from incofl.fl.plan import PartPlanner
-from incofl.fl.sampling import client_seed
-from incofl.fl.server import GroupWise, Shared
-from incofl.fl.simulation import Engine
-from incofl.fl.transforms import InCoStep
+from incofl.fl.engine.engine import Engine
+from incofl.fl.methods import fedpart as fedpart_module
+from incofl.fl.methods.fedpart import PartPlanner
+from incofl.fl.methods.inco import InCoLog, InCoStep
+from incofl.fl.methods.objectives import FedProx, Moon
+from incofl.fl.stages.aggregate import GroupWise, Shared
+from incofl.fl.stages.local import Objective, client_batches, make_optimizer
+from incofl.fl.stages.sampling import client_seed
 from incofl.models.family import build_model, num_parameters
 from incofl.models.groups import HEAD, STEM, LayerGroup, counterpart, layer_groups
 from incofl.registry import METHODS
@@ -335,7 +334,7 @@ def test_a_single_layer_group_is_fedavg_bit_for_bit(data, monkeypatch):
         return [LayerGroup("all", frozenset().union(*(g.params for g in groups)),
                            frozenset().union(*(g.stats for g in groups)))]  # fmt: skip
 
-    monkeypatch.setattr(plan_module, "layer_groups", one_group)
+    monkeypatch.setattr(fedpart_module, "layer_groups", one_group)
     part = _run(_engine(data, "FedPart", method_args={"warmup": 0}), 3)
     full = _run(_engine(data, "FedAvg"), 3)
     assert not part.planner.plan(0, 0).full and _same_states(part, full)

@@ -10,8 +10,8 @@ from helpers import QUIET, engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.partition import PartitionError, check_provenance, iid_draw_partition, make_partition
-from incofl.fl.evaluation import score
-from incofl.fl.plan import bn_statistics
+from incofl.fl.stages.evaluation import score
+from incofl.fl.stages.plan import bn_statistics
 from incofl.models.family import build_model
 
 TINY = {

@@ -25,7 +25,7 @@ import torch
 
 from incofl.config import RunConfig
 from incofl.data.sources import load_dataset
-from incofl.fl.simulation import train
+from incofl.fl.engine.run import train
 
 SETTINGS = {
     "dataset": "synthetic",

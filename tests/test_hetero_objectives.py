@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from incofl.fl.client import Session, train_step
 from incofl.fl.contracts import ClientContext
-from incofl.fl.objectives.exits import ExitLoss, exit_loss
-from incofl.fl.objectives.masked import MaskedCE, masked_logits
+from incofl.fl.methods.width.exits import ExitLoss, exit_loss
+from incofl.fl.methods.width.masked import MaskedCE, masked_logits
+from incofl.fl.stages.local import Session, train_step
 from incofl.params import ExitParams, MaskedParams
 
 

@@ -18,15 +18,17 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
-from incofl.fl import checkpoint
-from incofl.fl.client import Objective, client_batches, local_train, train_step
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup
-from incofl.fl.evaluation import score
-from incofl.fl.objectives import FedProx, Moon, Scaffold
-from incofl.fl.objectives.moon import moon_loss
-from incofl.fl.server import GroupWise, Shared, heteroavg
-from incofl.fl.simulation import Engine, train
-from incofl.fl.transforms import InCoStep, NovaNormalize, normalizer
+from incofl.fl.engine import checkpoint
+from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.run import train
+from incofl.fl.methods.fednova import NovaNormalize, normalizer
+from incofl.fl.methods.inco import InCoStep
+from incofl.fl.methods.objectives import FedProx, Moon, Scaffold
+from incofl.fl.methods.objectives.moon import moon_loss
+from incofl.fl.stages.aggregate import GroupWise, Shared, mean_over_holders
+from incofl.fl.stages.evaluation import score
+from incofl.fl.stages.local import Objective, client_batches, local_train, train_step
 from incofl.models.family import build_model, check_nested
 from incofl.registry import METHODS
 
@@ -200,7 +202,7 @@ def test_fednova_aggregate_is_tau_eff_times_weighted_normalised_updates():
         a = {i: (spec[i][1] - rho * (1 - rho ** spec[i][1]) / (1 - rho)) / (1 - rho) for i in members}
         tau_eff = sum(spec[i][0] / n * a[i] for i in members)
         expected = tau_eff * sum(spec[i][0] / n * originals[i] / a[i] for i in members)
-        got = heteroavg([updates[i] for i in members], weighted=True)["w"]
+        got = mean_over_holders([updates[i] for i in members], weighted=True)["w"]
         assert torch.allclose(got, expected, atol=1e-6)
 
 

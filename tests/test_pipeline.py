@@ -22,11 +22,12 @@ from incofl.data.partition import Partition, iid_partition, make_partition, part
 from incofl.data.release import ReleasePartitionError, read_release_partition, release_file
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit, to_device
-from incofl.fl.client import client_batches
 from incofl.fl.contracts import Setup
-from incofl.fl.evaluation import score
-from incofl.fl.simulation import Engine
-from incofl.fl.transforms import EpochScale, InCoStep
+from incofl.fl.engine.engine import Engine
+from incofl.fl.methods.inco import InCoStep
+from incofl.fl.stages.evaluation import score
+from incofl.fl.stages.local import client_batches
+from incofl.fl.stages.transforms import EpochScale
 from incofl.models.family import build_model
 from incofl.registry import METHODS
 

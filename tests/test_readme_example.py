@@ -14,7 +14,7 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.fl.contracts import ClientUpdate, Setup
-from incofl.fl.simulation import Engine
+from incofl.fl.engine.engine import Engine
 from incofl.params import describe
 from incofl.registry import METHODS
 

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from incofl.fl.client import Objective
-from incofl.fl.objectives import ExitLoss
-from incofl.fl.observers import Observer
-from incofl.fl.personal import KeepPlanner, LagPlanner
-from incofl.fl.plan import FullPlanner, PartPlanner
-from incofl.fl.server import Aggregator
-from incofl.fl.transforms import AverageTransform, UpdateTransform
-from incofl.fl.width import WidthPlanner
+from incofl.fl.methods.fedpart import PartPlanner
+from incofl.fl.methods.personal import KeepPlanner, LagPlanner
+from incofl.fl.methods.width.exits import ExitLoss
+from incofl.fl.methods.width.levels import WidthPlanner
+from incofl.fl.stages.aggregate import Aggregator
+from incofl.fl.stages.local import Objective
+from incofl.fl.stages.observers import Observer
+from incofl.fl.stages.plan import FullPlanner
+from incofl.fl.stages.transforms import AverageTransform, UpdateTransform
 from incofl.registry import METHODS
 
 REPO = Path(__file__).resolve().parents[1]

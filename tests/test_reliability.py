@@ -337,7 +337,7 @@ def test_finished_run_is_not_redone_and_other_settings_are_refused(tmp_path, cap
 
 @pytest.mark.parametrize("damage", [lambda b: b[: len(b) // 3], lambda b: b"\x00" * 64], ids=["truncated", "zeroed"])
 def test_unreadable_checkpoint_is_one_line(tmp_path, capsys, damage):
-    from incofl.fl import checkpoint
+    from incofl.fl.engine import checkpoint
 
     cfg = _config(tmp_path)
     out = tmp_path / "run"

@@ -13,9 +13,9 @@ import pytest
 
 from incofl import streams
 from incofl.data.partition import dirichlet_partition, holdout_split, iid_partition
-from incofl.fl.plan import PartPlanner
-from incofl.fl.sampling import client_seed, noise_seed, sample_schedule
-from incofl.fl.width import WidthPlanner, statistics_indices
+from incofl.fl.methods.fedpart import PartPlanner
+from incofl.fl.methods.width.levels import WidthPlanner, statistics_indices
+from incofl.fl.stages.sampling import client_seed, noise_seed, sample_schedule
 from incofl.streams import Stream, fixed_generator, generator, seed_int, seed_sequence
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "incofl"
@@ -107,7 +107,7 @@ def test_no_two_uses_draw_the_same_sequence(monkeypatch):
 # from it: a builder, a wrapper of one, or a fixed seed it declares.
 _FROM_REGISTRY = ("seed_int(", "client_seed(", "noise_seed(", *(n for n in dir(streams) if n.endswith("_SEED")))
 # The run's seed handed over bare (streams.py says why they are kept): file -> the line's text.
-_BARE = {"fl/simulation.py": "torch.manual_seed(cfg.seed)", "fl/probes.py": "random_state=self.seed"}
+_BARE = {"fl/engine/engine.py": "torch.manual_seed(cfg.seed)", "fl/stages/probes.py": "random_state=self.seed"}
 _NUMPY_RNG = re.compile(r"SeedSequence\(|default_rng\(|RandomState\(|np\.random\.\w+\(")
 _SEEDED = re.compile(r"(?:manual_seed\(|random_state=)\s*(\w+)(\(?)")
 

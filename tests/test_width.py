@@ -11,9 +11,10 @@ from helpers import engine_on, small_synthetic
 
 from incofl.config import RunConfig
 from incofl.fl.contracts import View
-from incofl.fl.inco import cross_layer_update, find_pairs
-from incofl.fl.slicing import extract, index_map, scatter_add, sliced_mean, take, window
-from incofl.fl.width import RolexMean, SlicedMean, Widths
+from incofl.fl.methods.inco import cross_layer_update, find_pairs
+from incofl.fl.methods.width.aggregate import RolexMean, SlicedMean
+from incofl.fl.methods.width.levels import Widths
+from incofl.fl.methods.width.slicing import extract, index_map, scatter_add, sliced_mean, take, window
 from incofl.models.family import build_model
 from incofl.params import RolexParams
 

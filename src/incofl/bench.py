@@ -2,7 +2,7 @@
 
 Every path trains the same architecture from the same weights on the same batches (same
 permutations and augmentation draws). An engine path is one full communication round of
-InCoAvg (sampling every client, local training, deltas, heteroavg, InCo, server update) with
+InCoAvg (sampling every client, local training, deltas, mean_over_holders, InCo, server update) with
 the serial or the batched trainer, in fp32 and (on a GPU) bf16 autocast, and the serial one with
 the analyses (CKA, update histograms, t-SNE) asked for a later round (idle: what they cost when
 not probing) and for this round (probing); the plain path is a
@@ -24,9 +24,9 @@ from incofl.config import RunConfig
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
-from incofl.fl.estimate import training_flops
-from incofl.fl.sampling import client_seed
-from incofl.fl.simulation import Engine, resolve_device
+from incofl.fl.engine.engine import Engine, resolve_device
+from incofl.fl.engine.estimate import training_flops
+from incofl.fl.stages.sampling import client_seed
 from incofl.models.family import build_model
 
 

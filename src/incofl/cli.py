@@ -81,7 +81,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from incofl.fl.simulation import train
+    from incofl.fl.engine.run import train
 
     cfg = load_run_config(args.config, parse_overrides(args.set))
     summary = train(cfg, args.out)
@@ -389,7 +389,7 @@ def _analysis_name(text: str) -> str:
 def run(argv: list[str] | None = None) -> int:
     """Parse and dispatch. Bad input (config, data, files) is one line on stderr and exit code
     2; a diverged run one line and 3; Ctrl-C one line and 130. No traceback for any of them."""
-    from incofl.fl.divergence import EXIT_DIVERGED, Diverged
+    from incofl.fl.engine.divergence import EXIT_DIVERGED, Diverged
 
     args = build_parser().parse_args(argv)
     say = f"incofl {args.command}"
@@ -415,8 +415,8 @@ def user_errors() -> tuple[type[Exception], ...]:
     from incofl.data.partition import PartitionError
     from incofl.data.release import ReleasePartitionError
     from incofl.data.sources import DataNotFoundError
-    from incofl.fl.checkpoint import CheckpointMismatch
-    from incofl.fl.rundir import RunDirError
+    from incofl.fl.engine.checkpoint import CheckpointMismatch
+    from incofl.fl.engine.rundir import RunDirError
     from incofl.report.runs import RunFileError
 
     return (ConfigError, FileNotFoundError, DataNotFoundError, PartitionError, ReleasePartitionError,

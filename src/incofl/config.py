@@ -50,7 +50,7 @@ Rounds = list[Annotated[int, Field(ge=1)]]
 
 
 class Analyses(BaseModel):
-    """The paper's analyses as observers of the round (fl/probes.py). Each `*_rounds` list
+    """The paper's analyses as observers of the round (fl/stages/probes.py). Each `*_rounds` list
     names the rounds (1-based, the round just trained) it runs after; an empty one costs nothing."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

@@ -71,28 +71,28 @@ class Component:
 
 
 # The components of the registered methods, by stage
-CE = Component("incofl.fl.client:Objective")  # FedAvg's local cross-entropy
-PROX = Component("incofl.fl.objectives:FedProx", ProxParams)
-SCAFFOLD = Component("incofl.fl.objectives:Scaffold", ScaffoldParams)
-MOON = Component("incofl.fl.objectives:Moon", MoonParams)
-MASKED = Component("incofl.fl.objectives:MaskedCE", MaskedParams)
-EXIT_LOSS = Component("incofl.fl.objectives:ExitLoss", ExitParams, exits=True)
-GROUPWISE = Component("incofl.fl.server:GroupWise", AggregationParams)
-SHARED = Component("incofl.fl.server:Shared", AggregationParams)
-SLICED = Component("incofl.fl.width:SlicedMean", SlicedParams)
-ROLEX = Component("incofl.fl.width:RolexMean", RolexParams)
-NOVA = Component("incofl.fl.transforms:NovaNormalize", NovaParams)
-INCO = Component("incofl.fl.transforms:InCoStep", InCoParams)
-INCO_LOG = Component("incofl.fl.observers:InCoLog")
-FULL = Component("incofl.fl.plan:FullPlanner")
-PART = Component("incofl.fl.plan:PartPlanner", PartParams, layer_groups=True)
-LOCAL = Component("incofl.fl.personal:LocalPlanner", personal=True)
-FEDPER = Component("incofl.fl.personal:FedPerPlanner", personal=True)
-LAG = Component("incofl.fl.personal:LagPlanner", LagParams, personal=True)
-WIDTH = Component("incofl.fl.width:WidthPlanner", WidthParams, width=True)
+CE = Component("incofl.fl.stages.local:Objective")  # FedAvg's local cross-entropy
+PROX = Component("incofl.fl.methods.objectives:FedProx", ProxParams)
+SCAFFOLD = Component("incofl.fl.methods.objectives:Scaffold", ScaffoldParams)
+MOON = Component("incofl.fl.methods.objectives:Moon", MoonParams)
+MASKED = Component("incofl.fl.methods.width.masked:MaskedCE", MaskedParams)
+EXIT_LOSS = Component("incofl.fl.methods.width.exits:ExitLoss", ExitParams, exits=True)
+GROUPWISE = Component("incofl.fl.stages.aggregate:GroupWise", AggregationParams)
+SHARED = Component("incofl.fl.stages.aggregate:Shared", AggregationParams)
+SLICED = Component("incofl.fl.methods.width.aggregate:SlicedMean", SlicedParams)
+ROLEX = Component("incofl.fl.methods.width.aggregate:RolexMean", RolexParams)
+NOVA = Component("incofl.fl.methods.fednova:NovaNormalize", NovaParams)
+INCO = Component("incofl.fl.methods.inco:InCoStep", InCoParams)
+INCO_LOG = Component("incofl.fl.methods.inco:InCoLog")
+FULL = Component("incofl.fl.stages.plan:FullPlanner")
+PART = Component("incofl.fl.methods.fedpart:PartPlanner", PartParams, layer_groups=True)
+LOCAL = Component("incofl.fl.methods.personal:LocalPlanner", personal=True)
+FEDPER = Component("incofl.fl.methods.personal:FedPerPlanner", personal=True)
+LAG = Component("incofl.fl.methods.personal:LagPlanner", LagParams, personal=True)
+WIDTH = Component("incofl.fl.methods.width.levels:WidthPlanner", WidthParams, width=True)
 # The layouts: how the models are built, started from and evaluated (`layout_of`)
-GROUPS = Component("incofl.fl.layout:GroupLayout")  # one whole model per model group
-WIDTH_LAYOUT = Component("incofl.fl.width:WidthLayout")  # one model cut in width (and depth), a level per group
+GROUPS = Component("incofl.fl.stages.layout:GroupLayout")  # one whole model per model group
+WIDTH_LAYOUT = Component("incofl.fl.methods.width.levels:WidthLayout")  # one model cut in width, a level per group
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class Method:
 
     @property
     def width(self) -> bool:
-        """Trains models cut in width (and depth): HeteroFL, FedRolex, ScaleFL (fl/width.py)."""
+        """Trains models cut in width (and depth): HeteroFL, FedRolex, ScaleFL (fl/methods/width/)."""
         return self.planner.width
 
     @property
@@ -136,7 +136,7 @@ class Method:
         """Settings this method cannot run with, as a ValueError naming the key: personal methods
         need `holdout`; layer groups are defined for ResNets; width methods need a width model
         (ScaleFL resnet110, the others preresnet18) and other methods uncut levels; the batched
-        trainer trains only objectives it can batch (fl/batched.py: the only check that imports
+        trainer trains only objectives it can batch (fl/stages/batched.py: the only check that imports
         the objective's code)."""
         name, model = self.name, settings.models[0]
         if self.planner.personal and not settings.holdout:
@@ -169,7 +169,7 @@ def _inco(name: str, base: str, source: str, objective: Component = CE, aggregat
 
 
 def _width(name: str, source: str, inco: str | None = None, aggregator: Component = SLICED, **kw: Any) -> Method:
-    """A width-splitting method (fl/width.py), or with `inco` (its base's name) the InCo step after it."""
+    """A width-splitting method (fl/methods/width/), or with `inco` (its base's name) the InCo step after it."""
     if inco:
         return _inco(name, inco, _PAPER + "; " + source, aggregator=aggregator, planner=WIDTH, **kw)
     return Method(name, aggregator=aggregator, planner=WIDTH, source=source, **kw)

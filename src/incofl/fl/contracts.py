@@ -14,7 +14,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from incofl.config import RunConfig
-    from incofl.fl.layout import Layout
+    from incofl.fl.stages.layout import Layout
 
 State = dict[str, torch.Tensor]  # a model's state entries by name (weights, updates, averages)
 Average = State  # one federation's averaged update
@@ -42,7 +42,7 @@ class ClientPlan:
     trainable: frozenset[str] | None = None  # parameter names trained; None: all
     upload: frozenset[str] | None = None  # state entries uploaded; None: every floating-point entry
     keep: frozenset[str] = frozenset()  # state entries the client keeps for itself, never uploaded
-    signal: bool = False  # attach the client's last mini-batch gradients to its update (FedLAG)
+    last_grad: bool = False  # attach the client's last mini-batch gradients to its update (extra["last_grad"])
     view: View | None = None  # width splitting: the block of the global model the client trains (slicing.py)
 
     @property

@@ -1,4 +1,7 @@
-"""Internal cross-layer gradients (InCo, METHODS.md section 4): the public contract.
+"""InCo Aggregation (Chan et al., ICLR 2024): internal cross-layer gradients, the family's one
+stage of its own (`InCoStep`, after aggregation) and its theta/beta log (`InCoLog`, inco.csv).
+The registry combines the step with any base method's other stages (InCoAvg, InCoProx, ...,
+InCoHeteroFL).
 
 Every variant computes T' = (t + c * r) * s for each target update T and its shallow
 reference R, where (t, r, s) are either normalised (T/|T|, R/|R|, (|T|+|R|)/2) or raw
@@ -18,8 +21,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from incofl.fl.contracts import Average, RoundReport, Setup
+from incofl.fl.stages.observers import Observer
+from incofl.fl.stages.transforms import AverageTransform
+from incofl.params import InCoParams
 
 _RESNET_CONV = re.compile(r"^layer(\d+)\.(\d+)\.conv([12])\.weight$")
 _VIT_NORM2 = re.compile(r"^blocks\.(\d+)\.norm2\.weight$")
@@ -155,3 +164,39 @@ def cross_layer_update(
                 "beta_pos": (beta > 0).float().mean().item(),
             }
     return out
+
+
+class InCoStep(AverageTransform):
+    """Internal cross-layer gradients on the averaged update (inco.py). Pairs whose target or
+    reference is not in the update (not uploaded this round) are skipped. The official variant's
+    ViT form first divides the update by the number of local epochs (the authors' ViT path),
+    unless the engine's EpochScale did for every method (`vit_epoch_scale: all`)."""
+
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
+        self.pairs = find_pairs(setup.state_names)
+        self.options = {k: getattr(hp, k) for k in InCoParams.model_fields}
+        self.stats: dict[str, dict[str, float]] = {}
+        vit = vit_pairs(self.pairs) and hp.variant == "official" and not setup.cfg.scales_epochs
+        self.scale = 1.0 / setup.cfg.local_epochs if vit else 1.0
+
+    def __call__(self, average: Average) -> Average:
+        held = getattr(average, "held", None)  # width splitting: the elements clients held (fl/methods/width/)
+        if self.scale != 1.0:
+            for v in average.values():
+                v.mul_(self.scale)
+        return cross_layer_update(average, self.pairs, stats=self.stats, held=held, **self.options)
+
+    def diagnostics(self) -> dict[str, dict[str, float]]:
+        stats, self.stats = self.stats, {}
+        return stats
+
+
+class InCoLog(Observer):
+    """inco.csv: per round and target layer, the mean coefficient theta (c), mean beta and the
+    share of slices with beta > 0 (paper Table 3)."""
+
+    filename = "inco.csv"
+
+    def observe(self, report: RoundReport) -> None:
+        self.rows += [{"round": report.round, "layer": k, **v} for k, v in report.diagnostics.items()]

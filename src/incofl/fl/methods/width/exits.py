@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from incofl.fl.client import Objective, Session
 from incofl.fl.contracts import ClientContext
+from incofl.fl.stages.local import Objective, Session
 
 
 def exit_loss(

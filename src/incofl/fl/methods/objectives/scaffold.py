@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from incofl.fl.client import Objective, Session
 from incofl.fl.contracts import ClientContext, ClientUpdate
+from incofl.fl.stages.local import Objective, Session
 from incofl.params import ScaffoldParams
 
 Variates = dict[str, torch.Tensor]

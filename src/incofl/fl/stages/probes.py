@@ -6,7 +6,7 @@ clients trained (`see_clients`, before any transform touches their updates) and 
 federation's averaged update before and after the server's transforms (`see_average`). A run
 whose `analyses` lists no rounds builds none of these, so the round loop is unchanged.
 
-- `CKAProbe` (cka.csv, update_similarity.csv): linear CKA (fl/similarity.py) between every
+- `CKAProbe` (cka.csv, update_similarity.csv): linear CKA (fl/stages/similarity.py) between every
   pair of the round's trained clients, at every stage and block output both models have, on
   one probe batch of test images (the same for every run); and the cosine of their updates of
   every weight tensor both hold (paper Figs. 1, 2a-b, 10).
@@ -31,8 +31,8 @@ from torch import nn
 from incofl.config import ConfigError, RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import State, Trained
-from incofl.fl.observers import Observer, write_rows
-from incofl.fl.similarity import cka, cosine, gram
+from incofl.fl.stages.observers import Observer, write_rows
+from incofl.fl.stages.similarity import cka, cosine, gram
 from incofl.streams import PROBE_SEED, fixed_generator
 
 STAGE, BLOCK = re.compile(r"layer\d+"), re.compile(r"(layer\d+|blocks)\.\d+")

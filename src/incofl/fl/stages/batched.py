@@ -30,9 +30,9 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from incofl.config import RunConfig
-from incofl.fl.client import Objective
 from incofl.fl.contracts import ClientPlan, ClientUpdate, State
-from incofl.fl.trainer import Trainer
+from incofl.fl.stages.local import Objective
+from incofl.fl.stages.trainer import Trainer
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -133,14 +133,14 @@ class BatchedTrainer(Trainer):
                 losses.index_add_(0, index, loss.detach())
                 for n, i in enumerate(size_rows):
                     steps[i] += 1
-                    if plans[i].signal:
+                    if plans[i].last_grad:
                         last_grads[i] = {k: g[n].detach() for k, g in grads.items()}
         totals = losses.tolist()  # the bucket's one host sync
         updates = []
         for i, plan in enumerate(plans):
             final = {k: (weights[k] if k in weights else rest[k])[i] for k in starts[i]}
-            last_grad = None  # a signal plan's last gradients: zero for a client that took no step
-            if plan.signal:
+            last_grad = None  # a last_grad plan's last gradients: zero for a client that took no step
+            if plan.last_grad:
                 last_grad = last_grads.get(i) or {k: torch.zeros_like(w[i]) for k, w in weights.items()}
             loss = totals[i] / steps[i] if steps[i] else float("nan")
             updates.append(self.assemble(plan, starts[i], final, params, steps[i], loss, last_grad))

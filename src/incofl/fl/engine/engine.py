@@ -1,47 +1,35 @@
-"""The round loop: the stages of a round, evaluation, checkpoints and resume.
+"""The round loop: one federated run's server states and the components of its round's stages.
 
 A round is plan -> train -> transform -> aggregate (-> transform) -> apply -> observe, and
-every few rounds evaluate; the method's registry entry names the component of each stage
-(methods.py). Nothing here depends on the method. Outputs (in `out_dir`): metrics.csv,
-rounds.csv (per-round costs), the method's observer files (InCo: inco.csv), summary.json,
-train.log, and ckpt.pt while the run is unfinished.
+every few rounds evaluate. The registry (registry.py) names each stage's component for the
+run's method and the layout for its model; the engine builds them in one downward pass (data,
+models, method) and calls them. It names no method, model family or model: a test greps it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 from torch import nn
-from tqdm import tqdm
 
-from incofl.atomic import atomic_path, write_json
 from incofl.config import ConfigError, RunConfig
 from incofl.data.augment import resolve_augment
 from incofl.data.dataset import ImageDataset
-from incofl.data.partition import Partition, holdout_split, partition_for
+from incofl.data.partition import Partition, holdout_split
 from incofl.data.tensors import to_device
-from incofl.fl import checkpoint
-from incofl.fl.batched import BatchedTrainer
 from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundReport, Setup, Trained
-from incofl.fl.divergence import Diverged, check_states, check_updates
-from incofl.fl.estimate import Work
-from incofl.fl.layout import Layout, LayoutInputs
-from incofl.fl.observers import CostLog
-from incofl.fl.probes import analyses_for
-from incofl.fl.rundir import claimed
-from incofl.fl.sampling import group_of, sample_schedule
-from incofl.fl.server import apply_update
-from incofl.fl.trainer import SerialTrainer
-from incofl.fl.transforms import EpochScale, UpdateNoise
+from incofl.fl.engine.divergence import check_states, check_updates
+from incofl.fl.stages.aggregate import apply_update
+from incofl.fl.stages.batched import BatchedTrainer
+from incofl.fl.stages.layout import Layout, LayoutInputs
+from incofl.fl.stages.observers import CostLog
+from incofl.fl.stages.probes import analyses_for
+from incofl.fl.stages.sampling import group_of, sample_schedule
+from incofl.fl.stages.trainer import SerialTrainer
+from incofl.fl.stages.transforms import EpochScale, UpdateNoise
 from incofl.models.family import build_model, input_size
 from incofl.params import Params
 from incofl.registry import METHODS, Component, Method, layout_of
@@ -53,22 +41,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: cuda, but this machine has no CUDA device (device: auto uses the CPU then)")
     return torch.device(name)
-
-
-def evaluated(round_: int, cfg: RunConfig) -> bool:
-    """Rounds scored on the test set: every `eval_every`-th, each of the last `eval_last`, and the last."""
-    return round_ % cfg.eval_every == 0 or round_ > cfg.rounds - cfg.eval_last or round_ == cfg.rounds
-
-
-def _file_logger(path: Path) -> logging.Logger:
-    log = logging.getLogger(f"incofl.run.{path.parent}")
-    log.handlers.clear()
-    log.propagate = False
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    return log
 
 
 class Engine:
@@ -99,7 +71,7 @@ class Engine:
         self.train_data, self.test_data = to_device(data, self.device, self.size, aug, cfg.normalize)
 
     def _models(self, data: ImageDataset, layout: Component, model_kwargs: dict[str, Any]) -> None:
-        """The models, laid out by their layout: built, started from and evaluated (fl/layout.py)."""
+        """The models, laid out by their layout: built, started from and evaluated (fl/stages/layout.py)."""
         cfg, device = self.cfg, self.device
 
         def build(name: str, **model_args: Any) -> nn.Module:
@@ -225,177 +197,3 @@ class Engine:
         self.kept = {c: {k: v.to(self.device) for k, v in kept.items()} for c, kept in payload.get("kept", {}).items()}
         for observer, state in zip(self.observers, payload["observers"], strict=True):
             observer.load_state_dict(state)
-
-
-class Run:
-    """Drives an Engine through its rounds with metrics, checkpoints and resume."""
-
-    def __init__(self, cfg: RunConfig, engine: Engine, out_dir: Path):
-        self.cfg, self.engine, self.out = cfg, engine, out_dir
-        self.log = _file_logger(out_dir / "train.log")
-        self.ckpt = out_dir / "ckpt.pt"
-        self.rows: list[dict[str, float]] = []
-        self.round, self.elapsed, self.samples = 0, 0.0, 0
-
-    def resume(self) -> None:
-        payload = checkpoint.load(self.ckpt, self.cfg.model_dump())
-        if payload is None:
-            return
-        self.engine.load_state_dict(payload["engine"])
-        self.rows = payload["rows"]
-        self.round, self.elapsed, self.samples = payload["round"], payload["elapsed"], payload["samples"]
-        torch.set_rng_state(payload["torch_rng"])
-        self.log.info("resumed from %s after round %d", self.ckpt, self.round)
-
-    def save(self) -> None:
-        checkpoint.save(
-            self.ckpt,
-            {
-                "engine": self.engine.state_dict(),
-                "rows": self.rows,
-                "round": self.round,
-                "elapsed": self.elapsed,
-                "samples": self.samples,
-                "torch_rng": torch.get_rng_state(),
-                "config": checkpoint.semantic_config(self.cfg.model_dump()),
-            },
-        )
-
-    def say(self, line: str) -> None:
-        """To train.log and stderr (the workflow's job log), beside the progress bar."""
-        self.log.info(line)
-        tqdm.write(line, file=sys.stderr)
-
-    def record(self, round_: int) -> dict[str, float]:
-        costs = self.engine.costs.totals()  # upload bytes and compute units so far
-        row = {"round": round_, **self.engine.evaluate(), "seconds": round(self.elapsed, 3), **costs}
-        accs = [row[f"acc_g{g}"] for g in range(self.cfg.groups)]
-        self.rows.append(row)
-        with atomic_path(self.out / "metrics.csv") as tmp:
-            pd.DataFrame(self.rows).to_csv(tmp, index=False)
-        self.log.info(
-            "round %d: mean acc %.2f%% loss %.4f groups %s",
-            round_,
-            row["mean_acc"],
-            row["mean_loss"],
-            " ".join(f"{a:.1f}" for a in accs),
-        )
-        return row
-
-    def finished(self) -> dict[str, Any] | None:
-        """The summary of this run if it already finished (with these settings; others are refused)."""
-        path = self.out / "summary.json"
-        if not path.exists() or self.ckpt.exists():
-            return None
-        summary = json.loads(path.read_text())
-        checkpoint.check_same(path, summary["config"], self.cfg.model_dump(), f"delete {self.out} or use another --out")
-        return summary
-
-    def execute(self) -> dict[str, Any]:
-        cfg = self.cfg
-        done = self.finished()
-        if done is not None:
-            self.log.info("already finished: %s", self.out / "summary.json")
-            if done.get("status") == "diverged":
-                raise Diverged(done["diverged_round"], done["diverged"])
-            return done
-        self.resume()
-        self.log.info(
-            "run %s %s alpha=%s seed=%d: rounds %d..%d",
-            cfg.name,
-            cfg.dataset,
-            cfg.alpha,
-            cfg.seed,
-            self.round + 1,
-            cfg.rounds,
-        )
-        work, first = Work(self.engine, self.round), self.round
-        self.say(work.line())
-        bar = tqdm(
-            range(self.round, cfg.rounds),
-            initial=self.round,
-            total=cfg.rounds,
-            disable=not cfg.progress,
-            desc=f"{cfg.name} {cfg.dataset} a={cfg.alpha} s={cfg.seed}",
-            unit="round",
-        )
-        for t in bar:
-            start = time.perf_counter()
-            try:
-                report = self.engine.run_round(t)
-            except Diverged as err:
-                self.finish(diverged=err)
-                raise
-            report.seconds = time.perf_counter() - start
-            self.engine.observe(report)
-            self.elapsed, self.samples, self.round = self.elapsed + report.seconds, self.samples + report.samples, t + 1
-            self.log.info("round %d/%d trained in %.1f s", self.round, cfg.rounds, report.seconds)
-            if t == first and self.round < cfg.rounds:
-                self.say(work.time_line(report.seconds))
-            if evaluated(self.round, cfg):
-                bar.set_postfix(acc=f"{self.record(self.round)['mean_acc']:.2f}")
-            if self.round % cfg.checkpoint_every == 0 and self.round < cfg.rounds:
-                self.save()
-        return self.finish()
-
-    def finish(self, diverged: Diverged | None = None) -> dict[str, Any]:
-        """summary.json (last, atomically: it marks a finished run). A diverged run reports
-        where it diverged and no accuracy."""
-        cfg = self.cfg
-        summary = {
-            "method": cfg.name,  # a variant's label
-            "dataset": cfg.dataset,
-            "alpha": cfg.alpha,
-            "seed": cfg.seed,
-            "rounds": cfg.rounds,
-            "status": "completed" if diverged is None else "diverged",
-            **(self.accuracy() if diverged is None else {"diverged_round": diverged.round, "diverged": diverged.where}),
-            "wall_s": round(self.elapsed, 3),
-            "samples_per_s": round(self.samples / max(self.elapsed, 1e-9), 1),
-            **self.engine.costs.totals(),
-            **self.engine.planner.summary(),
-            "device": str(self.engine.device),
-            "torch": torch.__version__,
-            "config": cfg.model_dump(),
-        }
-        for observer in self.engine.observers:
-            observer.write(self.out)
-        write_json(self.out / "summary.json", summary, strict=True)
-        if cfg.keep_checkpoint and diverged is None:
-            self.save()
-        else:
-            self.ckpt.unlink(missing_ok=True)
-        if diverged is None:
-            self.log.info("done: final %.2f%% best %.2f%% last10 %.2f%%",
-                          summary["final_acc"], summary["best_acc"], summary["last10_acc"])  # fmt: skip
-        else:
-            self.log.error("%s", diverged)
-        return summary
-
-    def accuracy(self) -> dict[str, Any]:
-        """The completed run's accuracies (final, best, mean of the last 10 rounds) and weights' hash."""
-        cfg, accs = self.cfg, [r["mean_acc"] for r in self.rows]
-        final = self.rows[-1]
-        return {
-            "final_acc": final["mean_acc"],
-            "best_acc": max(accs),
-            "best_round": int(self.rows[int(np.argmax(accs))]["round"]),
-            "last10_acc": float(np.mean([r["mean_acc"] for r in self.rows if r["round"] > cfg.rounds - 10])),
-            "group_final_acc": [final[f"acc_g{g}"] for g in range(cfg.groups)],
-            "final_loss": final["mean_loss"],
-            **self.engine.layout.summary(self.rows),
-            "state_sha256": self.engine.fingerprint(),
-        }
-
-
-def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:
-    """Run (or resume) one configured training run and return its summary."""
-    from incofl.data.sources import dataset_for
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-    data = data or dataset_for(cfg)
-    engine = Engine(cfg, data, partition_for(cfg, data), device)  # every input checked before --out is touched
-    with claimed(Path(out_dir)):
-        return Run(cfg, engine, Path(out_dir)).execute()

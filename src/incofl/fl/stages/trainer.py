@@ -17,9 +17,9 @@ from torch import nn
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
-from incofl.fl.client import Objective, client_batches, local_train, make_optimizer
 from incofl.fl.contracts import ClientContext, ClientPlan, ClientUpdate, State
-from incofl.fl.sampling import client_seed
+from incofl.fl.stages.local import Objective, client_batches, local_train, make_optimizer
+from incofl.fl.stages.sampling import client_seed
 
 
 def set_trainable(model: nn.Module, trainable: frozenset[str] | None) -> list[nn.Parameter]:
@@ -64,13 +64,13 @@ class Trainer:
                  last_grad: State | None) -> ClientUpdate:  # fmt: skip
         """A trained client's update, for every trainer: the delta of each uploaded
         floating-point entry from its `final` state (in state order), the entries it keeps, and
-        with a `signal` plan its last mini-batch gradients. `params`: the model's parameter names."""
+        with a `last_grad` plan its last mini-batch gradients. `params`: the model's parameter names."""
         delta = {k: v.detach() - start[k] for k, v in final.items() if v.is_floating_point() and plan.uploads(k)}
         uploaded = sum(v.numel() for k, v in delta.items() if k in params)  # parameters, not buffers
         kept = {k: v.detach().clone() for k, v in final.items() if k in plan.keep}
         return ClientUpdate(plan.client, plan.group, delta, len(self.parts[plan.client]), steps, state=plan.federation,
                             loss=loss, full=plan.full, upload_params=uploaded, kept=kept,
-                            extra={"last_grad": last_grad} if plan.signal else {}, view=plan.view,
+                            extra={"last_grad": last_grad} if plan.last_grad else {}, view=plan.view,
                             classes=self.classes(plan.client))  # fmt: skip
 
 
@@ -92,6 +92,6 @@ class SerialTrainer(Trainer):
         session = objective.session(ctx)
         loss = local_train(session, optimizer, self.batches(round_, plan.client), self.autocast)
         params = {name for name, _ in model.named_parameters()}
-        last_grad = last_gradients(model) if plan.signal else None
+        last_grad = last_gradients(model) if plan.last_grad else None
         update = self.assemble(plan, start, model.state_dict(), params, ctx.steps, loss, last_grad)
         return session.end(update)

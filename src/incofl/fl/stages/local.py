@@ -4,7 +4,7 @@ An `Objective` holds what a method keeps across rounds (SCAFFOLD's control varia
 previous models) and opens one `Session` per client and round: the session holds what one
 client's training needs (its anchors, its corrections, its frozen models), so two clients can
 train side by side. FedAvg is the base pair (plain cross-entropy); a method overrides a hook
-or two. The methods live in `incofl.fl.objectives`, one module each.
+or two. The methods live in `incofl.fl.methods`, one module or folder per family.
 
 Order for one client: `objective.session(ctx)`, then per step `loss`, `after_backward` and
 `after_step`, then `end(update)`; once the round's updates are aggregated and applied,

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from incofl.fl.client import Objective, Session
 from incofl.fl.contracts import ClientContext, ClientUpdate, State
+from incofl.fl.stages.local import Objective, Session
 from incofl.params import MoonParams
 
 

@@ -1,4 +1,4 @@
-"""Width and depth splitting as stage components: HeteroFL, FedRolex, ScaleFL (METHODS.md 5.3, 5.4).
+"""Width and depth splitting's levels: HeteroFL, FedRolex, ScaleFL.
 
 One architecture (`preresnet18`, `resnet110`) at several levels: a level is a width rate
 (and, for resnet110, a deepest exit), one model group each. The server holds the full model.
@@ -6,18 +6,14 @@ One architecture (`preresnet18`, `resnet110`) at several levels: a level is a wi
 - plan (`WidthPlanner`): each sampled client's level (its fixed group, or a fresh draw every
   round under `rate_assignment: dynamic`) and its view of the global model, the leading
   channels (HeteroFL, ScaleFL) or FedRolex's rolling window after t rounds (`rolling`);
-- train: the client's block of the global weights (slicing.extract) in its level's model;
-- aggregate (`SlicedMean`): every element's unweighted mean over the sampled clients that
-  held it, classifier rows only from clients holding the class (`class_rows`: HeteroFL,
-  FedRolex); elements nobody held keep their value. FedRolex's `RolexMean` is that mean, or
-  with `weighting: released` its release's count weighting. The averaged update carries which
-  elements were held, so the InCo step touches only slices both target and reference cover;
 - layout (`WidthLayout`): the server's full model and one cut model per level; a client trains
-  from its block of the global weights;
+  from its block of the global weights (slicing.extract) in its level's model;
 - evaluate (`WidthEvaluator`): the full global model (the headline `mean_acc`) and each level's
   sub-model (leading channels) as `acc_g{g}`; BN statistics `static` (HeteroFL: gathered from
   training data before each evaluation) or `batch` (the test batch's); resnet110: every exit
   of the global model, the last as the headline, and the release's mean over exits.
+
+The aggregation is aggregate.py's.
 """
 
 from __future__ import annotations
@@ -31,17 +27,15 @@ import torch
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import Average, ClientPlan, ClientUpdate, Index, State, View
-from incofl.fl.evaluation import score
-from incofl.fl.layout import ClientState, Layout, LayoutInputs
-from incofl.fl.plan import FullPlanner
-from incofl.fl.server import Shared
-from incofl.fl.slicing import Weigh, extract, index_map, scatter_add, sliced_mean, take
+from incofl.fl.contracts import ClientPlan, State, View
+from incofl.fl.methods.width.slicing import extract, index_map
+from incofl.fl.stages.evaluation import score
+from incofl.fl.stages.layout import ClientState, Layout, LayoutInputs
+from incofl.fl.stages.plan import FullPlanner
 from incofl.models.flops import forward_flops
 from incofl.streams import Stream, generator
 
 BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
-CLASSIFIER = frozenset({"fc.weight", "fc.bias"})  # the width models' class rows
 
 
 def _shapes(model: nn.Module) -> dict[str, torch.Size]:
@@ -69,14 +63,6 @@ class Widths:
         return self.views[key]
 
 
-class HeldAverage(dict):
-    """An averaged update in the server's shapes, with per entry which elements a client held."""
-
-    def __init__(self, mean: State, held: State):
-        super().__init__(mean)
-        self.held = held
-
-
 class WidthPlanner(FullPlanner):
     """Each sampled client's level and view (module docstring)."""
 
@@ -95,57 +81,6 @@ class WidthPlanner(FullPlanner):
         level = self.level(round_, client, full.group)
         view = self.widths.view(level, round_ if self.rolling else 0)
         return ClientPlan(client, level, full.federation, full.federation_size, view=view)
-
-
-class SlicedMean(Shared):
-    """Per-element mean over the clients that held each element (module docstring)."""
-
-    def __init__(self, hp: Any, setup: Any = None):  # unweighted (HeteroFL's release): no `weighted`
-        self.shapes, self.class_rows = setup.layout.widths.shapes, hp.class_rows
-        self.weigh: Weigh | None = None
-
-    def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
-        blocks = [(u.delta, u.view.index) for u in updates]
-        rows = [(CLASSIFIER, u.classes) for u in updates] if self.class_rows else ()
-        mean, held = sliced_mean(self.shapes, blocks, rows, self.weigh)
-        return {0: HeldAverage(mean, held)}
-
-
-class RolexMean(SlicedMean):
-    """FedRolex's aggregation. `weighting: mean` (default) is SlicedMean: the paper's selective
-    average, each element over the clients whose sub-model holds it, every holder once. It is
-    the default because it is the algorithm the paper states; the counts below appear only in
-    the code. `released` is the release's server (`combine`): convolution weights as that mean,
-    every other entry (BN weight and bias, the classifier) weighted by `tmp_counts`, 1 + how
-    often each element was held before, over all rounds, with this round's earlier clients
-    already counted. The counts persist across rounds: this aggregator's checkpointed state."""
-
-    def __init__(self, hp: Any, setup: Any = None):
-        super().__init__(hp, setup)
-        self.times: State = {}  # per weighted entry: the release's tmp_counts (1 + times held)
-        if hp.weighting == "released":
-            self.weigh = self.times_held
-
-    def times_held(self, name: str, index: Index, delta: torch.Tensor) -> torch.Tensor | None:
-        """A client's weights on its block (asked in client order), then its hold counted: the
-        m-th holder of an element in a round weighs 1 + earlier holds + (m - 1). The release's
-        first entry reads the counts of the round's start; its and incofl's first entry is
-        `conv1.weight`, which is unweighted, so that never matters."""
-        if delta.dim() > 1 and name not in CLASSIFIER:  # a convolution weight: the release's K = 1
-            return None
-        times = self.times.get(name)
-        if times is None:
-            times = torch.ones(self.shapes[name], dtype=delta.dtype)
-        self.times[name] = times = times.to(delta.device)
-        weight = take(times, index).clone()  # take may return a view of `times`
-        scatter_add(times, index, torch.ones_like(delta))
-        return weight
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"times": {name: t.cpu() for name, t in self.times.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.times = {name: t.clone() for name, t in state.get("times", {}).items()}
 
 
 @torch.no_grad()

@@ -4,7 +4,7 @@ After each round the engine hands every observer a `RoundReport` (samples traine
 uploaded, compute units, per-client training losses, the transforms' diagnostics). An
 observer keeps what it needs, checkpoints it, and writes its file when the run ends. Methods
 name extra observers in their registry entry (InCo's theta/beta log); the cost log runs for
-every method. The analyses (fl/probes.py) are observers that also look at the round's
+every method. The analyses (fl/stages/probes.py) are observers that also look at the round's
 trained models and averaged updates, in the rounds they ask for.
 """
 
@@ -38,7 +38,7 @@ class Observer:
         return False
 
     def see_clients(self, round_: int, trained: list[Trained]) -> None:
-        """The round's trained clients (fl/probes.py), before any transform of their updates."""
+        """The round's trained clients (fl/stages/probes.py), before any transform of their updates."""
 
     def see_average(self, round_: int, federation: int, aggregated: State, applied: State) -> None:
         """One federation's averaged update before and after the server's transforms."""
@@ -79,13 +79,3 @@ class CostLog(Observer):
 
     def totals(self) -> dict[str, int]:
         return {key: int(sum(r[key] for r in self.rows)) for key in ("upload_bytes", "compute_units")}
-
-
-class InCoLog(Observer):
-    """inco.csv: per round and target layer, the mean coefficient theta (c), mean beta and the
-    share of slices with beta > 0 (paper Table 3)."""
-
-    filename = "inco.csv"
-
-    def observe(self, report: RoundReport) -> None:
-        self.rows += [{"round": report.round, "layer": k, **v} for k, v in report.diagnostics.items()]

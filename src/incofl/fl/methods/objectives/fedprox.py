@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from incofl.fl.client import Objective, Session
 from incofl.fl.contracts import ClientContext
+from incofl.fl.stages.local import Objective, Session
 
 
 class ProxSession(Session):

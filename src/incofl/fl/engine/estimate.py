@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from incofl.fl.sampling import group_of
+from incofl.fl.stages.sampling import group_of
 from incofl.models.family import exit_logits
 from incofl.streams import PROBE_INPUT_SEED
 
 if TYPE_CHECKING:
-    from incofl.fl.simulation import Engine
+    from incofl.fl.engine.engine import Engine
 
 
 def training_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:

@@ -9,7 +9,7 @@ configured `models`, nested in one another), the server state the largest one's;
 model is scored on the global test set with its group's first client's kept entries (the
 release evaluates client 0's model). With `holdout`, every client's model is also scored on
 its held-out share of its data (the personal accuracy); with no global test set (`pool_test`)
-that is the run's accuracy. Width models are laid out in width levels instead (fl/width.py).
+that is the run's accuracy. Width models are laid out in width levels instead (fl/methods/width/).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, State
-from incofl.fl.evaluation import GroupEvaluator, PersonalEvaluator
+from incofl.fl.stages.evaluation import GroupEvaluator, PersonalEvaluator
 from incofl.models.family import check_nested
 
 ClientState = Callable[[int, int], State]  # (client, group) -> its group's global weights with what it keeps

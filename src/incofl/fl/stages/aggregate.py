@@ -19,8 +19,9 @@ from incofl.fl.contracts import Average, ClientUpdate
 from incofl.params import AggregationParams
 
 
-def heteroavg(updates: Sequence[ClientUpdate], weighted: bool = False) -> Average:
-    """Every entry averaged over the clients that hold it (sample-weighted if asked)."""
+def mean_over_holders(updates: Sequence[ClientUpdate], weighted: bool = False) -> Average:
+    """Every entry averaged over the clients that hold it (sample-weighted if asked): the InCo
+    paper's HeteroAvg over a shared state, FedAvg within a group."""
     sums: dict[str, torch.Tensor] = {}
     totals: dict[str, float] = {}
     for u in updates:
@@ -65,7 +66,7 @@ class Shared(Aggregator):
     shared = True
 
     def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
-        return {0: heteroavg(updates, self.weighted)}
+        return {0: mean_over_holders(updates, self.weighted)}
 
 
 class GroupWise(Aggregator):
@@ -75,7 +76,7 @@ class GroupWise(Aggregator):
 
     def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
         groups = sorted({u.group for u in updates})
-        return {g: heteroavg([u for u in updates if u.group == g], self.weighted) for g in groups}
+        return {g: mean_over_holders([u for u in updates if u.group == g], self.weighted) for g in groups}
 
 
 def apply_update(state: dict[str, torch.Tensor], update: Average) -> None:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
-from incofl.fl.plan import FullPlanner
+from incofl.fl.stages.plan import FullPlanner
 from incofl.models.family import check_nested
 from incofl.params import LagParams
 
@@ -90,7 +90,7 @@ class LagPlanner(FullPlanner):
     def plan(self, round_: int, client: int) -> ClientPlan:
         full = super().plan(round_, client)
         if round_ < self.warmup:
-            return replace(full, signal=self.hp.signal == "last_grad")
+            return replace(full, last_grad=self.hp.signal == "last_grad")
         names = self.names[full.group]
         own = names if self.hp.variant == "released" else names & frozenset(self.personal)
         return replace(full, keep=full.keep | own)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from incofl.fl.client import Objective, Session
 from incofl.fl.contracts import ClientContext
+from incofl.fl.stages.local import Objective, Session
 
 
 def masked_logits(logits: torch.Tensor, classes: torch.Tensor | None) -> torch.Tensor:

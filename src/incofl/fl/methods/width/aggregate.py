@@ -1,0 +1,79 @@
+"""Width splitting's aggregation (`SlicedMean`): every element's unweighted mean over the
+sampled clients that held it, classifier rows only from clients holding the class
+(`class_rows`: HeteroFL, FedRolex); elements nobody held keep their value. FedRolex's
+`RolexMean` is that mean, or with `weighting: released` its release's count weighting
+(docs/fedrolex-weighting.md). The averaged update carries which elements were held
+(`HeldAverage`), so the InCo step touches only slices both target and reference cover.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from incofl.fl.contracts import Average, ClientUpdate, Index, State
+from incofl.fl.methods.width.slicing import Weigh, scatter_add, sliced_mean, take
+from incofl.fl.stages.aggregate import Shared
+
+CLASSIFIER = frozenset({"fc.weight", "fc.bias"})  # the width models' class rows
+
+
+class HeldAverage(dict):
+    """An averaged update in the server's shapes, with per entry which elements a client held."""
+
+    def __init__(self, mean: State, held: State):
+        super().__init__(mean)
+        self.held = held
+
+
+class SlicedMean(Shared):
+    """Per-element mean over the clients that held each element (module docstring)."""
+
+    def __init__(self, hp: Any, setup: Any = None):  # unweighted (HeteroFL's release): no `weighted`
+        self.shapes, self.class_rows = setup.layout.widths.shapes, hp.class_rows
+        self.weigh: Weigh | None = None
+
+    def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
+        blocks = [(u.delta, u.view.index) for u in updates]
+        rows = [(CLASSIFIER, u.classes) for u in updates] if self.class_rows else ()
+        mean, held = sliced_mean(self.shapes, blocks, rows, self.weigh)
+        return {0: HeldAverage(mean, held)}
+
+
+class RolexMean(SlicedMean):
+    """FedRolex's aggregation. `weighting: mean` (default) is SlicedMean: the paper's selective
+    average, each element over the clients whose sub-model holds it, every holder once. It is
+    the default because it is the algorithm the paper states; the counts below appear only in
+    the code. `released` is the release's server (`combine`): convolution weights as that mean,
+    every other entry (BN weight and bias, the classifier) weighted by `tmp_counts`, 1 + how
+    often each element was held before, over all rounds, with this round's earlier clients
+    already counted. The counts persist across rounds: this aggregator's checkpointed state."""
+
+    def __init__(self, hp: Any, setup: Any = None):
+        super().__init__(hp, setup)
+        self.times: State = {}  # per weighted entry: the release's tmp_counts (1 + times held)
+        if hp.weighting == "released":
+            self.weigh = self.times_held
+
+    def times_held(self, name: str, index: Index, delta: torch.Tensor) -> torch.Tensor | None:
+        """A client's weights on its block (asked in client order), then its hold counted: the
+        m-th holder of an element in a round weighs 1 + earlier holds + (m - 1). The release's
+        first entry reads the counts of the round's start; its and incofl's first entry is
+        `conv1.weight`, which is unweighted, so that never matters."""
+        if delta.dim() > 1 and name not in CLASSIFIER:  # a convolution weight: the release's K = 1
+            return None
+        times = self.times.get(name)
+        if times is None:
+            times = torch.ones(self.shapes[name], dtype=delta.dtype)
+        self.times[name] = times = times.to(delta.device)
+        weight = take(times, index).clone()  # take may return a view of `times`
+        scatter_add(times, index, torch.ones_like(delta))
+        return weight
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"times": {name: t.cpu() for name, t in self.times.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.times = {name: t.clone() for name, t in state.get("times", {}).items()}

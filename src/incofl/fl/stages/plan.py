@@ -1,0 +1,60 @@
+"""The plan stage: what each sampled client trains and uploads this round.
+
+A planner hands every sampled client its instructions for the round (Flower's
+`configure_fit`): its model group, the server state (federation) it trains from, and which
+parameters it trains and which state entries it uploads and keeps. `FullPlanner` trains and
+uploads the whole (sub-)model; a method's planner extends it (FedPart's layer groups,
+the personal methods' kept entries, width splitting's levels).
+
+`bn_stats: local` (the release, in its FedPart and full-update runs alike): each client keeps
+its BatchNorm running statistics for itself (`keep`): they are never uploaded, and its next
+round starts from them (the engine restores them; the layout evaluates each model group with
+the statistics of its first client, as the release evaluates client 0's model).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
+from incofl.fl.stages.sampling import group_of
+
+
+def bn_statistics(model: nn.Module) -> frozenset[str]:
+    """The state entries of every BatchNorm layer that are not parameters (running statistics)."""
+    norms = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    return frozenset(f"{name}.{buffer}" for name, m in norms for buffer, _ in m.named_buffers(recurse=False))
+
+
+class FullPlanner:
+    """Every sampled client trains and uploads its whole (sub-)model. A planner is built from the
+    method's parameters, the run's Setup (config, server entries, width levels), the model groups'
+    models and the aggregator's map of a model group to its federation."""
+
+    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
+        cfg = setup.cfg
+        self.clients, self.groups, self.federation_of = cfg.clients, cfg.groups, federation_of
+        self.sizes = Counter(federation_of(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients))
+        self.keep = [bn_statistics(m) if cfg.bn_stats == "local" else frozenset() for m in models]
+
+    def plan(self, round_: int, client: int) -> ClientPlan:
+        group = group_of(client, self.clients, self.groups)
+        federation = self.federation_of(group)
+        return ClientPlan(client, group, federation, self.sizes[federation], keep=self.keep[group])
+
+    def observe(self, round_: int, updates: list[ClientUpdate]) -> None:
+        """After the round's aggregation: what later plans may depend on (FedLAG's conflicts)."""
+
+    def summary(self) -> dict[str, Any]:
+        """What summary.json reports of the plans (FedLAG: the personal layers)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A full plan has no state."""

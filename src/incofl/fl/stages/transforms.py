@@ -1,0 +1,78 @@
+"""Transforms of the round's updates around aggregation (the transform stages).
+
+Before aggregation a transform sees every client update of the round (`UpdateTransform`, e.g.
+FedNova's normalisation); after it, one federation's averaged update (`AverageTransform`, e.g.
+the InCo step). A method lists its transforms in its registry entry; each takes the method's
+typed parameters and a `Setup` (the run's config, the server state's names, the layout). Two
+are the engine's, for every method, when a config asks: update noise (robustness) and the
+release's epoch scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from incofl.fl.contracts import Average, ClientUpdate, Setup
+from incofl.fl.stages.sampling import noise_seed
+
+
+class UpdateTransform:
+    """Before aggregation: all of the round's client updates in, the same updates out."""
+
+    def __init__(self, hp: Any, setup: Setup):
+        self.hp = hp
+
+    def __call__(self, round_: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        return updates
+
+
+class UpdateNoise(UpdateTransform):
+    """Robustness (paper Fig. 7): every floating-point tensor of a client's update gets Gaussian
+    noise of std `update_noise` x that tensor's std, before aggregation (so before any other
+    transform). Drawn from (seed, round, client): a resumed run is bit-identical. The engine
+    adds it for every method when `update_noise` > 0."""
+
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
+        self.scale, self.seed = setup.cfg.update_noise, setup.cfg.seed
+
+    def __call__(self, round_: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        for u in updates:
+            gen = torch.Generator().manual_seed(noise_seed(self.seed, round_, u.client))
+            for delta in u.delta.values():
+                if delta.numel() > 1:
+                    noise = torch.randn(delta.shape, generator=gen, dtype=delta.dtype)
+                    delta.add_(noise.to(delta.device), alpha=self.scale * float(delta.std()))
+        return updates
+
+
+class AverageTransform:
+    """After aggregation: one federation's averaged update in, the update to apply out."""
+
+    def __init__(self, hp: Any, setup: Setup):
+        self.hp = hp
+
+    def __call__(self, average: Average) -> Average:
+        return average
+
+    def diagnostics(self) -> dict[str, dict[str, float]]:
+        """Per-round statistics for the observers (returned once, then cleared)."""
+        return {}
+
+
+class EpochScale(AverageTransform):
+    """Every averaged update divided by the number of local epochs (as every client update
+    before averaging: the mean is linear). The release does it for every method on ViTs; the
+    engine adds it first after aggregation when a config asks for that (`vit_epoch_scale: all`,
+    RunConfig.scales_epochs)."""
+
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
+        self.scale = 1.0 / setup.cfg.local_epochs
+
+    def __call__(self, average: Average) -> Average:
+        for v in average.values():
+            v.mul_(self.scale)
+        return average
