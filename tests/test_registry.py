@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from incofl.config import RunConfig
 from incofl.fl.methods.fedpart import PartPlanner
 from incofl.fl.methods.personal import KeepPlanner, LagPlanner
 from incofl.fl.methods.width.exits import ExitLoss
 from incofl.fl.methods.width.levels import WidthPlanner
 from incofl.fl.stages.aggregate import Aggregator
+from incofl.fl.stages.layout import Layout
 from incofl.fl.stages.local import Objective
 from incofl.fl.stages.observers import Observer
 from incofl.fl.stages.plan import FullPlanner
 from incofl.fl.stages.transforms import AverageTransform, UpdateTransform
-from incofl.registry import METHODS
+from incofl.registry import GROUPS, METHODS, WIDTH_LAYOUT, layout_of
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = {"objective": Objective, "aggregator": Aggregator, "pre": UpdateTransform, "post": AverageTransform,
@@ -69,3 +71,12 @@ def test_a_config_is_validated_without_the_training_code():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_layout_follows_the_model():
+    """Width models are laid out in width levels, under a whole-model method too (uncut: scored
+    as width models are); every other model one per group. Both are layouts."""
+    assert issubclass(GROUPS.cls, Layout) and issubclass(WIDTH_LAYOUT.cls, Layout)
+    assert layout_of(RunConfig(models=["resnet10", "resnet14"])) is GROUPS
+    assert layout_of(RunConfig(models=["preresnet18"], method="HeteroFL")) is WIDTH_LAYOUT
+    assert layout_of(RunConfig(models=["preresnet18"], method="FedAvg", width_rates=[1.0])) is WIDTH_LAYOUT

@@ -47,8 +47,8 @@ class Engine:
     """One federated run: the server states and the method's stage components around them."""
 
     def __init__(self, cfg: RunConfig, data: ImageDataset, partition: Partition, device: torch.device):
-        """Built in one downward pass: the data, then the models (the method's layout), then the
-        method's stage components, the trainer and the server states."""
+        """Built in one downward pass: the data, then the models (laid out as the run's model
+        asks), then the method's stage components, the trainer and the server states."""
         self.cfg, self.device = cfg, device
         self._data(data, partition)
         torch.manual_seed(cfg.seed)  # the models' initialisation
