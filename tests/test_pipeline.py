@@ -14,6 +14,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from helpers import engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig, validate_experiment
 from incofl.data.augment import Augmentation, augment, cutout, random_resized_crop, resolve_augment
@@ -303,3 +304,17 @@ def test_vit_epoch_scale_for_every_method_or_inco_only():
     assert InCoStep(paper, Setup(ours, names)).scale == 1.0  # ours: the paper's variant and baselines unscaled
     assert EpochScale(hetero, Setup(release, names)).scale == 0.25  # the release: every method
     assert InCoStep(inco, Setup(release, names)).scale == 1.0  # divided once
+    average = {"w": torch.ones(3)}
+    assert torch.equal(EpochScale(hetero, Setup(release, names))(average)["w"], torch.full((3,), 0.25))
+
+
+def test_the_engine_puts_the_release_epoch_scale_first_on_vits_only():
+    data = small_synthetic(8, 4)
+
+    def posts(**settings):
+        engine = engine_on(data, method="InCoAvg", clients=2, ratio=1.0, local_epochs=4, partition="iid", **settings)
+        return [(type(t).__name__, t.scale) for t in engine.post]
+
+    assert posts(models=["vit_d8"]) == [("InCoStep", 0.25)]
+    assert posts(models=["vit_d8"], vit_epoch_scale="all") == [("EpochScale", 0.25), ("InCoStep", 1.0)]
+    assert posts(models=["resnet10"], vit_epoch_scale="all") == [("InCoStep", 1.0)]  # ViTs only
