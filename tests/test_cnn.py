@@ -1,4 +1,4 @@
-"""cnn20, FedLAG's released CNN (METHODS.md 5.2; khanhkhanhlele/FedLAG,
+"""cnn20, FedLAG's released CNN (docs/methods.md, FedLAG; khanhkhanhlele/FedLAG,
 system/flcore/trainmodel/models.py `FedAvgCNN20`): its layers and parameter count, input sizes,
 MOON's interface, the config's family rules, and real runs of the engine on it."""
 

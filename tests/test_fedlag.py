@@ -1,4 +1,4 @@
-"""FedLAG and the personalised baselines (METHODS.md 5.2): the conflict score on hand-made
+"""FedLAG and the personalised baselines (docs/methods.md, FedLAG): the conflict score on hand-made
 gradients, the top-K choice, personal tensors never uploaded or overwritten, reductions to
 FedAvg, resume, the released variant, Local and FedPer, and personal evaluation."""
 

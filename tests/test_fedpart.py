@@ -1,4 +1,4 @@
-"""FedPart (METHODS.md 5.1): ResNet-8, layer groups, the schedule of every order and variant,
+"""FedPart (docs/methods.md, FedPart): ResNet-8, layer groups, the schedule of every order and variant,
 real freezing against the release's "gradients of everything, step the group", the poster's
 cost ratios, the reductions to FedAvg, checkpoints and config validation."""
 

@@ -1,4 +1,4 @@
-"""FedPart's released data setting (METHODS.md 5.1): clients drawing their images independently
+"""FedPart's released data setting (docs/methods.md, FedPart): clients drawing their images independently
 (`partition: iid_draw`) and BatchNorm statistics kept by each client (`bn_stats: local`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Width- and depth-split models (METHODS.md 5.3, 5.4): HeteroFL's pre-activation ResNet-18 and
+"""Width- and depth-split models (docs/methods.md, hetero splitting): HeteroFL's pre-activation ResNet-18 and
 ScaleFL's ResNet-110 with early exits, and the per-sample forward FLOPs that price their levels."""
 
 import math

@@ -1,4 +1,4 @@
-"""InCo against its closed forms (METHODS.md section 4) and Theorem 3.1's convex problem."""
+"""InCo against its closed forms (docs/methods.md) and Theorem 3.1's convex problem."""
 
 import numpy as np
 import pytest

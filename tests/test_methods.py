@@ -1,4 +1,4 @@
-"""The client-side methods (METHODS.md section 3): FedProx, SCAFFOLD, FedNova, MOON and their
+"""The client-side methods (docs/methods.md): FedProx, SCAFFOLD, FedNova, MOON and their
 InCo versions, pinned to their definitions on tiny real problems."""
 
 import copy

@@ -94,7 +94,7 @@ def test_partition_artifact_round_trips(tmp_path):
     assert back.meta["alpha"] == 0.5 and back.meta["dataset"] == "x" and back.meta["clients"] == 20
 
 
-# --- partition: shards (HeteroFL's label shards, METHODS.md 5.3) ----------------------------------
+# --- partition: shards (HeteroFL's label shards, docs/methods.md, hetero splitting) ----------------------------------
 
 
 def _held(part):

@@ -1,4 +1,4 @@
-"""The authors' input pipeline as options (issue 12, METHODS.md section 8): every option is a
+"""The authors' input pipeline as options (issue 12, docs/methods.md, "Fidelity"): every option is a
 validated key that reaches the data pipeline (augmentation, crop padding, normalisation,
 resize, incomplete batches, the test set scored, the partition), defaults stay ours, and the
 release's partition files are read safely. Also the collapse hypotheses' switches: FedProx's

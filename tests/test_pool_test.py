@@ -1,4 +1,4 @@
-"""`pool_test` (FedLAG's released data setting, METHODS.md 5.2): the train and test images pooled
+"""`pool_test` (FedLAG's released data setting, docs/methods.md, FedLAG): the train and test images pooled
 into one training set (train first, then test) with an empty test split, partitioned over the
 clients; `incofl partition` and training index the same pooled set, and a partition made
 without pooling is refused for a pooled run (and the other way round) through its labels' hash."""

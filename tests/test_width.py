@@ -1,4 +1,4 @@
-"""Width and depth splitting (METHODS.md 5.3, 5.4): index maps, per-element aggregation, the
+"""Width and depth splitting (docs/methods.md, hetero splitting): index maps, per-element aggregation, the
 slice-aware InCo step, and the six methods end to end on tiny data."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 from incofl.config import BUILT_IN, ConfigError, ExperimentConfig, load_experiment, load_run_config, parse_overrides
 
 # glibc's allocator costs 20-30% system time in CPU training; these must be set before
-# Python starts, so the console script re-executes itself once with them (DESIGN.md).
+# Python starts, so the console script re-executes itself once with them (docs/performance.md).
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
 
 

@@ -55,7 +55,7 @@ class InCoParams(Params):
 
 
 class PartParams(Params):
-    """FedPart's schedule (METHODS.md 5.1): W full rounds, then R rounds for each layer group in turn."""
+    """FedPart's schedule (docs/methods.md, FedPart): W full rounds, then R rounds for each layer group in turn."""
 
     order: Literal["sequential", "reverse", "random"] = "sequential"  # random: a fresh permutation per cycle
     warmup: int = Field(5, ge=0)  # W: full rounds at the start of a cycle
@@ -66,7 +66,7 @@ class PartParams(Params):
 
 
 class WidthParams(Params):
-    """Width splitting's plan (METHODS.md 5.3): leading channels (HeteroFL), or FedRolex's window
+    """Width splitting's plan (docs/methods.md, hetero splitting): leading channels (HeteroFL), or FedRolex's window
     rolled by one channel every round."""
 
     rolling: bool = False
@@ -86,7 +86,7 @@ class RolexParams(SlicedParams):
 
 
 class LagParams(Params):
-    """FedLAG (METHODS.md 5.2): FedAvg warm-up counting gradient conflicts, then the top-K
+    """FedLAG (docs/methods.md, FedLAG): FedAvg warm-up counting gradient conflicts, then the top-K
     conflicting state entries personal."""
 
     signal: Literal["last_grad", "update"] = "last_grad"  # a client's last mini-batch gradient (release) or update
@@ -129,7 +129,7 @@ def describe(model: type[Params]) -> str:
 
 
 class MaskedParams(Params):
-    """HeteroFL's and FedRolex's local training (METHODS.md 5.3). `grad_clip`, not `clip`: InCo's
+    """HeteroFL's and FedRolex's local training (docs/methods.md, hetero splitting). `grad_clip`, not `clip`: InCo's
     parameters name their own `clip`, and a width method with InCo takes both."""
 
     grad_clip: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # max L2 norm of the gradient (both releases: 1)
@@ -137,7 +137,7 @@ class MaskedParams(Params):
 
 
 class ExitParams(Params):
-    """ScaleFL's early-exit loss (METHODS.md 5.4)."""
+    """ScaleFL's early-exit loss (docs/methods.md, hetero splitting)."""
 
     # intended: teacher detached, KL per sample; released: teacher not detached, KL averaged over B x C
     distill: Literal["intended", "released"] = "intended"

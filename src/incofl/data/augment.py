@@ -1,7 +1,7 @@
 """Training augmentation on normalised image tensors: no PIL, no DataLoader workers.
 
 `augment: auto` is ours (random crop with 4-pixel padding and flip for natural images, crop for
-SVHN); `augment: release` is the InCo release's per data set (METHODS.md section 8, item 2):
+SVHN); `augment: release` is the InCo release's per data set (docs/methods.md, "Fidelity"):
 CIFAR-10 crop + flip + Cutout(16), SVHN Cutout(16) only, CINIC-10 crop + flip, FMNIST none,
 and on ViTs RandomResizedCrop to 224 + flip (FMNIST none). Every draw comes from the client's
 generator, so a seed fixes the augmentation too.

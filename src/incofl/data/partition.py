@@ -1,4 +1,4 @@
-"""Client partitions (METHODS.md section 2), saved as artifacts that training only reads."""
+"""Client partitions (docs/workflow.md), saved as artifacts that training only reads."""
 
 from __future__ import annotations
 

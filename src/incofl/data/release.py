@@ -1,8 +1,8 @@
 """The InCo release's fixed partitions (`fed_experiments/InCo/fix_distribution/*.npy`).
 
 Each file is a pickled dict {client: list of training-set indices}, one per data set, alpha
-and client count; the release's FashionMNIST runs read the CIFAR-10 file (METHODS.md section
-8, item 1). Pickles can run code when loaded, so these are read with an unpickler that only
+and client count; the release's FashionMNIST runs read the CIFAR-10 file (docs/methods.md,
+"Fidelity"). Pickles can run code when loaded, so these are read with an unpickler that only
 builds the numpy array holding the dict: any other global in the file is refused.
 """
 

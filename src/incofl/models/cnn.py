@@ -1,4 +1,4 @@
-"""FedLAG's released CNN (METHODS.md 5.2): `cnn20`, a one-model family.
+"""FedLAG's released CNN (docs/methods.md, FedLAG): `cnn20`, a one-model family.
 
 The release (khanhkhanhlele/FedLAG, system/flcore/trainmodel/models.py, class `FedAvgCNN20`;
 `--model cnn20` in system/main.py) is three blocks of two 3x3 convolutions (padding 1, with

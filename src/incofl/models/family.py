@@ -30,7 +30,7 @@ def build_model(
 ) -> nn.Module:
     """`projection_dim` adds MOON's projection head (models/projection.py). `image_size` is the
     side of the images the model takes (ViTs: 224; cnn20: its fc1 width depends on it); `stem`
-    is the ResNets', `pretrained` the ViTs'. Width models (METHODS.md 5.3, 5.4): `rate` cuts the
+    is the ResNets', `pretrained` the ViTs'. Width models (docs/methods.md, hetero splitting): `rate` cuts the
     width, `exits` the depth (resnet110), `track_stats` gives preresnet18 BN running statistics
     (static BN at evaluation), `scale` thins the full model itself (`model_scale`; also the
     depth family's ResNets)."""

@@ -1,4 +1,4 @@
-"""FedPart's layer groups (METHODS.md 5.1), read off a ResNet's module structure.
+"""FedPart's layer groups (docs/methods.md, FedPart), read off a ResNet's module structure.
 
 In module order, input to output: the stem (conv1 + bn1); per BasicBlock conv1 + bn1, conv2
 + bn2 and, where the block has one, its downsample conv + BN (torchvision registers it after

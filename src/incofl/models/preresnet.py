@@ -1,4 +1,4 @@
-"""HeteroFL's pre-activation ResNet-18 for width splitting (METHODS.md 5.3; HeteroFL and FedRolex).
+"""HeteroFL's pre-activation ResNet-18 for width splitting (HeteroFL and FedRolex; docs/methods.md, hetero splitting).
 
 A model at width rate r keeps ceil(r * C) of every layer's C channels, except the image input
 channels and the classifier's class rows, so every rate has the same state-dict names and a

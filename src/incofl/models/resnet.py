@@ -1,8 +1,8 @@
-"""The ResNet stage-splitting family (METHODS.md section 1), built on torchvision's ResNet.
+"""The ResNet stage-splitting family (the InCo paper's nested models), built on torchvision's ResNet.
 
 Smaller members are name-subsets of larger ones: ResNet10/14/18/22/26 differ only in the
 number of BasicBlocks per stage, so `layer3.2.conv1.weight` exists only from ResNet22 up.
-ResNet-8 (FedPart's poster model, METHODS.md 5.1) has three stages, 64-128-256, and a
+ResNet-8 (FedPart's poster model) has three stages, 64-128-256, and a
 classifier on 256 features: it is not nested with the others (its `fc` is narrower).
 `scale` (the config's `model_scale`) multiplies every stage's width, for CPU-sized runs: the
 members stay nested, since each stage is thinned alike.

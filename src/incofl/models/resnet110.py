@@ -1,4 +1,4 @@
-"""ScaleFL's CIFAR ResNet-110 with three early exits, cut in width and depth (METHODS.md 5.4).
+"""ScaleFL's CIFAR ResNet-110 with three early exits, cut in width and depth (docs/methods.md, hetero splitting).
 
 Read from ScaleFL's release (git-disl/scale-fl, models/resnet.py and config.py): three stages
 of 18 post-activation BasicBlocks of int(16 s), int(32 s), int(64 s) channels for a width s;

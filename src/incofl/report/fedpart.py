@@ -1,4 +1,4 @@
-"""FedPart's poster table (METHODS.md 5.1): full network updates ("FNU") against partial ones,
+"""FedPart's poster table (docs/methods.md, FedPart): full network updates ("FNU") against partial ones,
 per base method and number of cycles, with the costs per cycle and the measured wall time of
 full and partial rounds; and the warm-up comparison.
 
@@ -24,7 +24,7 @@ from incofl.models.groups import layer_groups
 from incofl.registry import METHODS
 from incofl.report.runs import read_csv, read_summary
 
-# The poster, CIFAR-10, ResNet-8, 40 clients: (FNU, FedPart) accuracy after C cycles (METHODS.md 5.1).
+# The poster, CIFAR-10, ResNet-8, 40 clients: (FNU, FedPart) accuracy after C cycles (docs/methods.md, FedPart).
 POSTER = {
     "FedAvg": [(56.0, 57.7), (58.6, 60.2), (59.6, 61.7), (60.7, 62.8)],
     "FedProx": [(54.4, 57.5), (60.2, 59.9), (62.3, 61.3), (62.8, 62.3)],
@@ -194,7 +194,7 @@ def fedpart_report(runs_root: str | os.PathLike, labels: list[str], grid: dict[s
         "# FedPart: full (FNU) vs partial network updates",
         "",
         "Accuracy (%) at the end of cycle C (round C x L), mean ± std over seeds (seeds: FNU/partial);"
-        " poster: CIFAR-10, ResNet-8, 40 clients, E = 8 (METHODS.md 5.1).",
+        " poster: CIFAR-10, ResNet-8, 40 clients, E = 8 (docs/methods.md, FedPart).",
         "",
         _markdown(cycle_table(runs)),
         "",

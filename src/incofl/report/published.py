@@ -1,5 +1,5 @@
 """Published numbers to hold results against: the ResNet half of the InCo paper's Table 2
-(100 clients, ratio 0.1, 500 rounds of E = 5, mean ± std over 3 seeds; METHODS.md section 7)."""
+(100 clients, ratio 0.1, 500 rounds of E = 5, mean ± std over 3 seeds; the paper's Table 2)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def is_resnet_family(summaries: pd.DataFrame) -> bool:
 
 # The InCo paper's Table 3: share (%) of kernel slices with beta > 0 in target layers 11 and 13
 # (ResNet, CIFAR-10); and its Table 1, the case study (CIFAR-10, 10 clients, 50 rounds, ResNets;
-# METHODS.md section 7 gives these three cells only).
+# the paper gives these three cells only).
 PAPER_TABLE3 = {"InCoAvg": {11: 83.8, 13: 74.4}, "w/o optimisation": {11: 53.5, 13: 50.2}}
 PAPER_TABLE1 = {("ResNet", "IID", "homogeneous"): 81.0, ("ResNet", "non-IID", "homogeneous"): 62.3,
                 ("ResNet", "non-IID", "heterogeneous"): 52.3}  # fmt: skip

@@ -3,7 +3,7 @@ never uploaded, restored at its next round; the engine holds them per client).
 
 `LocalPlanner` keeps everything (local training only), `FedPerPlanner` the classifier head
 (FedPer, Arivazhagan et al. 2019), `LagPlanner` FedLAG's top-K conflicting entries
-(METHODS.md 5.2, arXiv 2410.02845): R_s + 1 warm-up rounds of FedAvg over every parameter
+(docs/methods.md, FedLAG; arXiv 2410.02845): R_s + 1 warm-up rounds of FedAvg over every parameter
 (R_s = min(T // 2, 30)) in which, for each parameter tensor (a weight and its bias apart) and
 every unordered pair of the round's clients, the conflict count GC grows by one when
 cos(g_i, g_j) < xi (a zero vector has cosine 0); g_i is the client's last mini-batch gradient

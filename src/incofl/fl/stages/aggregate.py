@@ -1,4 +1,4 @@
-"""The aggregate and apply stages (METHODS.md section 4).
+"""The aggregate and apply stages (docs/methods.md).
 
 An aggregator turns the round's client updates into one averaged update per server state
 (federation): `GroupWise` keeps one state per model group (each group its own federation),

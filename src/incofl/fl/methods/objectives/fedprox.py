@@ -1,8 +1,8 @@
 """FedProx (Li et al., MLSys 2020): local loss + (mu/2) * ||w - w_global||^2.
 
 `anchor: initial` pulls towards the initial model instead of this round's global model: a
-proximal anchor that never moves, one hypothesis for the paper's FedProx collapse (METHODS.md
-section 8, item 6; README "Fidelity")."""
+proximal anchor that never moves, one hypothesis for the paper's FedProx collapse (docs/methods.md,
+"Fidelity")."""
 
 from __future__ import annotations
 

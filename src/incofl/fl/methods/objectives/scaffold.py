@@ -7,7 +7,7 @@ at random) and cover the trainable parameters only.
 
 Where the correction goes (`correction`):
 - "step" (default, NIID-Bench's code): after each optimizer step, w <- w - lr * (c - c_i).
-- "gradient" (the SCAFFOLD paper's and METHODS.md's wording): g <- g + (c - c_i) before it.
+- "gradient" (the SCAFFOLD paper's wording): g <- g + (c - c_i) before it.
 For plain SGD the two are the same update. For Adam (the paper's ResNet optimizer) they are
 not: Option II measures c_i in units of the step (displacement / (tau * lr), about 1 per
 coordinate under Adam's normalised steps) while gradients are orders of magnitude smaller,

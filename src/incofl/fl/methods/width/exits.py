@@ -1,4 +1,4 @@
-"""ScaleFL (Ilhan et al., CVPR 2023): local loss of a sub-model with early exits (METHODS.md 5.4).
+"""ScaleFL (Ilhan et al., CVPR 2023): local loss of a sub-model with early exits (docs/methods.md, hetero splitting).
 
 The model returns a list of logits, shallowest exit first; the last is the deepest exit the
 client's sub-model has and teaches the others. With K exits the loss is

@@ -1,5 +1,5 @@
 """HeteroFL (Diao et al., ICLR 2021) and FedRolex (Alam et al., NeurIPS 2022): local training of
-a width-cut sub-model (METHODS.md 5.3).
+a width-cut sub-model (docs/methods.md, hetero splitting).
 
 Both releases train with a masked cross-entropy: the model's output logits of the classes the
 client holds no sample of are set to 0 (`masked_fill(mask == 0, 0)` after the final linear

@@ -1,4 +1,4 @@
-"""Sub-models cut in width and depth as index maps (METHODS.md 5.3, 5.4).
+"""Sub-models cut in width and depth as index maps (docs/methods.md, hetero splitting).
 
 A client of a width level trains a sub-model whose state entries are a name-subset of the
 global (server) model's, each a block of it: per dimension, the global indices of the sub-
