@@ -245,7 +245,7 @@ def test_train_a_variant_and_its_workflow_run_file_round_trips(tmp_path, capsys)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["method"] == "FedPart" and summary["config"]["label"] == "FedPart-W0"
     assert summary["config"]["method_args"] == {"warmup": 0, "rounds_per_group": 1}
-    assert summary["method"] == "FedPart-W0"  # the run's name (simulation.py writes cfg.name)
+    assert summary["method"] == "FedPart-W0"  # the run's name (the run writes cfg.name)
 
     target, plain = (f"results/runs/digits/a0.5/{m}/s0/config.yaml" for m in ("FedPart-W0", "FedAvg"))
     proc = _snakemake(tmp_path, config, "--cores", "1", target, plain)  # the run_config jobs only

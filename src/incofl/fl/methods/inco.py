@@ -167,8 +167,8 @@ def cross_layer_update(
 
 
 class InCoStep(AverageTransform):
-    """Internal cross-layer gradients on the averaged update (inco.py). Pairs whose target or
-    reference is not in the update (not uploaded this round) are skipped. The official variant's
+    """Internal cross-layer gradients on the averaged update (`cross_layer_update`). Pairs whose
+    target or reference is not in the update (not uploaded this round) are skipped. The official variant's
     ViT form first divides the update by the number of local epochs (the authors' ViT path),
     unless the engine's EpochScale did for every method (`vit_epoch_scale: all`)."""
 

@@ -1,6 +1,6 @@
 """The evaluate stage: every group's model on the global test set (the paper's metric), and
 with `holdout` every client's model on its held-out data (personal accuracy); `score` is the
-one loop over a split that every evaluator (and width.py's) scores with."""
+one loop over a split that every evaluator (the width levels' too) scores with."""
 
 from __future__ import annotations
 
