@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import platform
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -44,7 +45,7 @@ METRIC_COLUMNS = ["round", "mean_acc", "mean_loss", "acc_g0", "acc_g1"]  # not `
 # fingerprint -> method -> state_sha256, SHA-256 of metrics.csv's METRIC_COLUMNS, mean_loss per
 # round, (acc_g0, acc_g1) per round
 GOLDEN = {
-    "Intel(R) Xeon(R) Processor @ 2.80GHz | AVX512 | 2.14.1+cu130": {
+    "Intel(R) Xeon(R) Processor | AVX512 | 2.14.1+cu130": {
         "FedAvg": {
             "state": "b49f2e8fbda22e434cb17ea1e31199ae9690aab0d289aca8853cbcd929ed1fe8",
             "metrics": "d2feee2293d3122824de7b5c0a2a7e7d2f876d65872455815a50ae3d0fbfc4b2",
@@ -167,6 +168,7 @@ def machine() -> str:
     names = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.exists() else [])
              if line.startswith("model name")]  # fmt: skip
     model = names[0] if names else platform.processor()
+    model = re.sub(r"\s*@\s*[\d.]+\s*GHz$", "", model)  # the clock picks no kernel: same pins with and without
     return f"{model} | {torch.backends.cpu.get_cpu_capability()} | {torch.__version__}"
 
 

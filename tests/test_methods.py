@@ -189,7 +189,7 @@ def test_fednova_aggregate_is_tau_eff_times_weighted_normalised_updates():
     g = torch.Generator().manual_seed(0)
     spec = [(10, 2, 0), (30, 4, 0), (20, 3, 1), (40, 5, 1)]  # (n_i, tau_i, federation)
     updates = [
-        ClientUpdate(i, s, {"w": torch.randn(5, generator=g)}, n, tau, state=s) for i, (n, tau, s) in enumerate(spec)
+        ClientUpdate(i, f, {"w": torch.randn(5, generator=g)}, n, t, federation=f) for i, (n, t, f) in enumerate(spec)
     ]
     rho = 0.5
     cfg = RunConfig(**{**TINY, "method": "FedNova", "optimizer": "sgd", "momentum": rho})
@@ -377,7 +377,7 @@ def _client_session(engine, client):
     model = copy.deepcopy(engine.models[plan.group])
     model.load_state_dict(start)
     model.train()
-    ctx = ClientContext(client, plan.group, 1, model, start, 1e-3, state=plan.federation,
+    ctx = ClientContext(client, plan.group, 1, model, start, 1e-3, federation=plan.federation,
                         federation_size=plan.federation_size)  # fmt: skip
     gen = torch.Generator().manual_seed(client)
     batches = list(client_batches(engine.train_data, engine.parts[client], 1, 32, gen))

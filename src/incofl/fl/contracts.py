@@ -63,7 +63,7 @@ class ClientContext:
     model: nn.Module
     global_state: dict[str, torch.Tensor]  # the model's sub-state of the global weights (read-only)
     lr: float
-    state: int = 0  # the server state (federation) the client trains from: 0 if shared, else its group
+    federation: int = 0  # the server state the client trains from: 0 if shared, else its group
     federation_size: int = 1  # clients in that federation: K if shared, the group's size for `groupwise`
     steps: int = 0
     rounds: int = 0  # rounds of the run (schedules inside a loss: ScaleFL's distillation start)
@@ -79,7 +79,7 @@ class ClientUpdate:
     delta: dict[str, torch.Tensor]
     num_samples: int
     steps: int
-    state: int = 0  # the federation, as in ClientContext
+    federation: int = 0  # as in ClientContext
     extra: dict[str, Any] = field(default_factory=dict)  # what a session's `end` leaves for the server
     loss: float = float("nan")  # mean training loss over the local steps
     full: bool = True  # every parameter trained (compute: 3 units a sample; partial rounds 2)

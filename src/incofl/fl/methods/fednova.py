@@ -41,8 +41,8 @@ class NovaNormalize(UpdateTransform):
 
     def __call__(self, round_: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         a = {u.client: normalizer(u.steps, self.rho) for u in updates}
-        for state in {u.state for u in updates}:
-            federation = [u for u in updates if u.state == state]
+        for index in {u.federation for u in updates}:
+            federation = [u for u in updates if u.federation == index]
             # sum(n_i * a_i) / sum(n_i) rather than sum(p_i * a_i): exact when all a_i are equal
             tau_eff = sum(u.num_samples * a[u.client] for u in federation) / sum(u.num_samples for u in federation)
             for u in federation:

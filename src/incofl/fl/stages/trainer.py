@@ -68,8 +68,8 @@ class Trainer:
         delta = {k: v.detach() - start[k] for k, v in final.items() if v.is_floating_point() and plan.uploads(k)}
         uploaded = sum(v.numel() for k, v in delta.items() if k in params)  # parameters, not buffers
         kept = {k: v.detach().clone() for k, v in final.items() if k in plan.keep}
-        return ClientUpdate(plan.client, plan.group, delta, len(self.parts[plan.client]), steps, state=plan.federation,
-                            loss=loss, full=plan.full, upload_params=uploaded, kept=kept,
+        return ClientUpdate(plan.client, plan.group, delta, len(self.parts[plan.client]), steps,
+                            federation=plan.federation, loss=loss, full=plan.full, upload_params=uploaded, kept=kept,
                             extra={"last_grad": last_grad} if plan.last_grad else {}, view=plan.view,
                             classes=self.classes(plan.client))  # fmt: skip
 
@@ -85,7 +85,7 @@ class SerialTrainer(Trainer):
         model.load_state_dict(start)  # copies: `start` stays the untouched global weights
         params = set_trainable(model, plan.trainable)
         optimizer = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
-        ctx = ClientContext(plan.client, plan.group, round_, model, start, cfg.lr, state=plan.federation,
+        ctx = ClientContext(plan.client, plan.group, round_, model, start, cfg.lr, federation=plan.federation,
                             federation_size=plan.federation_size, rounds=cfg.rounds,
                             classes=self.classes(plan.client))  # fmt: skip
         model.train()

@@ -47,7 +47,7 @@ class ScaffoldSession(Session):
 
     def __init__(self, objective: Scaffold, ctx: ClientContext):
         super().__init__(objective, ctx)
-        c, c_i = objective.c.setdefault(ctx.state, {}), objective.c_local.get(ctx.client, {})
+        c, c_i = objective.c.setdefault(ctx.federation, {}), objective.c_local.get(ctx.client, {})
         self.corrections: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weight, c - c_i)
         for name, p in _trainable(ctx):  # c moves to the device after a resume
             c[name] = c[name].to(p.device) if name in c else torch.zeros_like(p.detach())
@@ -70,7 +70,7 @@ class ScaffoldSession(Session):
         ctx = self.ctx
         if update.steps == 0:  # no local step (fewer than two samples): nothing learnt, c_i stays
             return update
-        c, c_i = self.objective.c[ctx.state], self.objective.c_local.get(ctx.client, {})
+        c, c_i = self.objective.c[ctx.federation], self.objective.c_local.get(ctx.client, {})
         new: Variates = {}
         increment: Variates = {}
         for name, _ in _trainable(ctx):
@@ -95,7 +95,7 @@ class Scaffold(Objective):
         """c <- c + (1/K) sum (c_i+ - c_i), summed in the round's client order."""
         totals: dict[int, Variates] = {}
         for u in updates:
-            total = totals.setdefault(u.state, {})
+            total = totals.setdefault(u.federation, {})
             for name, increment in u.extra.get("scaffold_increment", {}).items():
                 total[name] = total.get(name, 0) + increment
         for state, total in totals.items():
