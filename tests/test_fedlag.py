@@ -15,8 +15,8 @@ from helpers import engine_on, small_synthetic
 from incofl.cli import run
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import holdout_split, iid_partition
-from incofl.fl.methods import personal as personal_module
-from incofl.fl.methods.personal import conflict_counts
+from incofl.fl.methods.personal import plan as personal_module
+from incofl.fl.methods.personal.plan import conflict_counts
 from incofl.fl.stages.evaluation import score
 
 TINY = {
@@ -119,7 +119,7 @@ def test_resume_restores_personal_state_and_the_choice(data):
 
 @pytest.mark.slow
 def test_released_variant_trains_locally_after_warmup(data):
-    engine = _run(_engine(data, "FedLAG", method_args={"warmup": 2, "variant": "released"}), 2)
+    engine = _run(_engine(data, "FedLAG", method_args={"warmup": 2, "broadcast": False}), 2)
     server = {k: v.clone() for k, v in engine.states[0].items()}
     report = engine.run_round(2)
     assert report.upload_bytes == 0 and all(torch.equal(engine.states[0][k], v) for k, v in server.items())

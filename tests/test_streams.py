@@ -13,7 +13,7 @@ import pytest
 
 from incofl import streams
 from incofl.data.partition import dirichlet_partition, holdout_split, iid_partition
-from incofl.fl.methods.fedpart import PartPlanner
+from incofl.fl.methods.fedpart.plan import PartPlanner
 from incofl.fl.methods.width.levels import WidthPlanner, statistics_indices
 from incofl.fl.stages.sampling import client_seed, noise_seed, sample_schedule
 from incofl.streams import Stream, fixed_generator, generator, seed_int, seed_sequence

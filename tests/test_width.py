@@ -11,12 +11,12 @@ from helpers import engine_on, small_synthetic
 
 from incofl.config import RunConfig
 from incofl.fl.contracts import View
-from incofl.fl.methods.inco import cross_layer_update, find_pairs
+from incofl.fl.methods.inco.step import cross_layer_update, find_pairs
 from incofl.fl.methods.width.aggregate import RolexMean, SlicedMean
 from incofl.fl.methods.width.levels import Widths
 from incofl.fl.methods.width.slicing import extract, index_map, scatter_add, sliced_mean, take, window
 from incofl.models.family import build_model
-from incofl.params import RolexParams
+from incofl.fl.methods.width.spec import RolexParams
 
 WIDTH = {"models": ["preresnet18"], "clients": 4, "ratio": 1.0, "rounds": 1, "batch_size": 16, "optimizer": "sgd",
          "lr": 0.05, "partition": "iid", "eval_last": 0}  # fmt: skip

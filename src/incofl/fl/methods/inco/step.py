@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from incofl.fl.contracts import Average, RoundReport, Setup
+from incofl.fl.methods.inco.spec import InCoParams
 from incofl.fl.stages.observers import Observer
 from incofl.fl.stages.transforms import AverageTransform
-from incofl.params import InCoParams
 
 _RESNET_CONV = re.compile(r"^layer(\d+)\.(\d+)\.conv([12])\.weight$")
 _VIT_NORM2 = re.compile(r"^blocks\.(\d+)\.norm2\.weight$")
