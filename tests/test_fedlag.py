@@ -160,14 +160,14 @@ def test_personal_accuracy_is_micro_averaged_over_each_clients_model(data):
     for c in range(4):
         model = engine.models[0]
         model.load_state_dict(engine.client_state(c, 0))
-        acc = score(model, engine.train_data, 1000, indices=torch.from_numpy(engine.held[c])).accuracy()
-        correct += acc * len(engine.held[c]) / 100
-        total += len(engine.held[c])
+        acc = score(model, engine.train_data, 1000, indices=torch.from_numpy(engine.held_out[c])).accuracy()
+        correct += acc * len(engine.held_out[c]) / 100
+        total += len(engine.held_out[c])
         accs.append(acc)
     scores = engine.evaluate()
     assert scores["personal_acc"] == pytest.approx(100 * correct / total)
     assert scores["personal_acc_std"] == pytest.approx(np.std(accs))
-    assert sum(len(h) for h in engine.held) == 32 and all(len(p) == 24 for p in engine.parts)  # 32 a client, 8 out
+    assert sum(len(h) for h in engine.held_out) == 32 and all(len(p) == 24 for p in engine.parts)  # 32 a client, 8 out
 
 
 def test_without_a_test_set_the_personal_accuracy_is_the_runs(data):

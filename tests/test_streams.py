@@ -74,7 +74,7 @@ def _every_use(seed: int) -> None:
         for c in range(4):
             client_seed(seed, t, c)
             noise_seed(seed, t, c)
-            WidthPlanner.level(width, t, c, 0)
+            WidthPlanner.group_of(width, t, c, 0)
 
 
 _PARTITIONS = {f"{kind}_partition": "partition" for kind in ("iid", "iid_draw", "dirichlet", "shard")}  # one per run

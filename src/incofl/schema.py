@@ -159,12 +159,18 @@ Settings are merged, later winning: the top level < `per_dataset.<data set>` < `
 < a variant's own < `incofl train --set key=value`.
 """
 SECTIONS = (  # (title, introduction, model): the keys the model adds to Settings (Settings: its own)
-    ("The grid and the experiment", "The grid is datasets x alphas x methods x seeds; these keys are the "
-     "experiment's own.", ExperimentConfig),
+    (
+        "The grid and the experiment",
+        "The grid is datasets x alphas x methods x seeds; these keys are the experiment's own.",
+        ExperimentConfig,
+    ),
     ("Settings every run shares", "Overridable per data set, per method, per variant and with `--set`.", Settings),
-    ("One run's grid point", "A run's own `config.yaml` and `incofl train --set` name one point of the grid.",
-     RunConfig),
-)  # fmt: skip
+    (
+        "One run's grid point",
+        "A run's own `config.yaml` and `incofl train --set` name one point of the grid.",
+        RunConfig,
+    ),
+)
 
 
 def _type(node: dict[str, Any]) -> str:
@@ -190,9 +196,11 @@ def _type(node: dict[str, Any]) -> str:
         return f"list of ({_type(node['items'])}){at_least}"
     if kind == "object":
         return "mapping"
-    bounds = [f"{op} {node[key]}" for key, op in
-              (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
-              if key in node]  # fmt: skip
+    bounds = [
+        f"{op} {node[key]}"
+        for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
+        if key in node
+    ]
     if "pattern" in node:
         bounds.append(f"matching `{node['pattern']}`")
     return " ".join([kind, ", ".join(bounds)]).strip()

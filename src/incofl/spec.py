@@ -125,8 +125,10 @@ class Method:
         name, model = self.name, settings.models[0]
         if self.planner.personal and not settings.holdout:
             # without it, the first client's personal model would be reported on the global test set
-            raise ValueError(f"holdout: {name} keeps a personal model on each client, tested on that client's "
-                             "held-out share: set holdout (FedLAG's: 0.25)")  # fmt: skip
+            raise ValueError(
+                f"holdout: {name} keeps a personal model on each client, tested on that client's "
+                "held-out share: set holdout (FedLAG's: 0.25)"
+            )
         if self.partial and model not in LAYER_GROUP_MODELS:
             raise ValueError(f"models: {name}'s layer groups are defined for ResNets, not {model}")
         if self.width and model not in WIDTH_MODELS:
@@ -138,8 +140,12 @@ class Method:
             raise ValueError(f"holdout: personal accuracy is not defined for {name}'s width levels")
         cut = settings.levels and any(rate < 1 or deepest not in (None, EXITS) for rate, deepest in settings.levels)
         if cut and not self.width:
-            raise ValueError(f"width_rates: {name} trains whole models; cut ones need a width method "
-                             "(HeteroFL, FedRolex, ScaleFL, or their InCo)")  # fmt: skip
+            raise ValueError(
+                f"width_rates: {name} trains whole models; cut ones need a width method "
+                "(HeteroFL, FedRolex, ScaleFL, or their InCo)"
+            )
         if settings.trainer == "batched" and not self.objective.cls.batchable():
-            raise ValueError(f"trainer: batched cannot train {name} (its {self.objective.name} objective has "
-                             "session hooks of its own); use trainer: serial")  # fmt: skip
+            raise ValueError(
+                f"trainer: batched cannot train {name} (its {self.objective.name} objective has "
+                "session hooks of its own); use trainer: serial"
+            )

@@ -27,8 +27,9 @@ INCO_LOG = Component("incofl.fl.methods.inco.step:InCoLog")
 PAPER = "Chan et al., ICLR 2024"
 
 
-def with_inco(name: str, base: str, source: str, objective: Component = CE, aggregator: Component = SHARED,
-              **kw: Any) -> Method:  # fmt: skip
+def with_inco(
+    name: str, base: str, source: str, objective: Component = CE, aggregator: Component = SHARED, **kw: Any
+) -> Method:
     """HeteroAvg (or width splitting's per-element mean) over the shared global state, then the
     InCo step, with its theta/beta log; `base` is the method its table row is compared with."""
     return Method(name, objective, aggregator, post=(INCO,), observers=(INCO_LOG,), base=base, source=source, **kw)

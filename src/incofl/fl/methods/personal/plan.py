@@ -63,10 +63,10 @@ def conflict_counts(signals: list[dict[str, torch.Tensor]], entries: list[str], 
     have cosine similarity < xi; a zero vector has cosine 0 with everything."""
     counts = np.zeros(len(entries), dtype=np.int64)
     for i, name in enumerate(entries):
-        held = [s[name].flatten().double() for s in signals if name in s]
-        if len(held) < 2:
+        holders = [s[name].flatten().double() for s in signals if name in s]
+        if len(holders) < 2:
             continue
-        vectors = torch.stack(held)
+        vectors = torch.stack(holders)
         unit = vectors / vectors.norm(dim=1, keepdim=True).clamp_min(1e-300)  # a zero vector stays zero
         cosines = unit @ unit.T
         upper = torch.triu(torch.ones_like(cosines, dtype=torch.bool), diagonal=1)

@@ -27,8 +27,12 @@ class LagParams(Params):
 LOCAL = Component("incofl.fl.methods.personal.plan:LocalPlanner", personal=True)
 FEDPER = Component("incofl.fl.methods.personal.plan:FedPerPlanner", personal=True)
 # `broadcast` was `variant: intended | released` (the committed runs' configs hold the old name)
-LAG = Component("incofl.fl.methods.personal.plan:LagPlanner", LagParams, personal=True,
-                renamed={"variant": ("broadcast", {"intended": True, "released": False})})  # fmt: skip
+LAG = Component(
+    "incofl.fl.methods.personal.plan:LagPlanner",
+    LagParams,
+    personal=True,
+    renamed={"variant": ("broadcast", {"intended": True, "released": False})},
+)
 _LAG = "FedLAG, arXiv 2410.02845 (layer-wise personalisation by gradient conflict)"
 _WEIGHTED = {"weighted": True}
 
@@ -40,6 +44,6 @@ METHODS = (
         base="FedAvg",
         defaults=_WEIGHTED,
         source="Arivazhagan et al. 2019 (FedPer: personal head); sample-weighted",
-    ),  # fmt: skip
+    ),
     Method("FedLAG", planner=LAG, base="FedAvg", defaults=_WEIGHTED, source=_LAG + "; sample-weighted"),
 )
