@@ -63,7 +63,7 @@ class Engine:
         cfg, self.parts = self.cfg, partition.parts
         if len(self.parts) != cfg.clients:
             raise ValueError(f"partition has {len(self.parts)} clients, config has clients={cfg.clients}")
-        self.held: list[np.ndarray] | None = None  # each client's held-out indices (holdout > 0)
+        self.held_out: list[np.ndarray] | None = None  # each client's held-out indices (holdout > 0)
         if cfg.holdout:
             self.parts, self.held_out = holdout_split(self.parts, data.y_train, cfg.holdout, cfg.partition_seed)
         self.size = input_size(cfg.models[0], cfg.resize or data.image_size)
