@@ -62,7 +62,7 @@ def test_apply_update_adds_and_clamps_running_var():
 def test_official_inco_divides_vit_updates_by_local_epochs():
     """The authors' ViT path: client deltas / E before averaging, then InCo; ResNets untouched."""
     from incofl.config import RunConfig
-    from incofl.fl.methods.inco import InCoStep, cross_layer_update
+    from incofl.fl.methods.inco.step import InCoStep, cross_layer_update
     from incofl.registry import METHODS
 
     g = torch.Generator().manual_seed(1)

@@ -16,10 +16,11 @@ from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.fl.contracts import Setup
 from incofl.fl.engine.engine import Engine
-from incofl.fl.methods import fedpart as fedpart_module
-from incofl.fl.methods.fedpart import PartPlanner
-from incofl.fl.methods.inco import InCoLog, InCoStep
-from incofl.fl.methods.objectives import FedProx, Moon
+from incofl.fl.methods.fedpart import plan as fedpart_module
+from incofl.fl.methods.fedpart.plan import PartPlanner
+from incofl.fl.methods.inco.step import InCoLog, InCoStep
+from incofl.fl.methods.objectives.fedprox import FedProx
+from incofl.fl.methods.objectives.moon import Moon
 from incofl.fl.stages.aggregate import GroupWise, Shared
 from incofl.fl.stages.local import Objective, client_batches, make_optimizer
 from incofl.fl.stages.sampling import client_seed

@@ -13,8 +13,8 @@ from torch import nn
 from incofl.fl.contracts import ClientContext
 from incofl.fl.methods.width.exits import ExitLoss, exit_loss
 from incofl.fl.methods.width.masked import MaskedCE, masked_logits
+from incofl.fl.methods.width.spec import ExitParams, MaskedParams
 from incofl.fl.stages.local import Session, train_step
-from incofl.params import ExitParams, MaskedParams
 
 
 def context(model: nn.Module, **kw: object) -> ClientContext:

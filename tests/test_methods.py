@@ -22,10 +22,11 @@ from incofl.fl.contracts import ClientContext, ClientUpdate, Setup
 from incofl.fl.engine import checkpoint
 from incofl.fl.engine.engine import Engine
 from incofl.fl.engine.run import train
-from incofl.fl.methods.fednova import NovaNormalize, normalizer
-from incofl.fl.methods.inco import InCoStep
-from incofl.fl.methods.objectives import FedProx, Moon, Scaffold
-from incofl.fl.methods.objectives.moon import moon_loss
+from incofl.fl.methods.fednova.normalize import NovaNormalize, normalizer
+from incofl.fl.methods.inco.step import InCoStep
+from incofl.fl.methods.objectives.fedprox import FedProx
+from incofl.fl.methods.objectives.moon import Moon, moon_loss
+from incofl.fl.methods.objectives.scaffold import Scaffold
 from incofl.fl.stages.aggregate import GroupWise, Shared, mean_over_holders
 from incofl.fl.stages.evaluation import score
 from incofl.fl.stages.local import Objective, client_batches, local_train, train_step

@@ -25,7 +25,7 @@ from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit, to_device
 from incofl.fl.contracts import Setup
 from incofl.fl.engine.engine import Engine
-from incofl.fl.methods.inco import InCoStep
+from incofl.fl.methods.inco.step import InCoStep
 from incofl.fl.stages.evaluation import score
 from incofl.fl.stages.local import client_batches
 from incofl.fl.stages.transforms import EpochScale

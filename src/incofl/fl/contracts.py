@@ -25,10 +25,10 @@ BYTES_PER_PARAM = 4  # fp32 upload
 
 @dataclass(frozen=True, eq=False)
 class View:
-    """One client's sub-model in one round: its width level, each entry's index and the
+    """One client's sub-model in one round: its group (a width level), each entry's index and the
     sub-model's share of the server model's per-sample FLOPs (compute cost)."""
 
-    level: int
+    group: int
     index: dict[str, Index]
     cost: float = 1.0
 

@@ -63,9 +63,9 @@ class Engine:
         cfg, self.parts = self.cfg, partition.parts
         if len(self.parts) != cfg.clients:
             raise ValueError(f"partition has {len(self.parts)} clients, config has clients={cfg.clients}")
-        self.held: list[np.ndarray] | None = None  # each client's held-out indices (holdout > 0)
+        self.held_out: list[np.ndarray] | None = None  # each client's held-out indices (holdout > 0)
         if cfg.holdout:
-            self.parts, self.held = holdout_split(self.parts, data.y_train, cfg.holdout, cfg.partition_seed)
+            self.parts, self.held_out = holdout_split(self.parts, data.y_train, cfg.holdout, cfg.partition_seed)
         self.size = input_size(cfg.models[0], cfg.resize or data.image_size)
         aug = resolve_augment(cfg.augment, cfg.dataset, model=cfg.models[0], cutout=cfg.cutout, pad_fill=cfg.pad_fill)
         self.train_data, self.test_data = to_device(data, self.device, self.size, aug, cfg.normalize)
@@ -81,7 +81,7 @@ class Engine:
             return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
         groups = [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)]
-        inputs = LayoutInputs(cfg, build, self.size, self.train_data, self.test_data, self.parts, self.held, groups)
+        inputs = LayoutInputs(cfg, build, self.size, self.train_data, self.test_data, self.parts, self.held_out, groups)
         self.layout: Layout = layout.cls(inputs)
         self.models, self.server_model = self.layout.models, self.layout.server_model
         self.names = [list(m.state_dict()) for m in self.models]

@@ -42,7 +42,7 @@ class LayoutInputs:
     train: TensorSplit
     test: TensorSplit
     parts: list[np.ndarray]
-    held: list[np.ndarray] | None
+    held_out: list[np.ndarray] | None
     groups: list[int]
 
 
@@ -75,8 +75,8 @@ class GroupLayout(Layout):
         self.server_model = self.models[check_nested(self.models)]
         self.evaluator = GroupEvaluator(self.models, inputs.test, cfg.eval_batch_size, cfg.drop_last)
         self.first = [inputs.groups.index(g) for g in range(cfg.groups)]  # each model group's first client
-        self.personal = None if inputs.held is None else PersonalEvaluator(
-            self.models, inputs.train, inputs.held, inputs.groups, cfg.eval_batch_size)  # fmt: skip
+        self.personal = None if inputs.held_out is None else PersonalEvaluator(
+            self.models, inputs.train, inputs.held_out, inputs.groups, cfg.eval_batch_size)  # fmt: skip
         self.pooled = len(inputs.test) == 0  # pool_test: no global test set
 
     def start(self, plan: ClientPlan, states: list[State], client_state: ClientState) -> State:

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from incofl.fl.contracts import ClientContext, ClientUpdate, State
+from incofl.fl.methods.objectives.spec import MoonParams
 from incofl.fl.stages.local import Objective, Session
-from incofl.params import MoonParams
 
 
 def moon_loss(

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from incofl.fl.contracts import ClientContext, ClientUpdate
+from incofl.fl.methods.objectives.spec import ScaffoldParams
 from incofl.fl.stages.local import Objective, Session
-from incofl.params import ScaffoldParams
 
 Variates = dict[str, torch.Tensor]
 

@@ -54,12 +54,12 @@ class Widths:
         self.costs = [forward_flops(m, image_size) / full for m in levels]
         self.views: dict[tuple[int, int], View] = {}
 
-    def view(self, level: int, offset: int = 0) -> View:
-        """A level's sub-model after `offset` rounds of rolling (0: leading channels)."""
-        key = (level, offset)
+    def view(self, group: int, offset: int = 0) -> View:
+        """A group's sub-model (its width level's) after `offset` rounds of rolling (0: leading channels)."""
+        key = (group, offset)
         if key not in self.views:
             self.views = {k: v for k, v in self.views.items() if k[1] in (0, offset)}  # other rounds' rolled views
-            self.views[key] = View(level, index_map(self.shapes, self.level_shapes[level], offset), self.costs[level])
+            self.views[key] = View(group, index_map(self.shapes, self.level_shapes[group], offset), self.costs[group])
         return self.views[key]
 
 
@@ -71,16 +71,17 @@ class WidthPlanner(FullPlanner):
         self.widths, self.rolling, self.seed = setup.layout.widths, hp.rolling, setup.cfg.seed
         self.dynamic = setup.cfg.rate_assignment == "dynamic"
 
-    def level(self, round_: int, client: int, fixed: int) -> int:
+    def group_of(self, round_: int, client: int, fixed: int) -> int:
+        """The client's group (its width level) this round: its `fixed` one, or a fresh draw (dynamic)."""
         if not self.dynamic:
             return fixed
         return int(generator(self.seed, Stream.WIDTH_LEVEL, round_, client).integers(self.groups))
 
     def plan(self, round_: int, client: int) -> ClientPlan:
         full = super().plan(round_, client)
-        level = self.level(round_, client, full.group)
-        view = self.widths.view(level, round_ if self.rolling else 0)
-        return ClientPlan(client, level, full.federation, full.federation_size, view=view)
+        group = self.group_of(round_, client, full.group)
+        view = self.widths.view(group, round_ if self.rolling else 0)
+        return ClientPlan(client, group, full.federation, full.federation_size, view=view)
 
 
 @torch.no_grad()

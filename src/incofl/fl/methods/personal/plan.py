@@ -9,7 +9,7 @@ every unordered pair of the round's clients, the conflict count GC grows by one 
 cos(g_i, g_j) < xi (a zero vector has cosine 0); g_i is the client's last mini-batch gradient
 (the release) or its update. Then the K entries with the highest GC (ties: the earlier in the
 model) stay personal: every client receives every other parameter each round and keeps its
-own of those. `variant: released` is the released main branch, whose broadcast after warm-up
+own of those. `broadcast: false` is the released main branch, whose broadcast after warm-up
 is a no-op: clients then train their own models only (local training after a FedAvg warm-up).
 """
 
@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
+from incofl.fl.methods.personal.spec import LagParams
 from incofl.fl.stages.plan import FullPlanner
 from incofl.models.family import check_nested
-from incofl.params import LagParams
 
 
 class KeepPlanner(FullPlanner):
@@ -63,10 +63,10 @@ def conflict_counts(signals: list[dict[str, torch.Tensor]], entries: list[str], 
     have cosine similarity < xi; a zero vector has cosine 0 with everything."""
     counts = np.zeros(len(entries), dtype=np.int64)
     for i, name in enumerate(entries):
-        held = [s[name].flatten().double() for s in signals if name in s]
-        if len(held) < 2:
+        holders = [s[name].flatten().double() for s in signals if name in s]
+        if len(holders) < 2:
             continue
-        vectors = torch.stack(held)
+        vectors = torch.stack(holders)
         unit = vectors / vectors.norm(dim=1, keepdim=True).clamp_min(1e-300)  # a zero vector stays zero
         cosines = unit @ unit.T
         upper = torch.triu(torch.ones_like(cosines, dtype=torch.bool), diagonal=1)
@@ -92,7 +92,7 @@ class LagPlanner(FullPlanner):
         if round_ < self.warmup:
             return replace(full, last_grad=self.hp.signal == "last_grad")
         names = self.names[full.group]
-        own = names if self.hp.variant == "released" else names & frozenset(self.personal)
+        own = names & frozenset(self.personal) if self.hp.broadcast else names
         return replace(full, keep=full.keep | own)
 
     def observe(self, round_: int, updates: list[ClientUpdate]) -> None:
