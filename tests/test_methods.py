@@ -78,7 +78,7 @@ def _hp(method, **args):
 
 def _train_client(engine, round_, client):
     plan = engine.planner.plan(round_, client)
-    return engine.trainer.train_client(round_, plan, engine.sub_state(plan.group), engine.objective)
+    return engine.client.trainer.train_client(round_, plan, engine.sub_state(plan.group), engine.objective)
 
 
 def _states_equal(a, b):
@@ -151,7 +151,7 @@ def test_fedprox_gradient_is_that_of_the_proximal_term():
     anchor = {k: v + 0.1 * torch.randn_like(v) for k, v in model.state_dict().items()}
     x, y, mu = torch.randn(8, 4), torch.randint(0, 3, (8,)), 0.3
     ctx = ClientContext(0, 0, 0, model, anchor, lr=0.1)
-    session = FedProx(_hp("FedProx", mu=mu)).session(ctx)
+    session = FedProx(_hp("FedProx", mu=mu), Setup(RunConfig(), [])).session(ctx)
     F.cross_entropy(model(x), y).backward()
     session.after_backward()
     got = [p.grad.clone() for p in model.parameters()]
@@ -267,7 +267,7 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 3))
     x = torch.randint(0, 256, (4, 3, 4, 4), dtype=torch.uint8).numpy()
     split = TensorSplit(x, np.array([0, 1, 2, 0]), np.zeros(3), np.ones(3), torch.device("cpu"), 4)
-    objective = Scaffold(_hp("SCAFFOLD", correction=correction))
+    objective = Scaffold(_hp("SCAFFOLD", correction=correction), Setup(RunConfig(), []))
     names = [k for k, _ in model.named_parameters()]
     objective.c = {0: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
     objective.c_local = {7: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
@@ -301,7 +301,7 @@ def test_moon_uses_the_global_model_until_a_client_has_a_previous_one():
     torch.manual_seed(0)
     model = build_model("resnet10", 10, 3, projection_dim=16)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    objective = Moon(_hp("MOON", mu=2.0))
+    objective = Moon(_hp("MOON", mu=2.0), Setup(RunConfig(), []))
     ctx = ClientContext(3, 0, 0, model, {k: v.clone() for k, v in model.state_dict().items()}, lr=1e-3)
     model.eval()  # same BN behaviour as the frozen copies: z equals z_glob
     session = objective.session(ctx)
