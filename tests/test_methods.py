@@ -2,12 +2,9 @@
 InCo versions, pinned to their definitions on tiny real problems."""
 
 import copy
-import json
 import math
-import shutil
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,7 +16,6 @@ from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup
-from incofl.fl.engine import checkpoint
 from incofl.fl.engine.engine import Engine
 from incofl.fl.engine.run import train
 from incofl.fl.methods.fednova import NovaNormalize, normalizer
@@ -83,13 +79,6 @@ def _train_client(engine, round_, client):
 
 def _states_equal(a, b):
     return all(torch.equal(x[k], y[k]) for x, y in zip(a.states, b.states, strict=True) for k in x)
-
-
-def _result(out):
-    summary = {
-        k: v for k, v in json.loads((out / "summary.json").read_text()).items() if k not in ("wall_s", "samples_per_s")
-    }
-    return summary, pd.read_csv(out / "metrics.csv").drop(columns="seconds")
 
 
 # --- the registry and the models --------------------------------------------------------------
@@ -333,30 +322,6 @@ def test_method_lowers_the_training_loss(data, method):
     for t in range(3):  # later rounds use SCAFFOLD's variates and MOON's previous models
         engine.run_round(t)
     assert train_loss() < 0.7 * before
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["SCAFFOLD", "MOON"])
-def test_resumed_run_equals_uninterrupted_run(tmp_path, data, method, monkeypatch):
-    """A run restarted from its round-2 checkpoint (as after a kill) ends as the straight run."""
-    cfg = RunConfig(**{**TINY, "method": method, "rounds": 4, "checkpoint_every": 1})
-    save = checkpoint.save
-
-    def keep_round_two(path, payload):
-        save(path, payload)
-        if payload["round"] == 2:
-            shutil.copy(path, tmp_path / "round2.pt")
-
-    monkeypatch.setattr(checkpoint, "save", keep_round_two)
-    train(cfg, tmp_path / "straight", data=data)
-    monkeypatch.undo()
-    (tmp_path / "resumed").mkdir()
-    shutil.copy(tmp_path / "round2.pt", tmp_path / "resumed" / "ckpt.pt")
-    train(cfg, tmp_path / "resumed", data=data)
-    assert "resumed from" in (tmp_path / "resumed" / "train.log").read_text()
-    straight, resumed = _result(tmp_path / "straight"), _result(tmp_path / "resumed")
-    assert straight[0] == resumed[0]
-    pd.testing.assert_frame_equal(straight[1], resumed[1])
 
 
 @pytest.mark.slow
