@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from incofl.fl.contracts import Average, RoundReport, Setup
+from incofl.fl.contracts import Average, RoundContext, RoundReport, Setup
 from incofl.fl.methods.inco.spec import InCoParams
 from incofl.fl.stages.observers import Observer
 from incofl.fl.stages.transforms import AverageTransform
@@ -180,7 +180,7 @@ class InCoStep(AverageTransform):
         vit = vit_pairs(self.pairs) and hp.variant == "official" and not setup.cfg.scales_epochs
         self.scale = 1.0 / setup.cfg.local_epochs if vit else 1.0
 
-    def __call__(self, average: Average) -> Average:
+    def __call__(self, average: Average, ctx: RoundContext) -> Average:
         covered = getattr(average, "covered", None)  # width splitting: the elements clients covered (fl/methods/width/)
         if self.scale != 1.0:
             for v in average.values():

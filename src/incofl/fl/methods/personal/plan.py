@@ -15,7 +15,6 @@ is a no-op: clients then train their own models only (local training after a Fed
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -32,9 +31,9 @@ from incofl.models.family import check_nested
 class KeepPlanner(FullPlanner):
     """Full rounds in which every client keeps the `personal` entries of its model (beside kept BN statistics)."""
 
-    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
-        super().__init__(hp, setup, models, federation_of)
-        self.own = [frozenset(self.personal(m)) for m in models]
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
+        self.own = [frozenset(self.personal(m)) for m in setup.models]
 
     def personal(self, model: nn.Module) -> list[str]:
         raise NotImplementedError
@@ -77,9 +76,9 @@ def conflict_counts(signals: list[dict[str, torch.Tensor]], entries: list[str], 
 class LagPlanner(FullPlanner):
     """FedLAG (see the module docstring); its checkpoint holds the counts and the choice."""
 
-    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
-        super().__init__(hp, setup, models, federation_of)
-        cfg = setup.cfg
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
+        cfg, models = setup.cfg, setup.models
         self.hp: LagParams = hp
         self.warmup = hp.warmup or min(cfg.rounds // 2, 30) + 1
         self.entries = [name for name, _ in models[check_nested(models)].named_parameters()]

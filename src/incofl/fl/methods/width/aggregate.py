@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from incofl.fl.contracts import Average, ClientUpdate, Index, State
+from incofl.fl.contracts import Average, ClientUpdate, Index, Setup, State
 from incofl.fl.methods.width.slicing import Weigh, scatter_add, sliced_mean, take
 from incofl.fl.stages.aggregate import Shared
 
@@ -31,7 +31,7 @@ class CoveredAverage(dict):
 class SlicedMean(Shared):
     """Per-element mean over the clients that covered each element (module docstring)."""
 
-    def __init__(self, hp: Any, setup: Any = None):  # unweighted (HeteroFL's release): no `weighted`
+    def __init__(self, hp: Any, setup: Setup):  # unweighted (HeteroFL's release): no `weighted`
         self.shapes, self.class_rows = setup.layout.widths.shapes, hp.class_rows
         self.weigh: Weigh | None = None
 
@@ -51,7 +51,7 @@ class RolexMean(SlicedMean):
     often each element was covered before, over all rounds, with this round's earlier clients
     already counted. The counts persist across rounds: this aggregator's checkpointed state."""
 
-    def __init__(self, hp: Any, setup: Any = None):
+    def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
         self.times: State = {}  # per weighted entry: the release's tmp_counts (1 + times covered)
         if hp.weighting == "released":

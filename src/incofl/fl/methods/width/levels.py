@@ -27,10 +27,10 @@ import torch
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, State, View
+from incofl.fl.contracts import ClientPlan, Setup, State, View
 from incofl.fl.methods.width.slicing import extract, index_map
 from incofl.fl.stages.evaluation import score
-from incofl.fl.stages.layout import ClientState, Layout, LayoutInputs
+from incofl.fl.stages.layout import ClientState, Layout, LayoutInputs, SubState
 from incofl.fl.stages.plan import FullPlanner
 from incofl.models.flops import forward_flops
 from incofl.streams import Stream, generator
@@ -66,8 +66,8 @@ class Widths:
 class WidthPlanner(FullPlanner):
     """Each sampled client's level and view (module docstring)."""
 
-    def __init__(self, hp: Any, setup: Any, models: list[nn.Module], federation_of: Callable[[int], int]):
-        super().__init__(hp, setup, models, federation_of)
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
         self.widths, self.rolling, self.seed = setup.layout.widths, hp.rolling, setup.cfg.seed
         self.dynamic = setup.cfg.rate_assignment == "dynamic"
 
@@ -168,11 +168,11 @@ class WidthLayout(Layout):
         self.evaluator = WidthEvaluator(self.widths, self.models, self.server_model, inputs.test,
                                         cfg.eval_batch_size, static)  # fmt: skip
 
-    def start(self, plan: ClientPlan, states: list[State], client_state: ClientState) -> State:
+    def start(self, plan: ClientPlan, states: list[State], sub_state: SubState) -> State:
         """The client's block of the global model (its view); a whole-model method's client (its
-        levels uncut) its group's global sub-state with what it keeps."""
+        levels uncut) its group's global sub-state."""
         if plan.view is None:
-            return client_state(plan.client, plan.group)
+            return sub_state(plan.group)
         return extract(states[plan.federation], plan.view.index)
 
     def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:
