@@ -14,6 +14,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from incofl.config import RunConfig
+    from incofl.fl.stages.clientstore import ClientStore
     from incofl.fl.stages.layout import Layout
 
 State = dict[str, torch.Tensor]  # a model's state entries by name (weights, updates, averages)
@@ -96,6 +97,7 @@ class Setup:
     cfg: RunConfig
     state_names: list[str]  # the server model's state entries
     layout: Layout | None = None  # the run's model layout (width splitting's components read its levels)
+    clients: ClientStore | None = None  # the run's per-client state store (None: a component alone keeps its own)
 
 
 @dataclass

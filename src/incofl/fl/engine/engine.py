@@ -24,6 +24,7 @@ from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundReport, Setup, Tr
 from incofl.fl.engine.divergence import check_states, check_updates
 from incofl.fl.stages.aggregate import apply_update
 from incofl.fl.stages.batched import BatchedTrainer
+from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.layout import Layout, LayoutInputs
 from incofl.fl.stages.observers import CostLog
 from incofl.fl.stages.probes import analyses_for
@@ -33,6 +34,8 @@ from incofl.fl.stages.transforms import EpochScale, UpdateNoise
 from incofl.models.family import build_model, input_size
 from incofl.params import Params
 from incofl.registry import METHODS, Component, Method, layout_of
+
+KEPT = "kept"  # the client store's space of the entries a client keeps (ClientPlan.keep)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -89,8 +92,9 @@ class Engine:
     def _method(self, method: Method, hp: Params) -> None:
         """The method's component of each stage, the trainer, and the server states they start from."""
         cfg, server = self.cfg, self.server_model.state_dict()
-        setup = Setup(cfg, list(server), self.layout)
-        self.objective = method.objective.cls(hp)
+        self.clients = ClientStore(cfg.client_memory_mb)  # what each client keeps across rounds
+        setup = Setup(cfg, list(server), self.layout, self.clients)
+        self.objective = method.objective.cls(hp, setup)
         self.aggregator = method.aggregator.cls(hp, setup)
         noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
         self.pre = [*noise, *(transform.cls(hp, setup) for transform in method.pre)]
@@ -108,7 +112,6 @@ class Engine:
         else:
             self.states = [{k: server[k].detach().clone() for k in names} for names in self.names]
         self.schedule = sample_schedule(cfg.seed, cfg.clients, cfg.ratio, cfg.rounds)
-        self.kept: dict[int, dict[str, torch.Tensor]] = {}  # client -> what it keeps (bn_stats: local)
         self.objective.begin(server)  # read-only; an objective keeps a copy if it needs one
 
     def sub_state(self, group: int) -> dict[str, torch.Tensor]:
@@ -118,7 +121,8 @@ class Engine:
 
     def client_state(self, client: int, group: int) -> dict[str, torch.Tensor]:
         """The weights of a client's model: its group's global sub-state with what it keeps."""
-        return {**self.sub_state(group), **self.kept.get(client, {})}
+        kept = self.clients.get(KEPT, client) or {}
+        return {**self.sub_state(group), **{k: v.to(self.device) for k, v in kept.items()}}
 
     def start(self, plan: ClientPlan) -> dict[str, torch.Tensor]:
         """The weights a planned client trains from (the layout's choice)."""
@@ -129,7 +133,9 @@ class Engine:
         Analyses that want the round see its trained clients and averaged updates."""
         plans = [self.planner.plan(round_, int(c)) for c in self.schedule[round_]]
         updates = self.trainer.train(round_, plans, self.start, self.objective)
-        self.kept |= {u.client: u.kept for u in updates if u.kept}
+        for u in updates:
+            if u.kept:
+                self.clients.put(KEPT, u.client, u.kept)
         check_updates(round_ + 1, updates)
         probes = [o for o in self.observers if o.wants(round_ + 1)]
         if probes:
@@ -170,7 +176,9 @@ class Engine:
         """SHA-256 of every server state entry, then of what clients keep (name and bytes, in
         order): equal iff the weights are."""
         entries = [(name, t) for state in self.states for name, t in state.items()]
-        entries += [(f"{c}.{name}", t) for c in sorted(self.kept) for name, t in self.kept[c].items()]
+        entries += [
+            (f"{c}.{name}", t) for c in self.clients.clients(KEPT) for name, t in self.clients.get(KEPT, c).items()
+        ]
         digest = hashlib.sha256()
         for name, tensor in entries:
             digest.update(name.encode())
@@ -184,7 +192,7 @@ class Engine:
             "aggregator": self.aggregator.state_dict(),
             "planner": self.planner.state_dict(),
             "observers": [observer.state_dict() for observer in self.observers],
-            "kept": {c: {k: v.cpu() for k, v in kept.items()} for c, kept in self.kept.items()},
+            "clients": self.clients.state_dict(),
         }
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
@@ -194,6 +202,6 @@ class Engine:
         self.objective.load_state_dict(payload["objective"])
         self.aggregator.load_state_dict(payload.get("aggregator", {}))  # none before FedRolex's counts
         self.planner.load_state_dict(payload["planner"])
-        self.kept = {c: {k: v.to(self.device) for k, v in kept.items()} for c, kept in payload.get("kept", {}).items()}
+        self.clients.load_state_dict(payload["clients"])
         for observer, state in zip(self.observers, payload["observers"], strict=True):
             observer.load_state_dict(state)
