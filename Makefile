@@ -37,7 +37,7 @@ $(BIN)/.installed: pyproject.toml
 # committed results/ are DVC's outputs (`dvc repro`), which a fresh clone holds already and this
 # leaves as they are. Rerun, Snakemake does only what is missing.
 run: $(BIN)/.installed
-	$(BIN)/snakemake --cores $(CORES) --directory $(RUN_DIR) --configfile $(CURDIR)/config/config.yaml
+	$(BIN)/snakemake --cores $(CORES) --directory $(RUN_DIR) --config experiment=$(CURDIR)/config/config.yaml
 
 # Fails fast, in this order: ruff lint, ruff format check, the import contract (pyproject.toml's
 # [tool.importlinter]: config validation imports no training code), Snakemake's linter on the workflow

@@ -1,5 +1,6 @@
 """Shared fixtures. Real data is found through INCOFL_DATA_DIR (the Makefile points it at
-../shared/data); tests that need CIFAR-10 skip with a reason when it is not there."""
+../shared/data); tests that need CIFAR-10 skip with a reason when it is not there (fail under
+CI=true: helpers.unavailable)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import unavailable
 from workflows import REPO, run_interrupted
 
 
@@ -28,7 +30,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def data_dir() -> Path:
     root = os.environ.get("INCOFL_DATA_DIR")
     if not root or not (Path(root) / "cifar10-jpeg.tar.xz").exists():
-        pytest.skip("real CIFAR-10 not found: set INCOFL_DATA_DIR to a folder holding cifar10-jpeg.tar.xz")
+        unavailable("real CIFAR-10 not found: set INCOFL_DATA_DIR to a folder holding cifar10-jpeg.tar.xz")
     return Path(root)
 
 

@@ -181,7 +181,7 @@ def test_training_code_edit_makes_snakemake_plan_the_training_jobs(experiment, t
     """The train rule's params hold the training code's hash: an edit reruns the runs, a comment does not."""
     repo = tmp_path / "workspace"
     shutil.copytree(experiment, repo, symlinks=True)  # with Snakemake's records and the data cache
-    dry_run = ("snakemake", "runs", "--configfile", "config/config.yaml", "--dry-run")
+    dry_run = ("snakemake", "runs", "--dry-run", "--config", "experiment=config/config.yaml")
     assert "Nothing to be done" in sh(repo, *dry_run)
     server = repo / "src/incofl/fl/stages/aggregate.py"
     server.write_text(server.read_text() + "\n# a comment changes no number\n")

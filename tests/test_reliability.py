@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,7 @@ BASE = {
     "methods": ["FedAvg"],
 }
 CMD = [sys.executable, "-m", "incofl.cli", "train"]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _config(tmp_path: Path, **extra) -> Path:
@@ -448,3 +451,213 @@ def test_random_sigkills_resume_bit_identically_and_leave_nothing_behind(tmp_pat
     pd.testing.assert_frame_equal(pd.read_csv(out / "inco.csv"), pd.read_csv(tmp_path / "full" / "inco.csv"))
     left = sorted(p.name for p in out.iterdir())
     assert left == sorted(p.name for p in (tmp_path / "full").iterdir()), left  # no .tmp, no ckpt.pt
+
+
+# --- trust (issue 40): nothing read runs code, no write is half done, no run is unlocked -------------
+class Payload:
+    """A pickle that creates `marker` when unpickled (as a planted file's code would run)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_planted_checkpoint_is_refused_and_its_code_never_runs(tmp_path, capsys):
+    from incofl.fl.engine import checkpoint
+
+    cfg = _config(tmp_path)
+    out, marker = tmp_path / "run", tmp_path / "pwned"
+    out.mkdir()
+    made = checkpoint.semantic_config(load_run_config(cfg).model_dump())
+    torch.save({"config": made, "engine": Payload(marker)}, out / "ckpt.pt")
+    _refused(capsys, ["train", "--config", str(cfg), "--out", str(out)], "ckpt.pt: unreadable checkpoint")
+    assert not marker.exists() and not (out / "summary.json").exists()
+
+
+def test_checkpoints_hold_plain_types_only(tmp_path):
+    from incofl.fl.engine import checkpoint
+
+    with pytest.raises(TypeError, match=r"checkpoint\['rows'\]\[0\]\['acc'\]: a numpy.float64"):
+        checkpoint.save(tmp_path / "ckpt.pt", {"rows": [{"acc": np.float64(1.0)}]})
+    assert not list(tmp_path.iterdir())
+
+
+@contextmanager
+def file_size_limit():
+    """Writes past 1 MB fail (EFBIG, as a full disk or a quota fails them: an OSError of write)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error, not the signal that kills
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+@pytest.mark.slow
+def test_failed_write_is_one_line_naming_the_file(tmp_path, capsys):
+    cfg = _config(tmp_path, checkpoint_every=1)
+    assert run(["prepare", "--config", str(cfg)]) == 0  # the data cache (over 1 MB) before the limit
+    capsys.readouterr()
+    out = tmp_path / "run"
+    with file_size_limit():
+        code = run(["train", "--config", str(cfg), "--out", str(out)])
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if not line.startswith(("work: ", "estimate: "))]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert f"{out / 'ckpt.pt'}: cannot write it (File too large)" in lines[0]
+    assert not (out / "ckpt.pt").exists() and not list(out.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("text", [b"{not json", b"\xff\xfe", b"[1, 2]", b'{"method": "FedAvg"}', b'{"config": 3}'],
+                         ids=["not-json", "not-utf8", "a-list", "no-config", "config-not-a-mapping"])  # fmt: skip
+def test_corrupt_or_foreign_summary_is_one_line(tmp_path, capsys, text):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_bytes(text)
+    _refused(capsys, ["train", "--config", str(_config(tmp_path)), "--out", str(out)],
+             "summary.json: not the summary.json of an incofl run")  # fmt: skip
+    assert (out / "summary.json").read_bytes() == text
+
+
+@pytest.mark.slow
+def test_finished_run_with_kept_checkpoint_is_not_resumed(tmp_path):
+    cfg, out = _config(tmp_path, keep_checkpoint=True), tmp_path / "run"
+    assert run(["train", "--config", str(cfg), "--out", str(out)]) == 0
+    written = (out / "summary.json").stat().st_ino, (out / "ckpt.pt").stat().st_ino
+    assert run(["train", "--config", str(cfg), "--out", str(out)]) == 0
+    assert ((out / "summary.json").stat().st_ino, (out / "ckpt.pt").stat().st_ino) == written  # neither rewritten
+    log = (out / "train.log").read_text()
+    assert "already finished" in log and "resumed from" not in log
+
+
+def test_paper_name_without_equals_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:  # argparse's refusal (cli.Parser: one line, exit 2)
+        run(["analysis", "theta_beta", "--runs", str(tmp_path), "--out", str(tmp_path / "o"), "--paper-name", "X"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1 and "--paper-name: 'X': expected OURS=PAPER" in lines[0]
+
+
+@pytest.mark.slow
+def test_pretrained_file_of_other_weights_is_refused_naming_keys(tmp_path):
+    from incofl.errors import ConfigError
+    from incofl.models.family import build_model
+
+    torch.save(build_model("resnet10", 10, 3).state_dict(), tmp_path / "resnet.pt")
+    with pytest.raises(ConfigError, match=r"pretrained: .*resnet.pt: not weights of this ViT, keys: \d+ missing "
+                       r"\(cls_token, .*\d+ unexpected \(conv1.weight"):  # fmt: skip
+        build_model("vit_d8", 10, 3, pretrained=str(tmp_path / "resnet.pt"), image_size=224)
+    torch.save({"blocks.0.norm1.weight": Payload(tmp_path / "pwned")}, tmp_path / "planted.pt")
+    with pytest.raises(ConfigError, match="planted.pt: not a readable state-dict file"):
+        build_model("vit_d8", 10, 3, pretrained=str(tmp_path / "planted.pt"), image_size=224)
+    assert not (tmp_path / "pwned").exists()
+
+
+# atomic writes and the lock without flock
+def test_atomic_write_follows_no_planted_symlink_and_syncs_file_then_folder(tmp_path, monkeypatch):
+    import socket
+
+    from incofl import atomic
+
+    victim, target = tmp_path / "victim", tmp_path / "out" / "summary.json"
+    victim.write_text("mine")
+    target.parent.mkdir()
+    (target.parent / f".summary.json~{socket.gethostname()}~{os.getpid()}.tmp").symlink_to(victim)  # the old name
+    events = []
+    fsync, replace = os.fsync, os.replace
+    opened = lambda fd: os.readlink(f"/proc/self/fd/{fd}")  # noqa: E731
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", opened(fd))) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("replace", str(b))) or replace(a, b))
+    atomic.write_text(target, "new")
+    assert victim.read_text() == "mine" and target.read_text() == "new"
+    assert [e[0] for e in events] == ["fsync", "replace", "fsync"]
+    assert events[0][1].endswith(".tmp") and events[2][1] == str(target.parent)
+
+
+@pytest.fixture()
+def no_flock(monkeypatch):
+    """A file system without flock (NFS without lockd): flock raises ENOLCK."""
+    import errno
+    import fcntl
+
+    def flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+def test_without_flock_a_lock_file_refuses_a_second_writer(tmp_path, no_flock):
+    import socket
+
+    from incofl.fl.engine.rundir import RunDirError, claimed
+
+    with claimed(tmp_path):
+        assert (tmp_path / ".lock.owner").read_text().split() == [socket.gethostname(), str(os.getpid())]
+        with pytest.raises(RunDirError, match=f"another incofl train \\(pid {os.getpid()} on"), claimed(tmp_path):
+            pass
+    assert not (tmp_path / ".lock.owner").exists()
+
+
+def test_without_flock_a_dead_writers_lock_is_taken_over_and_another_hosts_refused(tmp_path, no_flock):
+    import socket
+
+    from incofl.fl.engine.rundir import RunDirError, claimed
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".lock.owner").write_text(f"{socket.gethostname()} {dead.stdout.strip()}\n")
+    with claimed(tmp_path):
+        assert (tmp_path / ".lock.owner").read_text().split()[1] == str(os.getpid())
+    (tmp_path / ".lock.owner").write_text("elsewhere 1\n")
+    with pytest.raises(RunDirError, match="pid 1 on elsewhere"), claimed(tmp_path):
+        pass
+    assert (tmp_path / ".lock.owner").read_text() == "elsewhere 1\n"
+
+
+# CI checks everything: a missing prerequisite fails under CI=true, never skips
+@pytest.mark.slow
+def test_tests_missing_the_cluster_or_the_data_fail_under_ci(tmp_path):
+    env = {**os.environ, "CI": "true", "INCOFL_DATA_DIR": str(tmp_path), "PATH": str(Path(sys.executable).parent)}
+    select = ["tests/test_slurm.py", "tests/test_sources.py::test_real_cifar10", "-p", "no:cacheprovider", "-q"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", *select], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 1 and " skipped" not in proc.stdout, proc.stdout[-3000:]
+    assert "no SLURM cluster" in proc.stdout and "real CIFAR-10 not found" in proc.stdout
+    assert "CI=true: CI must provide it" in proc.stdout
+
+
+@pytest.mark.parametrize("data,slurm,ci,expected", [(False, True, "true", "no cifar10-jpeg.tar.xz"),
+                                                    (True, False, "true", "SLURM cluster did not start"),
+                                                    (True, False, "", "WARNING")])  # fmt: skip
+def test_ci_run_stops_without_the_archive_or_the_cluster(tmp_path, data, slurm, ci, expected):
+    """.ci/run with stand-ins: `make` succeeds (no install, no tests), `bash .ci/slurm-up.sh` as told."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, rc in (("make", 0), ("bash", 0 if slurm else 1)):
+        (stubs / name).write_text(f"#!/bin/sh\nexit {rc}\n")
+        (stubs / name).chmod(0o755)
+    if data:
+        (tmp_path / "cifar10-jpeg.tar.xz").touch()
+    env = {**os.environ, "CI": ci, "INCOFL_DATA_DIR": str(tmp_path), "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["/bin/bash", str(REPO / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=60)
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("[ci]")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr
+    assert proc.returncode == (2 if ci else 0), proc.stderr
+
+
+# configs are data: a YTE template is refused, never evaluated
+@pytest.mark.slow
+def test_workflow_refuses_yte_configs_and_never_evaluates_them(tmp_path):
+    from workflows import TINY, run_snakemake
+
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.yaml"
+    evil.write_text(f'__use_yte__: true\n{TINY.read_text()}\nrounds: ?open("{marker}", "w") and 2\n')
+    for args, names in (((), "evil.yaml: __use_yte__: configs are data"),
+                        (("--configfile", str(TINY)), "--configfile: give the experiment as --config")):  # fmt: skip
+        proc = run_snakemake(tmp_path / "work", "--dry-run", *args, config=evil, timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and names in lines[-1], proc.stderr[-3000:]
+    assert not marker.exists() and not (tmp_path / "work" / "results").exists()

@@ -7,6 +7,7 @@ dry run's (tests/test_workflow.py)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -14,9 +15,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import unavailable
 from workflows import ENV, REPO, snakemake_cmd
 
 
+@functools.cache
 def _cluster_up() -> bool:
     if shutil.which("sinfo") is None:
         return False
@@ -31,8 +34,15 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("tiny_run"),
     pytest.mark.timeout(1800),
-    pytest.mark.skipif(not _cluster_up(), reason="no SLURM cluster (`sinfo` fails); CI starts one"),
 ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cluster() -> None:
+    """Session scope: checked before the session's tiny_run is made."""
+    if not _cluster_up():
+        unavailable("no SLURM cluster (`sinfo` fails); CI starts one")
+
 
 # Training asks for a GPU (on the CI cluster a fake one; torch, device auto, uses the CPU), and
 # with runs_per_gpu 2 (README, "Several runs per GPU") both runs share one job and that GPU.

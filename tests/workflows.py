@@ -37,8 +37,11 @@ def package_with_family(tmp: Path, name: str = "FedAvgNew") -> Path:
 
 
 def snakemake_cmd(workdir: Path, *args: str, config: Path = TINY) -> list[str]:
+    """The experiment joins the `--config` items of `args` (a second --config would replace them)."""
+    args = list(args) if "--config" in args else [*args, "--config"]
+    args.insert(args.index("--config") + 1, f"experiment={config}")
     return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-            "--configfile", str(config), *args]  # fmt: skip
+            *args]  # fmt: skip
 
 
 def run_snakemake(workdir: Path, *args: str, config: Path = TINY, timeout: int = 900) -> subprocess.CompletedProcess:

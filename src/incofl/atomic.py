@@ -1,9 +1,17 @@
-"""Atomic file writes: a reader (or a killed job) never sees a half-written file."""
+"""Atomic file writes: a reader (or a killed job, or a node that crashed) never sees a
+half-written file.
+
+A write goes to a temporary file created exclusively (O_EXCL, so never through a planted
+symlink) under a random name in the target's folder, is flushed to disk (fsync), renamed onto
+the target, and the folder is flushed so that the rename survives a crash too. A write that
+fails (no space left, a quota) raises OSError naming the target file and the cause.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,20 +19,28 @@ from pathlib import Path
 from typing import Any
 
 
-def _temporary(path: Path) -> Path:
-    """The writer's temporary name beside `path`: host and pid tell a killed writer's leftovers."""
-    return path.with_name(f".{path.name}~{socket.gethostname()}~{os.getpid()}.tmp")
+def _create_temporary(path: Path) -> Path:
+    """An empty new file beside `path`, `.<name>~<random>~<host>~<pid>.tmp`: host and pid tell a
+    killed writer's leftovers, the random part makes the name unguessable."""
+    while True:
+        tmp = path.with_name(f".{path.name}~{secrets.token_hex(4)}~{socket.gethostname()}~{os.getpid()}.tmp")
+        try:  # 0o666 less the umask: readable like any file this user writes (shared caches)
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
 
 
 def remove_stale_temporaries(folder: str | os.PathLike) -> None:
     """Remove the temporary files of writers on this host that are no longer running."""
     for tmp in Path(folder).glob(".*~*~*.tmp"):
         _, host, pid = tmp.name[: -len(".tmp")].rsplit("~", 2)
-        if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+        if host == socket.gethostname() and pid.isdigit() and not alive(int(pid)):
             tmp.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` of this host is running."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -34,21 +50,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def fsync(path: Path) -> None:
+    """Flush a file, or a folder's entries, to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    """Yield a new temporary path beside `path`; move it onto `path` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary(path)
-    tmp.touch()
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # readable like any file this user writes (shared caches)
+    tmp = _create_temporary(path)
     try:
         yield tmp
+        fsync(tmp)
         os.replace(tmp, path)
-    except BaseException:
+        fsync(path.parent)
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno is not None:  # say which file, not the temporary
+            raise OSError(err.errno, f"cannot write it ({os.strerror(err.errno)})", str(path)) from None
         raise
 
 

@@ -238,7 +238,7 @@ def cmd_analysis(args: argparse.Namespace) -> int:
         return 0
     options = {}
     if args.what == "theta_beta":
-        named = dict(pair.split("=", 1) for pair in args.paper_name)
+        named = dict(args.paper_name)
         options = {"layers": args.layers, "paper_names": {**analyses.PAPER_NAMES, **named}}
     analysis = analyses.ANALYSES[args.what]
     if not args.config:
@@ -354,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", required=True, help="root of the run directories (a study's: its folder)")
     p.add_argument("--out", required=True, help="output folder, created if missing: the analysis' figures and tables")
     p.add_argument("--layers", type=int, nargs="+", help="theta_beta: InCo targets, 1-based (default 11 13)")
-    p.add_argument("--paper-name", action="append", default=[], metavar="OURS=PAPER",
+    p.add_argument("--paper-name", action="append", default=[], metavar="OURS=PAPER", type=_paper_name,
                    help="theta_beta: the paper's row of a method (InCoAvg-noOpt='w/o optimisation')")  # fmt: skip
     p.set_defaults(func=cmd_analysis)
     p = sub.add_parser("bench", help="engine vs plain PyTorch throughput, and aggregation share")
@@ -377,6 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("methods", help="list the registered methods")
     p.set_defaults(func=cmd_methods)
     return parser
+
+
+def _paper_name(text: str) -> tuple[str, str]:
+    ours, sep, paper = text.partition("=")
+    if not (sep and ours and paper):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected OURS=PAPER (a method's name = the paper's row)")
+    return ours, paper
 
 
 def _analysis_name(text: str) -> str:

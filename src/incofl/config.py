@@ -665,22 +665,32 @@ BUILT_IN: dict[str, Any] = {"clients": 20, "ratio": 0.25}
 
 def load_experiment(path: str | os.PathLike | None) -> ExperimentConfig:
     """Read and validate a config file (None: the defaults with BUILT_IN's federation)."""
-    raw: Any = dict(BUILT_IN)
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            raise ConfigError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"{path}: cannot read the config ({err.__class__.__name__})") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of keys to values")
+    raw = dict(BUILT_IN) if path is None else read_config_file(path)
     return validate_experiment(raw, str(path or "config"))
+
+
+YTE = "__use_yte__"  # Snakemake's switch for YTE templates, which evaluate Python expressions
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """A config file's mapping, read as plain YAML (configs are data: a YTE template is refused,
+    never evaluated)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the config ({err.__class__.__name__})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys to values")
+    if YTE in raw:
+        raise ConfigError(f"{path}: {YTE}: configs are data, YTE templates (Python expressions) are refused")
+    return raw
 
 
 def validate_experiment(raw: dict[str, Any], source: str = "config") -> ExperimentConfig:

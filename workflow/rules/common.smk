@@ -19,10 +19,10 @@ from pathlib import Path
 import jsonschema
 import yaml
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
+from snakemake.utils import update_config, validate
 
 from incofl.codehash import code_hash
-from incofl.config import NAME, ConfigError, validate_experiment
+from incofl.config import NAME, ConfigError, read_config_file, validate_experiment
 from incofl.data.release import ReleasePartitionError, release_file
 from incofl.studies import CASE, ROBUSTNESS, study_points, study_run, study_seeds
 
@@ -48,18 +48,35 @@ def refuse(message):
     raise SystemExit(2)
 
 
+def read_experiment(config):
+    """The experiment file (`--config experiment=FILE`, default config/config.yaml) read by
+    incofl as plain YAML, then the other `--config` items over it. Configs are data: Snakemake's
+    own `--configfile` reader evaluates YTE templates (Python) before this code runs, so it is
+    refused, and a file asking for YTE is refused (docs/reliability.md, Security)."""
+    if workflow.config_settings.configfiles:
+        refuse("--configfile: give the experiment as --config experiment=FILE (read as plain YAML; Snakemake "
+               "evaluates YTE templates in a --configfile)")  # fmt: skip
+    if sum(arg in ("--config", "-C") or arg.startswith("--config=") for arg in sys.argv) > 1:
+        refuse("--config given twice: Snakemake keeps only the last; give every KEY=VALUE after one --config")
+    path = str(config.pop("experiment", "config/config.yaml"))
+    try:
+        raw = read_config_file(path)
+    except ConfigError as err:
+        refuse(str(err))
+    # Snakemake reads the items of list and dict --config values as strings
+    # (`--config seeds=[0,1]` gives ['0', '1']): read them as YAML, as in a config file.
+    overrides = {k: _yaml_values(v) if isinstance(v, (list, dict)) else v for k, v in config.items()}
+    update_config(raw, overrides)
+    config.clear()
+    config.update(raw)
+    return f"{path} with --config" if overrides else path
+
+
 def load_config(config):
     """The JSON schema (keys, types, enums, ranges), then the pydantic model (cross-field
     checks: clients per model group, method_args, per_method, variants). Either way a bad
     config stops the workflow before any job, with one line naming the key and exit code 2."""
-    source = str(workflow.configfiles[-1]) if workflow.configfiles else "config"
-    if workflow.config_settings.config:
-        source += " with --config"
-    # Snakemake reads the items of list and dict --config values as strings
-    # (`--config seeds=[0,1]` gives ['0', '1']): read them as YAML, as in a config file.
-    for key, value in workflow.config_settings.config.items():
-        if isinstance(value, (list, dict)):
-            config[key] = _yaml_values(config[key])
+    source = read_experiment(config)
     try:
         validate(config, "../schemas/config.schema.yaml")
     except WorkflowError as err:

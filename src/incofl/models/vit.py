@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
+from incofl.errors import ConfigError
 from incofl.models.projection import Projectable
 
 DEPTHS = {f"vit_d{d}": d for d in range(8, 13)}
@@ -51,7 +53,32 @@ def vit(
         projection_dim=projection_dim,
     )
     if pretrained:
-        state = torch.load(pretrained, map_location="cpu", weights_only=True)
-        state = {k: v for k, v in state.items() if k in model.state_dict() and not k.startswith("head.")}
-        model.load_state_dict(state, strict=False)
+        model.load_state_dict(_pretrained_state(pretrained, model), strict=False)
     return model
+
+
+def _pretrained_state(path: str | os.PathLike, model: FamilyViT) -> dict[str, torch.Tensor]:
+    """The file's entries of `model`, less the classifier head: every other entry must be there
+    with its shape; the file may hold deeper blocks (dropped). Anything else is refused in one
+    line naming the file and the keys: a file of another model would otherwise load nothing."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # missing, damaged, or a pickle of objects (never loaded)
+        raise ConfigError(f"pretrained: {path}: not a readable state-dict file ({type(err).__name__})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"pretrained: {path}: not a state dict (a mapping of entry names to tensors)")
+    fresh = ("head.", "proj.")  # the classifier and MOON's projection: always new
+    ours = {k: v for k, v in model.state_dict().items() if not k.startswith(fresh)}
+    deeper = re.compile(r"blocks\.(\d+)\.")
+    unexpected = [k for k in state if k not in ours and not k.startswith(fresh)
+                  and not ((m := deeper.match(k)) and int(m.group(1)) >= len(model.blocks))]  # fmt: skip
+    problems = {
+        "missing": [k for k in ours if k not in state],
+        "unexpected": unexpected,
+        "of another shape": [k for k in ours if k in state and state[k].shape != ours[k].shape],
+    }
+    found = [f"{len(keys)} {what} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
+             for what, keys in problems.items() if keys]  # fmt: skip
+    if found:
+        raise ConfigError(f"pretrained: {path}: not weights of this ViT, keys: {'; '.join(found)}")
+    return {k: v for k, v in state.items() if k in ours}

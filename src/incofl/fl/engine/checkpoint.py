@@ -1,4 +1,9 @@
-"""Checkpoints: everything a run needs to continue bit-identically after a kill."""
+"""Checkpoints: everything a run needs to continue bit-identically after a kill.
+
+A checkpoint holds plain types only (tensors, numbers, strings, lists, tuples, dicts, None) and
+is read with `torch.load(weights_only=True)`, which unpickles nothing else: a planted or shared
+ckpt.pt cannot run code, it is refused as unreadable.
+"""
 
 from __future__ import annotations
 
@@ -48,9 +53,32 @@ def semantic_config(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+PLAIN = (int, float, str, bool, type(None))
+
+
+def check_plain(value: Any, where: str = "checkpoint") -> None:
+    """Refuse, naming the entry, a value that `torch.load(weights_only=True)` would not read
+    back (a NumPy scalar or array, a module, any other object)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_plain(key, f"{where} key {key!r}")
+            check_plain(item, f"{where}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_plain(item, f"{where}[{i}]")
+    elif type(value) not in PLAIN and not isinstance(value, torch.Tensor):
+        raise TypeError(f"{where}: a {type(value).__module__}.{type(value).__name__}, not a plain type")
+
+
 def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    check_plain(payload)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:  # a file object: a failed write is an OSError
+        try:
+            torch.save(payload, fh)
+        except RuntimeError as err:  # torch's writer ends the archive after a failed write, and fails there
+            if isinstance(err.__context__, OSError):
+                raise err.__context__ from None
+            raise
 
 
 def load(path: str | os.PathLike, config: dict[str, Any]) -> dict[str, Any] | None:
@@ -59,11 +87,12 @@ def load(path: str | os.PathLike, config: dict[str, Any]) -> dict[str, Any] | No
     if not path.exists():
         return None
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        payload = torch.load(path, map_location="cpu", weights_only=True)
         theirs = payload["config"]
-    except Exception as err:  # truncated or corrupt (writes are atomic, so not by us): say which file
+    except Exception as err:  # truncated, corrupt (writes are atomic, so not by us) or planted: say which file
         raise CheckpointMismatch(
-            f"{path}: unreadable checkpoint ({type(err).__name__}); delete it to start the run over"
+            f"{path}: unreadable checkpoint ({type(err).__name__}: not one incofl wrote, or damaged; objects other "
+            "than tensors and plain values are never loaded); delete it to start the run over"
         ) from None
     check_same(path, theirs, config, "delete the checkpoint or use another --out")
     return payload

@@ -107,12 +107,24 @@ class Run:
         return row
 
     def finished(self) -> dict[str, Any] | None:
-        """The summary of this run if it already finished (with these settings; others are refused)."""
+        """The summary of this run if it already finished (with these settings; others are refused).
+        A summary.json marks a finished run, with or without a kept checkpoint."""
         path = self.out / "summary.json"
-        if not path.exists() or self.ckpt.exists():
+        if not path.exists():
             return None
-        summary = json.loads(path.read_text())
-        checkpoint.check_same(path, summary["config"], self.cfg.model_dump(), f"delete {self.out} or use another --out")
+        try:
+            summary = json.loads(path.read_text())
+            theirs = summary["config"]
+            if not isinstance(theirs, dict):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):  # ValueError: not JSON, or not UTF-8
+            raise checkpoint.CheckpointMismatch(
+                f"{path}: not the summary.json of an incofl run (unreadable, or without its config); delete it or "
+                "use another --out"
+            ) from None
+        checkpoint.check_same(path, theirs, self.cfg.model_dump(), f"delete {self.out} or use another --out")
+        if not self.cfg.keep_checkpoint:  # a kill after summary.json, before the checkpoint's removal
+            self.ckpt.unlink(missing_ok=True)
         return summary
 
     def execute(self) -> dict[str, Any]:
