@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_trained
 from torch import nn
 
 from incofl.config import RunConfig
@@ -362,9 +363,10 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, data, method, monkeypatc
 @pytest.mark.slow
 @pytest.mark.parametrize("method", TABLE2)
 def test_every_table2_method_runs_a_round(tmp_path, data, method):
-    summary = train(RunConfig(**{**TINY, "rounds": 1}, method=method), tmp_path / method, data=data)
+    cfg = RunConfig(**{**TINY, "rounds": 1}, method=method)
+    summary = train(cfg, tmp_path / method, data=data)
     assert summary["method"] == method and 0.0 <= summary["final_acc"] <= 100.0
-    assert np.isfinite(summary["final_loss"])
+    assert_trained(summary, cfg, data)
 
 
 # --- sessions: clients can train side by side ---------------------------------------------------
