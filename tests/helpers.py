@@ -8,7 +8,7 @@ import torch
 
 from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
-from incofl.data.partition import make_partition, partition_for
+from incofl.data.partition import make_partition
 from incofl.data.sources import load_dataset
 from incofl.fl.engine.engine import Engine
 
@@ -30,24 +30,3 @@ def engine_on(data: ImageDataset, **settings: Any) -> Engine:
     part = make_partition(data.y_train, kind=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha, seed=0,
                           client_samples=cfg.client_samples, shard_classes=cfg.shard_classes)  # fmt: skip
     return Engine(cfg, data, part, torch.device("cpu"))
-
-
-def learned(engine: Engine, rounds: int = 1) -> dict[str, float]:
-    """Runs `rounds` rounds and checks that they trained: the weights moved and the evaluated loss
-    fell (a no-op aggregator fails both). Returns the last round's evaluation."""
-    start, before = engine.fingerprint(), engine.evaluate()["mean_loss"]
-    for round_ in range(rounds):
-        engine.observe(engine.run_round(round_))
-    row = engine.evaluate()
-    assert engine.fingerprint() != start, "training left the weights as they were"
-    assert row["mean_loss"] < before, f"training did not lower the loss: {before:.4f} -> {row['mean_loss']:.4f}"
-    return row
-
-
-def assert_trained(summary: dict[str, Any], cfg: RunConfig, data: ImageDataset) -> None:
-    """A finished run (incofl.fl.engine.run.train's summary) against its untrained start: its
-    final weights differ from the start's and its final loss is below the start's."""
-    start = Engine(cfg, data, partition_for(cfg, data), torch.device("cpu"))
-    assert summary["state_sha256"] != start.fingerprint(), "training left the weights as they were"
-    before, after = start.evaluate()["mean_loss"], summary["final_loss"]
-    assert after < before, f"training did not lower the loss: {before:.4f} -> {after:.4f}"
