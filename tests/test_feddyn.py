@@ -33,10 +33,8 @@ def data():
 def test_the_registry_composes_feddyn_and_incodyn():
     """Plain means (`weighted` cannot be switched on), and InCo's step after FedDyn's correction."""
     dyn, inco = METHODS["FedDyn"], METHODS["InCoDyn"]
-    assert [dyn.objective.cls, dyn.aggregator.cls, *(c.cls for c in dyn.post)] == [DynObjective, GroupWise,
-                                                                                    DynCorrection]  # fmt: skip
-    assert [inco.objective.cls, inco.aggregator.cls, *(c.cls for c in inco.post)] == [DynObjective, Shared,
-                                                                                       DynCorrection, InCoStep]  # fmt: skip
+    stages = [[m.objective.cls, m.aggregator.cls, *(c.cls for c in m.post)] for m in (dyn, inco)]
+    assert stages == [[DynObjective, GroupWise, DynCorrection], [DynObjective, Shared, DynCorrection, InCoStep]]
     assert inco.base == "FedDyn" and dyn.parse_args({}).alpha == 0.01 and not dyn.parse_args({}).weighted
 
 
@@ -114,7 +112,8 @@ def test_tiny_alpha_leaves_fedavgs_local_step_and_the_server_applies_1_plus_p_ov
     for round_ in range(2):
         for plan in dyn.plan(round_):
             start = dyn.sub_state(plan.group)
-            ours, theirs, far = (e.client.trainer.train_client(round_, plan, start, e.objective) for e in (dyn, avg, real))
+            ours, theirs, far = (e.client.trainer.train_client(round_, plan, start, e.objective)
+                                 for e in (dyn, avg, real))  # fmt: skip
             assert _deltas_close(ours.delta, theirs.delta, rtol=1e-4, atol=1e-7)
             assert not _deltas_close(far.delta, theirs.delta, rtol=1e-4, atol=1e-7)
         if round_ == 0:
