@@ -84,6 +84,10 @@ BAD_METHOD_ARGS = [
     ("InCoAvg", {"variant": "authors"}, "method_args.variant: Input should be 'official' or 'paper'"),
     ("InCoAvg", {"normalize": 0}, "method_args.normalize: Input should be a valid boolean"),
     ("FedAvg", {"mu": 0.1}, "method_args.mu: not a parameter of FedAvg (takes: weighted)"),
+    ("FedDyn", {"alpha": 0}, "method_args.alpha: Input should be greater than 0 (got 0)"),
+    ("FedDyn", {"alpha": float("nan")}, "method_args.alpha: Input should be a finite number"),
+    ("InCoDyn", {"alpha": -0.01}, "method_args.alpha: Input should be greater than 0"),
+    ("FedDyn", {"weighted": True}, "method_args.weighted: Input should be False (got True)"),  # the plain mean only
 ]
 
 

@@ -90,3 +90,20 @@ def test_example_spec_is_torch_free():
     proc = subprocess.run([sys.executable, "-c", spec + check], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+FEDDYN = Path(__file__).resolve().parents[1] / "src" / "incofl" / "fl" / "methods" / "feddyn"
+
+
+def test_the_stateful_example_is_the_feddyn_folder():
+    """The doc's stateful example is src/incofl/fl/methods/feddyn/ as it is (tests/test_feddyn.py
+    runs it); its spec, run as written without torch, declares FedDyn and InCoDyn."""
+    section = DOC.read_text().split("## A stateful method: FedDyn")[1].split("\n## ")[0]
+    blocks = re.findall(r"```python\n# (\S+)\n(.*?)```", section, re.S)
+    assert [name for name, _ in blocks] == ["spec.py", "dyn.py"]
+    for name, code in blocks:
+        assert code == (FEDDYN / name).read_text(), f"docs/add-a-method.md: {name} differs from the folder's"
+    check = "import sys\nprint([m.name for m in METHODS], METHODS[0].parse_args({}).alpha, 'torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", blocks[0][1] + check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['FedDyn', 'InCoDyn'] 0.01 False"
