@@ -188,6 +188,7 @@ METHODS = ["FedAvg", "InCoAvg", "SCAFFOLD", "MOON", "FedNova", "InCoProx"]
 
 
 @pytest.mark.slow
+@pytest.mark.pin
 @pytest.mark.parametrize("method", METHODS)
 def test_golden_run(method, tmp_path):
     pins = GOLDEN.get(machine())

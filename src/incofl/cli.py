@@ -1,5 +1,5 @@
 """Command-line interface: `incofl prepare | partition | train | table | figures | paired | metrics |
-fedpart | analysis | bench | methods`."""
+compare | fedpart | analysis | bench | methods`."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4
 ANALYSIS_NAMES = ("cka", "gradients", "theta_beta", "tsne", "groups", "robustness", "case_study")
 # An --out with one of these suffixes is a file name, refused: every report command's --out is a folder
 FILE_SUFFIXES = frozenset({".md", ".json", ".csv", ".tex", ".png", ".pdf", ".txt"})
+# the run statistics a table or a comparison can show
+STATISTICS = ("final_acc", "best_acc", "last10_acc")
 
 
 class Parser(argparse.ArgumentParser):
@@ -216,6 +218,17 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Exit code 0: every cell reproduced; 1: some did not; 2: bad input (`run`: user_errors)."""
+    from incofl.report.compare import check_same_experiment, compare, read_runs, to_markdown
+
+    rerun, committed = read_runs(args.rerun), read_runs(args.committed)
+    check_same_experiment(rerun, committed)
+    table = compare(rerun, committed, args.metric, args.tolerance)
+    print(to_markdown(table, args.metric), end="")
+    return 0 if table["reproduced"].all() else 1
+
+
 def cmd_fedpart(args: argparse.Namespace) -> int:
     from incofl.atomic import write_text
     from incofl.report.fedpart import fedpart_report
@@ -322,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
     p = _add_report(sub, "table", "paper-style accuracy table (md, tex, csv, html) + metrics.json",
                     "table2.md, table2.tex, table2.csv and metrics.json")  # fmt: skip
-    p.add_argument("--metric", choices=["final_acc", "best_acc", "last10_acc"],
+    p.add_argument("--metric", choices=STATISTICS,
                    help="the statistic shown (default: the config's table_metric)")  # fmt: skip
     p.add_argument("--metrics", help="where metrics.json goes instead, a file (default: OUT/metrics.json)")
     p.add_argument("--no-paper", action="store_true",
@@ -342,6 +355,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair", action="append", default=[], metavar="METHOD=BASE",
                    help="a paired comparison for paired.csv and metrics.json; may be repeated")  # fmt: skip
     p.set_defaults(func=cmd_metrics)
+    p = sub.add_parser("compare", help="did a rerun reproduce committed runs? a verdict per cell and overall "
+                       "(exit 0: reproduced, 1: not)")  # fmt: skip
+    p.add_argument("rerun", help="root of the rerun's run directories (e.g. run/results/runs)")
+    p.add_argument("committed", help="root of the committed run directories (e.g. results/runs)")
+    p.add_argument("--metric", choices=STATISTICS, default="final_acc", help="the statistic compared (default: final)")
+    p.add_argument("--tolerance", type=_points, metavar="POINTS",
+                   help="a fixed tolerance in points (default: the difference seed noise alone exceeds in some "
+                   "cell with at most 5%% probability, from the committed seeds' spread)")  # fmt: skip
+    p.set_defaults(func=cmd_compare)
     p = _add_report(sub, "fedpart", "FedPart's poster table: full vs partial updates per cycle, costs, warm-up",
                     "fedpart.md")  # fmt: skip
     p.set_defaults(func=cmd_fedpart)
@@ -377,6 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("methods", help="list the registered methods")
     p.set_defaults(func=cmd_methods)
     return parser
+
+
+def _points(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of points >= 0")
+    return value
 
 
 def _analysis_name(text: str) -> str:

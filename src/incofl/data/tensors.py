@@ -34,8 +34,9 @@ class TensorSplit:
     ):
         self.x = torch.from_numpy(x).to(device)
         self.y = torch.from_numpy(y).long().to(device)
-        self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        # torch's default float type: float32, or float64 where the CPU-independent pins set it
+        self.mean = torch.tensor(mean, dtype=torch.get_default_dtype(), device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.get_default_dtype(), device=device).view(1, -1, 1, 1)
         self.input_size = input_size
         self.augmentation = augmentation or Augmentation()
 
@@ -44,7 +45,7 @@ class TensorSplit:
 
     def batch(self, idx: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = idx.to(self.x.device)
-        x = (self.x[idx].float() / 255.0 - self.mean) / self.std
+        x = (self.x[idx].to(self.mean.dtype) / 255.0 - self.mean) / self.std
         if gen is not None and self.augmentation.active:
             x = augment(x, self.augmentation, gen, fill=-self.mean / self.std)  # pixel 0 (black), normalised
         if x.shape[-1] != self.input_size:  # e.g. 32x32 images into a 224x224 ViT, FMNIST's 28 to 32
