@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import assert_trained, learned, seen
 from torch import nn
 
 from incofl.config import ConfigError, RunConfig, load_run_config
-from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.fl.engine.engine import Engine
@@ -59,10 +59,9 @@ def release_count(in_channels: int = 3, classes: int = 10, side: int = 32) -> in
 
 @pytest.fixture(scope="module")
 def data():
-    """64 training images (32 a client, 2 steps a round) and 32 test images of the synthetic set."""
+    """64 training images of the synthetic set (32 a client, 2 steps a round), the first 32 also its test split."""
     torch.set_num_threads(1)  # the machine's cores are shared
-    full = load_dataset("synthetic", cache_dir=None)
-    return ImageDataset("synthetic", full.x_train[:64], full.y_train[:64], full.x_test[:32], full.y_test[:32])
+    return seen(load_dataset("synthetic", cache_dir=None), 64, 32)
 
 
 # --- the model ---------------------------------------------------------------------------------
@@ -159,20 +158,18 @@ def test_fedpart_is_refused_on_cnn20():
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["FedAvg", "MOON"])
 def test_two_round_run(tmp_path, data, method):
-    """A real run (incofl.fl.engine.run.train): two rounds, evaluated, the weights moved."""
+    """A real run (incofl.fl.engine.run.train): two rounds, evaluated, the weights moved and the loss fell."""
     cfg = RunConfig(**TINY, method=method)
     summary = train(cfg, tmp_path / method, data=data)
     assert summary["status"] == "completed" and summary["rounds"] == 2
-    assert 0.0 <= summary["final_acc"] <= 100.0 and np.isfinite(summary["final_loss"])
+    assert 0.0 <= summary["final_acc"] <= 100.0
+    assert_trained(summary, cfg, data)
     assert len((tmp_path / method / "metrics.csv").read_text().splitlines()) == 1 + 2  # header, two rounds
     engine = Engine(cfg, data, Partition(iid_partition(64, 2, seed=0), np.zeros((2, 0)), {}), torch.device("cpu"))
     names = list(engine.states[0])
     assert {"fc.weight", "fc.bias"} <= set(names)  # the head FedPer keeps personal
     assert any(n.startswith("proj.") for n in names) == (method == "MOON")
-    start = engine.fingerprint()
-    for round_ in range(2):
-        engine.observe(engine.run_round(round_))
-    assert engine.fingerprint() != start
+    learned(engine, rounds=2)
     assert engine.models[0](engine.train_data.batch(torch.arange(4))[0]).shape == (4, 10)
 
 
@@ -181,9 +178,8 @@ FULL_METHODS = [m for m, spec in METHODS.items() if not spec.partial and not spe
 
 @pytest.mark.parametrize("method", FULL_METHODS)
 def test_every_method_trains_a_round_on_cnn20(data, method):
-    """Every registered method but the partial ones (ResNet layer groups) runs on cnn20."""
+    """Every registered method but the partial ones (ResNet layer groups) trains on cnn20."""
     personal = method in ("Local", "FedPer", "FedLAG")  # tested on each client's held-out share
     cfg = RunConfig(**TINY, method=method, holdout=0.25 if personal else 0.0)
     engine = Engine(cfg, data, Partition(iid_partition(64, 2, seed=0), np.zeros((2, 0)), {}), torch.device("cpu"))
-    engine.observe(engine.run_round(0))
-    assert np.isfinite(engine.evaluate()["mean_acc"])
+    assert np.isfinite(learned(engine)["mean_acc"])

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from helpers import assert_trained, seen
 
 from incofl.config import load_run_config
 from incofl.data.sources import load_dataset
@@ -138,11 +139,7 @@ def test_client_update_is_a_real_difference(synthetic, tmp_path):
 @pytest.mark.slow
 def test_vit_family_runs_inco_on_the_norm_pairs(tmp_path, synthetic):
     """ViT-S depth 8 and 9 at 224x224 (upsampled on the fly) on a few images: one InCo round."""
-    from incofl.data.dataset import ImageDataset
-
-    tiny = ImageDataset(
-        "synthetic", synthetic.x_train[:24], synthetic.y_train[:24], synthetic.x_test[:8], synthetic.y_test[:8]
-    )
+    tiny = seen(synthetic, 24, 8)  # 8 of the 24 training images are the test split: a training loss
     cfg = load_run_config(
         _cfg(
             tmp_path,
@@ -162,5 +159,6 @@ def test_vit_family_runs_inco_on_the_norm_pairs(tmp_path, synthetic):
     )
     summary = train(cfg, tmp_path / "vit", data=tiny)
     assert len(summary["group_final_acc"]) == 2
+    assert_trained(summary, cfg, tiny)
     inco = pd.read_csv(tmp_path / "vit" / "inco.csv")
     assert set(inco["layer"]) == {f"blocks.{i}.norm2.weight" for i in range(9)}

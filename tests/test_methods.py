@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_trained, seen
 from torch import nn
 
 from incofl.config import RunConfig
@@ -329,10 +330,11 @@ def test_method_lowers_the_training_loss(data, method):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", TABLE2)
-def test_every_table2_method_runs_a_round(tmp_path, data, method):
-    summary = train(RunConfig(**{**TINY, "rounds": 1}, method=method), tmp_path / method, data=data)
+def test_every_table2_method_trains_a_round(tmp_path, data, method):
+    cfg, fit = RunConfig(**{**TINY, "rounds": 1}, method=method), seen(data, n_test=200)
+    summary = train(cfg, tmp_path / method, data=fit)
     assert summary["method"] == method and 0.0 <= summary["final_acc"] <= 100.0
-    assert np.isfinite(summary["final_loss"])
+    assert_trained(summary, cfg, fit)
 
 
 # --- sessions: clients can train side by side ---------------------------------------------------

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import engine_on, small_synthetic
+from helpers import engine_on, learned, seen, small_synthetic
 
 from incofl.config import RunConfig
 from incofl.fl.contracts import View
@@ -141,16 +141,16 @@ def test_fedrolex_first_round_is_heterofl_and_rolls_after_it(data):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["HeteroFL", "FedRolex", "InCoHeteroFL", "InCoRolex"])
 def test_width_methods_train_and_report_every_level(data, method):
-    engine = _run(data, method, width_rates=[1.0, 0.5], rate_assignment="dynamic", static_bn_samples=32)
-    row = engine.evaluate()
+    settings = {"width_rates": [1.0, 0.5], "rate_assignment": "dynamic", "static_bn_samples": 32}
+    row = learned(engine_on(seen(data, n_test=32), method=method, **{**WIDTH, **settings}))
     assert {"mean_acc", "acc_g0", "acc_g1"} <= set(row) and 0 <= row["mean_acc"] <= 100
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["ScaleFL", "InCoScaleFL"])
 def test_scalefl_reports_every_exit(data, method):
-    engine = _run(data, method, models=["resnet110"], width_rates=[0.5, 1.0], exits=[1, 4])
-    row = engine.evaluate()
+    settings = {"models": ["resnet110"], "width_rates": [0.5, 1.0], "exits": [1, 4]}
+    row = learned(engine_on(seen(data, n_test=32), method=method, **{**WIDTH, **settings}))
     assert {f"acc_exit{j}" for j in range(1, 5)} <= set(row) and "acc_exits_mean" in row
     assert row["mean_acc"] == row["acc_exit4"]  # the headline: the global model's last exit
     assert row["acc_exits_mean"] == pytest.approx(sum(row[f"acc_exit{j}"] for j in range(1, 5)) / 4)
