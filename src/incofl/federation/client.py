@@ -1,0 +1,78 @@
+"""One client of a real federation, without Flower: the run's engine built on the node from
+the config and that client's data alone (sitedata.py), used for its trainer and objective.
+
+A planned round: the server's start weights with what this client keeps laid over them (a
+whole-model plan; a width view is its block of the global model as sent), then local training
+exactly as in the simulator (the config's trainer, the method's objective, the client's own
+batch stream). What the client keeps across rounds (its `kept` entries, the objective's
+per-client state: SCAFFOLD's c_i, MOON's previous models) is handed in and out as one
+`ClientState` blob, which the Flower app stores in the node's `Context.state`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from incofl.config import RunConfig
+from incofl.federation.sitedata import load_site
+from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.engine.engine import Engine, resolve_device
+
+
+def pack(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def unpack(blob: bytes) -> dict[str, Any]:
+    """A packed client state (tensors, numbers, strings and containers only: no code runs)."""
+    return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+
+
+def state_sha256(state: State) -> str:
+    """SHA-256 of a state's names and bytes in order (as the run's fingerprint hashes them)."""
+    digest = hashlib.sha256()
+    for name, tensor in state.items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def overlay(plan: ClientPlan, start: State, kept: State) -> State:
+    """A planned client's start: the server's weights with what it keeps (a width view: as sent)."""
+    return start if plan.view is not None else {**start, **kept}
+
+
+class SiteClient:
+    """Client `client` of the run `cfg`, with its data file (module docstring)."""
+
+    def __init__(self, cfg: RunConfig, client: int, data_path: str | Path):
+        self.cfg, self.client = cfg, client
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        data, partition = load_site(data_path, cfg, client)
+        # the engine seeds the models' initialisation: the caller's random stream is left as it was
+        with torch.random.fork_rng(devices=[]):
+            self.engine = Engine(cfg, data, partition, resolve_device(cfg.device))
+
+    def train(self, round_: int, plan: ClientPlan, start: State,
+              blob: bytes | None) -> tuple[ClientUpdate, bytes, str]:  # fmt: skip
+        """One planned round from the server's start weights: the update, the client's new state
+        and the hash of what it keeps (the server never sees the entries themselves)."""
+        if plan.client != self.client:
+            raise ValueError(f"a plan for client {plan.client} sent to client {self.client}'s node")
+        engine = self.engine
+        saved = unpack(blob) if blob else {"objective": engine.objective.state_dict(), "kept": {}}
+        engine.objective.load_state_dict(saved["objective"])
+        kept = {k: v.to(engine.device) for k, v in saved["kept"].items()}
+        begin = overlay(plan, start, kept)
+        update = engine.trainer.train(round_, [plan], lambda _: begin, engine.objective)[0]
+        kept = update.kept or kept  # as the simulator: a client that keeps nothing this round keeps what it had
+        state = {"objective": engine.objective.state_dict(), "kept": {k: v.cpu() for k, v in kept.items()}}
+        return update, pack(state), state_sha256(state["kept"])
