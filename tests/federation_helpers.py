@@ -24,7 +24,7 @@ TIMING = ("seconds",)  # metrics.csv's columns that measure time, not what was c
 
 def write_config(folder: Path, **settings: Any) -> Path:
     path = folder / "run.yaml"
-    path.write_text(yaml.safe_dump({**TINY, **settings}))
+    path.write_text(yaml.safe_dump({**TINY, "cache_dir": str(folder / "cache"), **settings}))
     return path
 
 

@@ -26,7 +26,7 @@ from incofl.federation.codec import read_train, update_content
 
 STATE = "incofl"  # the node's Context.state record: the run's config and the client's state blob
 app = ClientApp()
-_sites: dict[tuple[int, int], SiteClient] = {}  # (run, node) -> its client, built once per run on a node
+_sites: dict[tuple[int, int, str], SiteClient] = {}  # (run, node, config) -> its client, built once per run
 
 
 def node_client(context: Context) -> int:
@@ -35,9 +35,10 @@ def node_client(context: Context) -> int:
 
 def site(context: Context) -> SiteClient:
     """This node's client for the run (its config from the identify query, kept in Context.state)."""
-    key = (context.run_id, context.node_id)
+    config = str(context.state.config_records[STATE]["config"])
+    key = (context.run_id, context.node_id, config)
     if key not in _sites:
-        cfg = RunConfig(**json.loads(str(context.state.config_records[STATE]["config"])))
+        cfg = RunConfig(**json.loads(config))
         _sites[key] = SiteClient(cfg, node_client(context), str(context.node_config["data-path"]))
     return _sites[key]
 

@@ -136,12 +136,12 @@ def refusal(cfg: RunConfig) -> str:
             "eval_bn: static gathers BN statistics from every client's training images on the server; "
             "set eval_bn: batch"
         )
+    if METHODS[cfg.method].planner.personal:
+        return "its evaluation scores every client's model with the entries the client keeps for itself"
     if cfg.holdout:
         return "holdout: the personal accuracy scores every client's model on its held-out data on the server"
     if cfg.bn_stats == "local":
         return "bn_stats: local: evaluation scores each group's model with its first client's BN statistics"
-    if METHODS[cfg.method].planner.personal:
-        return "its evaluation scores every client's model with the entries the client keeps for itself"
     return ""
 
 
