@@ -53,7 +53,7 @@ app = ServerApp()
 class AppSettings:
     """The app's run config (module docstring)."""
 
-    config: str
+    config: str | None  # None: the built-in defaults, as `incofl train` without --config
     overrides: dict[str, Any]
     out: Path
     round_timeout: float = 600.0
@@ -62,10 +62,10 @@ class AppSettings:
 
     @classmethod
     def of(cls, run_config: dict[str, Any]) -> AppSettings:
-        if not run_config.get("config") or not run_config.get("out"):
-            raise ConfigError("run config: set config (the run's YAML) and out (its run directory)")
+        if not run_config.get("out"):
+            raise ConfigError("run config: out: set the run directory")
         overrides = parse_overrides(shlex.split(str(run_config.get("set", ""))))
-        return cls(str(run_config["config"]), overrides, Path(str(run_config["out"])),
+        return cls(str(run_config.get("config", "")) or None, overrides, Path(str(run_config["out"])),
                    float(run_config.get("round-timeout", 600.0)), float(run_config.get("join-timeout", 120.0)),
                    bool(run_config.get("allow-missing", False)))  # fmt: skip
 
