@@ -26,6 +26,7 @@ OUT = Path(__file__).with_name("runs.yaml")
 CONFIGS = {
     "runs-ivh": ["inco-vs-heteroavg"],
     "runs-ivh-gpu": ["inco-vs-heteroavg"],
+    "runs-ivh-e5-gpu": ["inco-vs-heteroavg"],  # local_epochs=5 (the paper's E), on an H200
     "runs-ivh-release": ["inco-vs-heteroavg-release"],
     "runs-ivh-release-gpu": ["inco-vs-heteroavg-release"],
     "runs-collapse": ["cifar10-mini"],
