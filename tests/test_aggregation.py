@@ -2,9 +2,12 @@
 
 import torch
 
-from incofl.fl.contracts import ClientUpdate, Setup
+from incofl.config import RunConfig
+from incofl.fl.contracts import ClientUpdate, RoundContext, Setup
 from incofl.fl.stages.aggregate import GroupWise, Shared, apply_update, mean_over_holders
 from incofl.params import AggregationParams
+
+SETUP = Setup(RunConfig(), [])
 
 
 def _updates():
@@ -44,12 +47,12 @@ def test_heteroavg_leaves_client_updates_untouched():
 
 def test_groupwise_is_per_group_mean():
     ups = _updates()
-    out = GroupWise(AggregationParams()).aggregate(ups)
+    out = GroupWise(AggregationParams(), SETUP).aggregate(ups)
     assert set(out) == {0, 1}
     assert torch.allclose(out[0]["a"], (ups[0].delta["a"] + ups[1].delta["a"]) / 2)
     assert torch.allclose(out[1]["c"], (ups[2].delta["c"] + ups[3].delta["c"]) / 2)
     assert "c" not in out[0]
-    assert Shared(AggregationParams()).federation(1) == 0 and GroupWise(AggregationParams()).federation(1) == 1
+    assert Shared.federation(1) == 0 and GroupWise.federation(1) == 1
 
 
 def test_apply_update_adds_and_clamps_running_var():
@@ -62,7 +65,7 @@ def test_apply_update_adds_and_clamps_running_var():
 def test_official_inco_divides_vit_updates_by_local_epochs():
     """The authors' ViT path: client deltas / E before averaging, then InCo; ResNets untouched."""
     from incofl.config import RunConfig
-    from incofl.fl.methods.inco import InCoStep, cross_layer_update
+    from incofl.fl.methods.inco.step import InCoStep, cross_layer_update
     from incofl.registry import METHODS
 
     g = torch.Generator().manual_seed(1)
@@ -71,7 +74,7 @@ def test_official_inco_divides_vit_updates_by_local_epochs():
     pairs = {"blocks.0.norm2.weight": "blocks.0.norm1.weight"}
     setup = Setup(RunConfig(local_epochs=4), list(vit))
     hp, paper = METHODS["InCoAvg"].parse_args({}), METHODS["InCoAvg-paper"].parse_args({})
-    got = InCoStep(hp, setup)(mean_over_holders(ups))
+    got = InCoStep(hp, setup)(mean_over_holders(ups), RoundContext(0, 0, len(ups), 0))
     expected = cross_layer_update({k: v * 1.5 / 4 for k, v in vit.items()}, pairs)
     assert all(torch.allclose(got[k], expected[k]) for k in vit)
     assert InCoStep(paper, setup).scale == 1.0

@@ -15,8 +15,8 @@ from helpers import engine_on, small_synthetic
 from incofl.cli import run
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import holdout_split, iid_partition
-from incofl.fl.methods import personal as personal_module
-from incofl.fl.methods.personal import conflict_counts
+from incofl.fl.methods.personal import plan as personal_module
+from incofl.fl.methods.personal.plan import conflict_counts
 from incofl.fl.stages.evaluation import score
 
 TINY = {
@@ -119,7 +119,7 @@ def test_resume_restores_personal_state_and_the_choice(data):
 
 @pytest.mark.slow
 def test_released_variant_trains_locally_after_warmup(data):
-    engine = _run(_engine(data, "FedLAG", method_args={"warmup": 2, "variant": "released"}), 2)
+    engine = _run(_engine(data, "FedLAG", method_args={"warmup": 2, "broadcast": False}), 2)
     server = {k: v.clone() for k, v in engine.states[0].items()}
     report = engine.run_round(2)
     assert report.upload_bytes == 0 and all(torch.equal(engine.states[0][k], v) for k, v in server.items())
@@ -160,14 +160,14 @@ def test_personal_accuracy_is_micro_averaged_over_each_clients_model(data):
     for c in range(4):
         model = engine.models[0]
         model.load_state_dict(engine.client_state(c, 0))
-        acc = score(model, engine.train_data, 1000, indices=torch.from_numpy(engine.held[c])).accuracy()
-        correct += acc * len(engine.held[c]) / 100
-        total += len(engine.held[c])
+        acc = score(model, engine.train_data, 1000, indices=torch.from_numpy(engine.held_out[c])).accuracy()
+        correct += acc * len(engine.held_out[c]) / 100
+        total += len(engine.held_out[c])
         accs.append(acc)
     scores = engine.evaluate()
     assert scores["personal_acc"] == pytest.approx(100 * correct / total)
     assert scores["personal_acc_std"] == pytest.approx(np.std(accs))
-    assert sum(len(h) for h in engine.held) == 32 and all(len(p) == 24 for p in engine.parts)  # 32 a client, 8 out
+    assert sum(len(h) for h in engine.held_out) == 32 and all(len(p) == 24 for p in engine.parts)  # 32 a client, 8 out
 
 
 def test_without_a_test_set_the_personal_accuracy_is_the_runs(data):

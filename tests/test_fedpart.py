@@ -16,10 +16,11 @@ from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.fl.contracts import Setup
 from incofl.fl.engine.engine import Engine
-from incofl.fl.methods import fedpart as fedpart_module
-from incofl.fl.methods.fedpart import PartPlanner
-from incofl.fl.methods.inco import InCoLog, InCoStep
-from incofl.fl.methods.objectives import FedProx, Moon
+from incofl.fl.methods.fedpart import plan as fedpart_module
+from incofl.fl.methods.fedpart.plan import PartPlanner
+from incofl.fl.methods.inco.step import InCoLog, InCoStep
+from incofl.fl.methods.objectives.fedprox import FedProx
+from incofl.fl.methods.objectives.moon import Moon
 from incofl.fl.stages.aggregate import GroupWise, Shared
 from incofl.fl.stages.local import Objective, client_batches, make_optimizer
 from incofl.fl.stages.sampling import client_seed
@@ -59,7 +60,7 @@ def _planner(models=("resnet8",), seed=0, **args):
     """A FedPart planner over fresh models, two clients a model group."""
     cfg = RunConfig(**{**TINY, "models": list(models), "clients": 2 * len(models), "method": "FedPart", "seed": seed})
     built = [build_model(name, 10, 3) for name in models]
-    return PartPlanner(METHODS["FedPart"].parse_args(args), Setup(cfg, []), built, lambda g: g), built
+    return PartPlanner(METHODS["FedPart"].parse_args(args), Setup(cfg, [], models=built)), built
 
 
 def _schedule(planner, rounds):
@@ -279,7 +280,7 @@ def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data
     cfg, round_, client = engine.cfg, 3, 1
     plan = engine.planner.plan(round_, client)
     start = {k: v.clone() for k, v in engine.sub_state(0).items()}
-    update = engine.trainer.train_client(round_, plan, engine.sub_state(0), engine.objective)
+    update = engine.client.trainer.train_client(round_, plan, engine.sub_state(0), engine.objective)
     trained = engine.models[0].state_dict()
     assert plan.trainable == {"layer2.0.conv1.weight", "layer2.0.bn1.weight", "layer2.0.bn1.bias"}
     for name, _ in engine.models[0].named_parameters():

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from incofl.fl.methods.inco import cross_layer_update, find_pairs
+from incofl.fl.methods.inco.step import cross_layer_update, find_pairs
 from incofl.models.family import build_model
 
 EPS = 1e-7

@@ -23,9 +23,9 @@ from incofl.data.partition import Partition, iid_partition, make_partition, part
 from incofl.data.release import ReleasePartitionError, read_release_partition, release_file
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit, to_device
-from incofl.fl.contracts import Setup
+from incofl.fl.contracts import RoundContext, Setup
 from incofl.fl.engine.engine import Engine
-from incofl.fl.methods.inco import InCoStep
+from incofl.fl.methods.inco.step import InCoStep
 from incofl.fl.stages.evaluation import score
 from incofl.fl.stages.local import client_batches
 from incofl.fl.stages.transforms import EpochScale
@@ -143,7 +143,7 @@ def test_every_pipeline_option_reaches_the_engine():
     data = _images(40, channels=1, size=28)
     default = _engine(data)
     assert default.train_data.augmentation == Augmentation()  # synthetic: no augmentation by default
-    assert default.train_data.input_size == 28 and not default.trainer.cfg.drop_last
+    assert default.train_data.input_size == 28 and not default.client.trainer.cfg.drop_last
     engine = _engine(data, augment="crop_flip", cutout=6, pad_fill="black", normalize="none", resize=32,
                      drop_last=True, eval_batch_size=16)  # fmt: skip
     assert engine.train_data.augmentation == Augmentation(crop=True, flip=True, cutout=6, black_pad=True)
@@ -305,7 +305,8 @@ def test_vit_epoch_scale_for_every_method_or_inco_only():
     assert EpochScale(hetero, Setup(release, names)).scale == 0.25  # the release: every method
     assert InCoStep(inco, Setup(release, names)).scale == 1.0  # divided once
     average = {"w": torch.ones(3)}
-    assert torch.equal(EpochScale(hetero, Setup(release, names))(average)["w"], torch.full((3,), 0.25))
+    scaled = EpochScale(hetero, Setup(release, names))(average, RoundContext(0, 0, 1, 1))
+    assert torch.equal(scaled["w"], torch.full((3,), 0.25))
 
 
 def test_the_engine_puts_the_release_epoch_scale_first_on_vits_only():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +24,13 @@ TINY = {"dataset": "synthetic", "clients": 4, "ratio": 0.5, "models": ["resnet10
         "batch_size": 32, "partition": "iid", "progress": False, "threads": 1, "device": "cpu"}  # fmt: skip
 
 
+DOC = Path(__file__).resolve().parents[1] / "docs" / "add-a-method.md"
+
+
 @pytest.fixture(scope="module")
 def example():
     """docs/add-a-method.md's first python block, executed; its methods removed after."""
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "add-a-method.md").read_text()
-    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
     namespace: dict = {}
     exec(compile(code, "docs/add-a-method.md", "exec"), namespace)
     yield namespace
@@ -74,3 +78,15 @@ def test_example_parameters_are_validated(example):
     with pytest.raises(ValueError, match=r"method_args\.smoothing: Input should be less than 1"):
         METHODS["FedAvgLS"].parse_args({"smoothing": 1.0})
     assert "smoothing=0.1" in describe(METHODS["FedAvgLS"].params)
+
+
+def test_example_spec_is_torch_free():
+    """The doc's folder `spec.py` (its second python block) declares FedAvgLS and validates its
+    parameters without importing torch, as the registry's import of a spec must."""
+    spec = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)[1]
+    check = (
+        "import sys\nassert METHODS[0].parse_args({'smoothing': 0.2}).smoothing == 0.2\nprint('torch' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", spec + check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

@@ -1,26 +1,36 @@
-"""The registry (src/incofl/registry.py): what each component declares matches its class, and a
-config is validated without importing the training code."""
+"""The registry (src/incofl/registry.py): the methods it collects from the families' spec modules,
+what each component declares matches its class, parameters are combined without a clash (and
+renamed ones migrated), and a config is validated without importing the training code."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from workflows import package_with_family
 
-from incofl.config import RunConfig
-from incofl.fl.methods.fedpart import PartPlanner
-from incofl.fl.methods.personal import KeepPlanner, LagPlanner
+from incofl.config import RunConfig, load_experiment
+from incofl.fl.engine.checkpoint import check_same, semantic_config
+from incofl.fl.methods.fedpart.plan import PartPlanner
+from incofl.fl.methods.inco.spec import INCO
+from incofl.fl.methods.personal.plan import KeepPlanner, LagPlanner
+from incofl.fl.methods.personal.spec import LAG
 from incofl.fl.methods.width.exits import ExitLoss
 from incofl.fl.methods.width.levels import WidthPlanner
+from incofl.fl.methods.width.spec import ROLEX, SlicedParams
 from incofl.fl.stages.aggregate import Aggregator
 from incofl.fl.stages.layout import Layout
 from incofl.fl.stages.local import Objective
 from incofl.fl.stages.observers import Observer
 from incofl.fl.stages.plan import FullPlanner
 from incofl.fl.stages.transforms import AverageTransform, UpdateTransform
-from incofl.registry import GROUPS, METHODS, WIDTH_LAYOUT, layout_of
+from incofl.params import Params
+from incofl.registry import GROUPS, METHODS, WIDTH_LAYOUT, families, layout_of
+from incofl.spec import Component, Method
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = {"objective": Objective, "aggregator": Aggregator, "pre": UpdateTransform, "post": AverageTransform,
@@ -59,18 +69,83 @@ def test_each_method_builds_the_parameters_its_components_read():
     assert METHODS["FedRolex"].parse_args({}).rolling and not METHODS["HeteroFL"].parse_args({}).rolling
 
 
+def _spec_or_above(module: str) -> bool:
+    """A method family's spec, or a package on its import path."""
+    parts = module.split(".")
+    return parts[:2] == ["incofl", "fl"] and (len(parts) <= 4 or (len(parts) == 5 and parts[4] == "spec"))
+
+
 def test_a_config_is_validated_without_the_training_code():
     """Loading and validating a config, and every run config of its grid (what a workflow's dry
-    run and the report commands do), imports neither torch nor the engine."""
+    run and the report commands do), imports neither torch nor the engine: of incofl.fl, only
+    the families' specs and the packages above them."""
     code = ("import sys; from incofl.config import load_experiment; "
             "exp = load_experiment('config/fedlag-cpu.yaml'); "
             "[exp.run_config(d, a, m, s) for d in exp.datasets for a in exp.alphas for m in exp.methods "
             "for s in exp.seeds]; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision') "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'timm') "
             "or m.startswith(('incofl.fl', 'incofl.data', 'incofl.models.family'))))")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
+    loaded = eval(proc.stdout)  # a printed list of module names
+    assert {m for m in loaded if not _spec_or_above(m)} == set(), loaded
+    assert set(families()) <= set(loaded)
+
+
+def test_methods_are_collected_from_every_family_in_order():
+    """Every family package under fl/methods/ has a spec, every registered method comes from
+    one (in family-name order, each family's own order), and no name is registered twice."""
+    folders = sorted(p.name for p in (REPO / "src/incofl/fl/methods").iterdir() if (p / "__init__.py").is_file())
+    assert families() == [f"incofl.fl.methods.{name}.spec" for name in folders]
+    collected = [m.name for f in families() for m in __import__(f, fromlist=["METHODS"]).METHODS]
+    assert collected == list(METHODS)[: len(collected)] and len(set(collected)) == len(collected)
+    assert {"FedAvg", "SCAFFOLD", "InCoNova", "InCoPart", "FedLAG", "InCoScaleFL"} <= set(collected)
+
+
+def test_a_new_family_folder_is_collected(tmp_path):
+    """Adding a method is adding a folder: a package with one more family folder registers its
+    method, last (families by name), without importing torch."""
+    env = {**os.environ, "PYTHONPATH": str(package_with_family(tmp_path))}
+    code = "import sys; from incofl.registry import METHODS; print(list(METHODS)[-1], 'torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["FedAvgNew", "False"]
+
+
+class _Variant(Params):
+    variant: str = "x"
+
+
+def test_two_components_declaring_one_parameter_are_refused():
+    """One name cannot mean two things (InCo's `variant` and FedLAG's old one): the error names
+    the method, the parameter and both components; a model derived from another's is no clash."""
+    clash = Method("Clash", planner=Component("incofl.fl.stages.plan:FullPlanner", _Variant), post=(INCO,))
+    with pytest.raises(ValueError, match="^Clash: parameter 'variant' is declared by both InCoStep and FullPlanner$"):
+        _ = clash.params
+    derived = Method(
+        "Derived", aggregator=ROLEX, pre=(Component("incofl.fl.stages.transforms:UpdateTransform", SlicedParams),)
+    )
+    assert {"class_rows", "weighting"} <= set(derived.params.model_fields)
+    assert all(method.params for method in METHODS.values())  # every registered method combines
+
+
+def test_fedlags_renamed_parameter_is_migrated():
+    """FedLAG's `variant: intended | released` is `broadcast: true | false`: the old name still
+    parses, and the committed FedLAG-released runs (their summary.json holds the old name) are
+    the same runs as config/fedlag-cpu.yaml (the new name) makes."""
+    assert LAG.renamed and METHODS["FedLAG"].parse_args({"variant": "released"}).broadcast is False
+    assert METHODS["FedLAG"].parse_args({"variant": "intended"}) == METHODS["FedLAG"].parse_args({})
+    with pytest.raises(ValueError, match="method_args.variant: not a parameter of FedLAG"):
+        METHODS["FedLAG"].parse_args({"variant": "other"})
+    exp = load_experiment(REPO / "config" / "fedlag-cpu.yaml")
+    for path in sorted((REPO / "results" / "runs-fedlag").glob("*/a*/FedLAG-released/s*/summary.json")):
+        theirs = json.loads(path.read_text())["config"]
+        assert theirs["method_args"] == {"variant": "released"}
+        ours = exp.run_config(theirs["dataset"], theirs["alpha"], "FedLAG-released", theirs["seed"])
+        assert ours.method_args == {"broadcast": False}
+        # as a resume or a rerun into the run's folder compares them (checkpoint.check_same)
+        assert semantic_config(theirs)["method_args"] == semantic_config(ours.model_dump())["method_args"]
+    check_same(Path("ckpt.pt"), {**ours.model_dump(), "method_args": {"variant": "released"}}, ours.model_dump(), "")
 
 
 def test_the_layout_follows_the_model():

@@ -13,7 +13,7 @@ import pytest
 
 from incofl import streams
 from incofl.data.partition import dirichlet_partition, holdout_split, iid_partition
-from incofl.fl.methods.fedpart import PartPlanner
+from incofl.fl.methods.fedpart.plan import PartPlanner
 from incofl.fl.methods.width.levels import WidthPlanner, statistics_indices
 from incofl.fl.stages.sampling import client_seed, noise_seed, sample_schedule
 from incofl.streams import Stream, fixed_generator, generator, seed_int, seed_sequence
@@ -74,7 +74,7 @@ def _every_use(seed: int) -> None:
         for c in range(4):
             client_seed(seed, t, c)
             noise_seed(seed, t, c)
-            WidthPlanner.level(width, t, c, 0)
+            WidthPlanner.group_of(width, t, c, 0)
 
 
 _PARTITIONS = {f"{kind}_partition": "partition" for kind in ("iid", "iid_draw", "dirichlet", "shard")}  # one per run
@@ -99,7 +99,7 @@ def test_no_two_uses_draw_the_same_sequence(monkeypatch):
         users.setdefault(tuple(_state(list(words))), set()).add(use)
     assert [u for u in users.values() if len(u) > 1] == []
     uses = {"partition", "holdout_split", "sample_schedule", "client_seed", "noise_seed", "statistics_indices",
-            "order", "level"}  # fmt: skip
+            "order", "group_of"}  # fmt: skip
     assert {use for use, _ in made} == uses and {words[1] for _, words in made} == set(Stream)
 
 

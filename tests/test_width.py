@@ -11,12 +11,12 @@ from helpers import engine_on, small_synthetic
 
 from incofl.config import RunConfig
 from incofl.fl.contracts import View
-from incofl.fl.methods.inco import cross_layer_update, find_pairs
+from incofl.fl.methods.inco.step import cross_layer_update, find_pairs
 from incofl.fl.methods.width.aggregate import RolexMean, SlicedMean
 from incofl.fl.methods.width.levels import Widths
 from incofl.fl.methods.width.slicing import extract, index_map, scatter_add, sliced_mean, take, window
+from incofl.fl.methods.width.spec import RolexParams
 from incofl.models.family import build_model
-from incofl.params import RolexParams
 
 WIDTH = {"models": ["preresnet18"], "clients": 4, "ratio": 1.0, "rounds": 1, "batch_size": 16, "optimizer": "sgd",
          "lr": 0.05, "partition": "iid", "eval_last": 0}  # fmt: skip
@@ -60,7 +60,7 @@ def test_extract_then_write_back_is_the_identity_and_rate_one_is_the_full_model(
     for name, b in block.items():
         scatter_add(mask[name], index[name], torch.ones_like(b))
     for name in full:
-        assert torch.equal(back[name], full[name] * mask[name])  # every held element back in its place
+        assert torch.equal(back[name], full[name] * mask[name])  # every covered element back in its place
         assert mask[name].sum() == block[name].numel()  # each exactly once
 
 
@@ -70,15 +70,15 @@ def test_per_element_mean_over_overlapping_slices_by_hand():
     b = {"w": (window(4, 2, 1), None), "fc.weight": (None, window(4, 2, 1))}  # rows 3, 0
     da = {"w": torch.full((2, 2), 1.0), "fc.weight": torch.full((3, 2), 1.0)}
     db = {"w": torch.full((2, 2), 3.0), "fc.weight": torch.full((3, 2), 3.0)}
-    mean, held = sliced_mean(shapes, [(da, a), (db, b)])
+    mean, covered = sliced_mean(shapes, [(da, a), (db, b)])
     assert mean["w"][:, 0].tolist() == [2.0, 1.0, 0.0, 3.0]  # row 0 both, 1 only a, 2 nobody, 3 only b
-    assert held["w"][:, 1].tolist() == [True, True, False, True]
+    assert covered["w"][:, 1].tolist() == [True, True, False, True]
     # classifier rows only from clients that hold the class: a holds classes {0, 2}, b {2}
     rows = [({"fc.weight"}, torch.tensor([0, 2])), ({"fc.weight"}, torch.tensor([2]))]
-    mean, held = sliced_mean(shapes, [(da, a), (db, b)], rows)
+    mean, covered = sliced_mean(shapes, [(da, a), (db, b)], rows)
     assert mean["fc.weight"][:, 0].tolist() == [1.0, 0.0, 2.0]  # column 0: both clients' window
     assert mean["fc.weight"][:, 3].tolist() == [0.0, 0.0, 3.0]  # column 3: b's only
-    assert not held["fc.weight"][1].any()  # class 1: nobody's
+    assert not covered["fc.weight"][1].any()  # class 1: nobody's
     assert mean["w"][:, 0].tolist() == [2.0, 1.0, 0.0, 3.0]  # other entries as before
 
 
@@ -94,14 +94,14 @@ def test_inco_on_slices_held_everywhere_is_the_depth_step_and_leaves_uncovered_s
     everywhere = {k: torch.ones(s, dtype=torch.bool) for k, s in shapes.items()}
     for variant in ("official", "paper"):
         plain = cross_layer_update(update, pairs, variant=variant)
-        held = cross_layer_update(update, pairs, variant=variant, held=everywhere)
-        assert all(torch.equal(plain[k], held[k]) for k in plain)
-    # the reference held on half of its output channels: the target changes only there
+        covered = cross_layer_update(update, pairs, variant=variant, covered=everywhere)
+        assert all(torch.equal(plain[k], covered[k]) for k in plain)
+    # the reference covered on half of its output channels: the target changes only there
     half = dict(everywhere)
     half["layer2.0.conv2.weight"] = everywhere["layer2.0.conv2.weight"].clone()
     half["layer2.0.conv2.weight"][64:] = False
     stats: dict = {}
-    out = cross_layer_update(update, pairs, held=half, stats=stats)
+    out = cross_layer_update(update, pairs, covered=half, stats=stats)
     target = "layer2.1.conv1.weight"
     assert torch.equal(out[target][64:], update[target][64:])
     masked = {k: v.clone() for k, v in update.items()}
@@ -196,7 +196,7 @@ def test_a_resumed_dynamic_rolling_run_equals_an_uninterrupted_one(data):
 
 @pytest.mark.slow
 def test_full_width_inco_heterofl_without_mask_and_clip_is_inco_avg_bit_for_bit(data):
-    """Every client at rate 1: the width machinery (views, per-element mean, held masks) must
+    """Every client at rate 1: the width machinery (views, per-element mean, covered masks) must
     reduce to the depth path (HeteroAvg's mean over holders, the plain InCo step)."""
     plain = {"mask_classes": False, "class_rows": False, "grad_clip": 1e9}
     settings = {**WIDTH, "width_rates": [1.0], "rounds": 2}
@@ -245,8 +245,8 @@ def _release_round(params: dict, counts: dict, trained: dict) -> None:
             total[pos] += w * value
             weights[pos] += w
             raised[name][pos] += 1
-        held = weights > 0
-        v[held] = total[held] / weights[held]
+        covered = weights > 0
+        v[covered] = total[covered] / weights[covered]
         reading = raised
     counts.update(raised)
 
@@ -280,7 +280,7 @@ def test_released_weighting_is_the_release_arithmetic_over_two_rounds():
         ours = {k: v + mean[k] for k, v in ours.items()}
         _release_round(theirs, counts, trained)
         assert all(torch.allclose(ours[k], theirs[k], atol=1e-6) for k in _ENTRIES)
-        if round_ == 0:  # by hand: BN channel 0 held by A (weight 1), then by B (1 + A's hold)
+        if round_ == 0:  # by hand: BN channel 0 covered by A (weight 1), then by B (1 + A's hold)
             a, b = (trained[c]["bn.weight"][0].item() for c in "AB")
             assert ours["bn.weight"][0].item() == pytest.approx((a + 2 * b) / 3)
     assert rolex.times["bn.weight"].tolist() == [5.0, 7.0, 5.0, 3.0]  # 1 + its holders in each of two rounds
@@ -294,7 +294,7 @@ def test_mean_weighting_is_the_unweighted_sliced_mean_bit_for_bit():
     updates = _updates(params, _train(params, gen))
     rolex, plain = _rolex("mean")
     ours, theirs = rolex.aggregate(updates)[0], plain.aggregate(updates)[0]
-    assert all(torch.equal(ours[k], theirs[k]) and torch.equal(ours.held[k], theirs.held[k]) for k in _ENTRIES)
+    assert all(torch.equal(ours[k], theirs[k]) and torch.equal(ours.covered[k], theirs.covered[k]) for k in _ENTRIES)
     assert rolex.state_dict() == {"times": {}}
 
 

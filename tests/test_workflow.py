@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import jsonschema
 import pandas as pd
 import pytest
 import yaml
-from workflows import REPO, TINY, TINY_ANALYSIS, planned_jobs, run_snakemake
+from workflows import ENV, REPO, TINY, TINY_ANALYSIS, package_with_family, planned_jobs, run_snakemake, snakemake_cmd
 
 from incofl.config import validate_experiment
 from incofl.registry import METHODS
@@ -105,6 +106,19 @@ def test_shipped_configs_are_valid(path):
 )
 def test_dry_run_plans_exactly_the_grid(tmp_path, path):
     assert planned_jobs(tmp_path, config=path) == grid_jobs(yaml.safe_load(path.read_text()))
+
+
+@pytest.mark.slow
+def test_a_method_of_a_new_family_folder_is_planned(tmp_path):
+    """No regeneration step: a method registered only by a new family folder's spec passes the
+    workflow's validation (schema, then the package's) and is planned like any other."""
+    config = tmp_path / "new.yaml"
+    config.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), "methods": ["FedAvgNew"]}))
+    env = {**ENV, "PYTHONPATH": str(package_with_family(tmp_path))}
+    cmd = snakemake_cmd(tmp_path / "work", "--dry-run", "--quiet", "rules", config=config)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^train\s+1\s*$", proc.stdout + proc.stderr, re.M), proc.stdout + proc.stderr
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,8 +24,20 @@ TINY_ANALYSIS = REPO / "tests" / "data" / "tiny-analysis.yaml"
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
 
 
+def package_with_family(tmp: Path, name: str = "FedAvgNew") -> Path:
+    """A copy of the package with one more method family folder, `zfamily/`, holding only a spec
+    that registers `name` (FedAvg's stages): the folder to put first on PYTHONPATH."""
+    src = tmp / "src"
+    shutil.copytree(REPO / "src" / "incofl", src / "incofl", ignore=shutil.ignore_patterns("__pycache__"))
+    family = src / "incofl" / "fl" / "methods" / "zfamily"
+    family.mkdir()
+    (family / "__init__.py").write_text("")
+    (family / "spec.py").write_text(f'from incofl.spec import Method\n\nMETHODS = (Method("{name}"),)\n')
+    return src
+
+
 def snakemake_cmd(workdir: Path, *args: str, config: Path = TINY) -> list[str]:
-    return [str(BIN / "snakemake"), "-s", str(REPO / "workflow" / "Snakefile"), "--directory", str(workdir),
+    return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
             "--configfile", str(config), *args]  # fmt: skip
 
 

@@ -286,7 +286,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     from incofl.params import describe
-    from incofl.registry import FULL, METHODS
+    from incofl.registry import METHODS
+    from incofl.spec import FULL
 
     for m in METHODS.values():
         planner = [] if m.planner is FULL else [m.planner.name]  # a partial plan is named

@@ -13,11 +13,11 @@ What `ExperimentConfig.model_json_schema()` gives is post-processed:
 - no `title`s (pydantic's "Clients", "Eval Every", ...: noise in the file); descriptions
   (docstrings of nested models) on one line;
 - enums for the names pydantic checks with functions, not types: data sets
-  (`incofl.config.DATASETS`), models (`incofl.models.names.MODELS`) and methods (the keys of
-  `incofl.registry.METHODS`, also the keys of `per_method`), read from those registries;
-- variants: a name (`incofl.config.NAME`, not a method's) for each, whose `method` is a
-  registered method; `methods` lists registered methods, or also variant names where the
-  config has variants (whether those are defined is pydantic's check);
+  (`incofl.config.DATASETS`) and models (`incofl.models.names.MODELS`), read from those lists;
+- method names (`methods`, the keys of `per_method`, a variant's `method`) and variant names
+  as names only (`incofl.config.NAME`): the registry collects a method from its family's folder
+  (incofl.registry), so whether a name is registered is the config validation's check, which
+  the workflow runs right after this schema; a list here would go stale with every new method;
 - a `$schema` line and a header description.
 Types, enums of `Literal` fields, bounds (`ge`, `gt`, `le`, `lt`, `min_length`) and
 `additionalProperties: false` (extra="forbid") come from pydantic unchanged.
@@ -36,7 +36,6 @@ from pydantic import BaseModel
 
 from incofl.config import DATASETS, NAME, ExperimentConfig, RunConfig, Settings
 from incofl.models.names import MODELS
-from incofl.registry import METHODS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +61,6 @@ def _names() -> dict[str, tuple[str, tuple[str, ...], list[str]]]:
     return {
         "Dataset": ("a data set (incofl.config.DATASETS)", DATASETS, ["datasets"]),
         "Model": ("a model (incofl.models.names.MODELS)", MODELS, ["models"]),
-        "Method": ("a method (incofl.registry.METHODS, `incofl methods`)", tuple(METHODS), ["methods"]),
     }
 
 
@@ -103,31 +101,35 @@ def config_schema() -> dict[str, Any]:
             if props[field].get("items") != {"type": "string"}:
                 raise RuntimeError(f"{field}: expected a list of strings, got {props[field]}")
             props[field]["items"] = {"$ref": f"#/$defs/{def_name}"}
+    defs["Method"] = {
+        "description": "a registered method (`incofl methods`), or in `methods` a variant's name; whether it is "
+        "registered is checked by incofl's config validation, after this schema",
+        "type": "string",
+        "pattern": f"^{NAME}$",
+    }
     per_method = props["per_method"]
     if per_method.get("type") != "object":
         raise RuntimeError(f"per_method: expected a mapping, got {per_method}")
-    per_method["propertyNames"] = {"$ref": "#/$defs/Method"}
+    per_method["propertyNames"] = _ref("Method")
     defs["Variant"] = {
         "description": "a variant's name: letters, digits and '-', not a registered method's",
         "type": "string",
         "pattern": f"^{NAME}$",
-        "not": _ref("Method"),
     }
     variants = props["variants"]
     if variants.get("additionalProperties") != {"additionalProperties": True, "type": "object"}:
         raise RuntimeError(f"variants: expected a mapping of mappings, got {variants}")
     variants["propertyNames"] = _ref("Variant")
     variants["additionalProperties"] |= {"required": ["method"], "properties": {"method": _ref("Method")}}
-    props["methods"]["items"] = {"anyOf": [_ref("Method"), _ref("Variant")]}
+    if props["methods"].get("items") != {"type": "string"}:
+        raise RuntimeError(f"methods: expected a list of strings, got {props['methods']}")
+    props["methods"]["items"] = _ref("Method")
     return {
         "$schema": DIALECT,
         "description": DESCRIPTION,
         "type": body.pop("type"),
         "additionalProperties": body.pop("additionalProperties"),
         "properties": props,
-        # without variants, `methods` are registered methods only
-        "if": {"required": ["variants"], "properties": {"variants": {"minProperties": 1}}},
-        "else": {"properties": {"methods": {"items": _ref("Method")}}},
         "$defs": dict(sorted(defs.items())),
     }
 
@@ -157,12 +159,18 @@ Settings are merged, later winning: the top level < `per_dataset.<data set>` < `
 < a variant's own < `incofl train --set key=value`.
 """
 SECTIONS = (  # (title, introduction, model): the keys the model adds to Settings (Settings: its own)
-    ("The grid and the experiment", "The grid is datasets x alphas x methods x seeds; these keys are the "
-     "experiment's own.", ExperimentConfig),
+    (
+        "The grid and the experiment",
+        "The grid is datasets x alphas x methods x seeds; these keys are the experiment's own.",
+        ExperimentConfig,
+    ),
     ("Settings every run shares", "Overridable per data set, per method, per variant and with `--set`.", Settings),
-    ("One run's grid point", "A run's own `config.yaml` and `incofl train --set` name one point of the grid.",
-     RunConfig),
-)  # fmt: skip
+    (
+        "One run's grid point",
+        "A run's own `config.yaml` and `incofl train --set` name one point of the grid.",
+        RunConfig,
+    ),
+)
 
 
 def _type(node: dict[str, Any]) -> str:
@@ -188,9 +196,11 @@ def _type(node: dict[str, Any]) -> str:
         return f"list of ({_type(node['items'])}){at_least}"
     if kind == "object":
         return "mapping"
-    bounds = [f"{op} {node[key]}" for key, op in
-              (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
-              if key in node]  # fmt: skip
+    bounds = [
+        f"{op} {node[key]}"
+        for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
+        if key in node
+    ]
     if "pattern" in node:
         bounds.append(f"matching `{node['pattern']}`")
     return " ".join([kind, ", ".join(bounds)]).strip()

@@ -1,11 +1,13 @@
 """The contracts between the round's stages: what a planner hands a client (`ClientPlan`),
-what local training sees (`ClientContext`) and returns (`ClientUpdate`), a client's trained
-model for the analyses (`Trained`), the round's report for the observers (`RoundReport`), what a
-stage component is built from (`Setup`), and a width client's place in the global model
-(`View`). Data only: the stages that produce and consume them live in their own modules."""
+what local training sees (`ClientContext`) and returns (`ClientUpdate`), which averaged update
+a post transform sees (`RoundContext`), a client's trained model for the analyses (`Trained`),
+the round's report for the observers (`RoundReport`), what a stage component is built from
+(`Setup`), and a width client's place in the global model (`View`). Data only: the stages that
+produce and consume them live in their own modules."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +27,10 @@ BYTES_PER_PARAM = 4  # fp32 upload
 
 @dataclass(frozen=True, eq=False)
 class View:
-    """One client's sub-model in one round: its width level, each entry's index and the
+    """One client's sub-model in one round: its group (a width level), each entry's index and the
     sub-model's share of the server model's per-sample FLOPs (compute cost)."""
 
-    level: int
+    group: int
     index: dict[str, Index]
     cost: float = 1.0
 
@@ -89,13 +91,38 @@ class ClientUpdate:
     classes: torch.Tensor | None = None  # the classes the client holds (HeteroFL's classifier rows)
 
 
+def own_federation(group: int) -> int:
+    """Each model group its own server state (group-wise aggregation)."""
+    return group
+
+
 @dataclass(frozen=True)
 class Setup:
-    """What a stage component is built from."""
+    """What a stage component is built from, besides the method's typed parameters."""
 
     cfg: RunConfig
     state_names: list[str]  # the server model's state entries
     layout: Layout | None = None  # the run's model layout (width splitting's components read its levels)
+    models: list[nn.Module] = field(default_factory=list)  # one per model group (the layout's)
+    federation: Callable[[int], int] = own_federation  # a model group -> the server state it trains (aggregator's)
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """Which averaged update a post transform is given: the round (0-based), the server state
+    (federation) it updates, and how many clients and samples its updates came from. A post
+    transform that keeps state (a server momentum buffer) keeps one per federation."""
+
+    round: int
+    federation: int
+    clients: int
+    samples: int
+
+    @classmethod
+    def of(cls, round_: int, federation: int, updates: list[ClientUpdate]) -> RoundContext:
+        """The context of `federation`'s average over the round's `updates` (every federation's)."""
+        own = [u for u in updates if u.federation == federation]
+        return cls(round_, federation, len(own), sum(u.num_samples for u in own))
 
 
 @dataclass

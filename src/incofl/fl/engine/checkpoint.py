@@ -10,6 +10,7 @@ import torch
 
 from incofl.atomic import atomic_path
 from incofl.config import Analyses
+from incofl.registry import METHODS
 
 # Settings that do not change what a run computes, so a checkpoint stays valid across them.
 # `rounds` is not one: the evaluation schedule (eval_last) and round-based schedules depend on it.
@@ -37,7 +38,13 @@ class CheckpointMismatch(RuntimeError):
 
 
 def semantic_config(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in {**ADDED, **config}.items() if k not in NON_SEMANTIC}
+    """`config` as compared across files: defaults of later settings filled in, settings that do
+    not change the numbers dropped, and method_args under their current names (Method.migrate)."""
+    out = {k: v for k, v in {**ADDED, **config}.items() if k not in NON_SEMANTIC}
+    method = METHODS.get(out.get("method", ""))
+    if method is not None and isinstance(out.get("method_args"), dict):
+        out["method_args"] = method.migrate(out["method_args"])
+    return out
 
 
 def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:

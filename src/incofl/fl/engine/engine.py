@@ -1,9 +1,15 @@
 """The round loop: one federated run's server states and the components of its round's stages.
 
 A round is plan -> train -> transform -> aggregate (-> transform) -> apply -> observe, and
-every few rounds evaluate. The registry (registry.py) names each stage's component for the
-run's method and the layout for its model; the engine builds them in one downward pass (data,
-models, method) and calls them. It names no method, model family or model: a test greps it.
+every few rounds evaluate. It is split where a real federation splits it: the server side
+plans the round (`plan`), gives each planned client its start weights (`start`) and, given
+the clients' updates, does the rest (`conclude`); the client side (`ClientRunner`,
+fl/stages/client.py) trains a planned client from its start weights to its update. The
+simulator calls both in one process (`run_round`); a Flower app calls them across a network.
+Every component's state is checkpointed by its role (`components`). The registry (registry.py)
+names each stage's component for the run's method and the layout for its model; the engine
+builds them in one downward pass (data, models, method) and calls them. It names no method,
+model family or model: a test greps it.
 """
 
 from __future__ import annotations
@@ -20,15 +26,16 @@ from incofl.data.augment import resolve_augment
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, holdout_split
 from incofl.data.tensors import to_device
-from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundReport, Setup, Trained
+from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundContext, RoundReport, Setup, Trained
+from incofl.fl.engine.checkpoint import CheckpointMismatch
 from incofl.fl.engine.divergence import check_states, check_updates
 from incofl.fl.stages.aggregate import apply_update
-from incofl.fl.stages.batched import BatchedTrainer
+from incofl.fl.stages.client import ClientRunner
+from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.layout import Layout, LayoutInputs
 from incofl.fl.stages.observers import CostLog
 from incofl.fl.stages.probes import analyses_for
 from incofl.fl.stages.sampling import group_of, sample_schedule
-from incofl.fl.stages.trainer import SerialTrainer
 from incofl.fl.stages.transforms import EpochScale, UpdateNoise
 from incofl.models.family import build_model, input_size
 from incofl.params import Params
@@ -63,9 +70,9 @@ class Engine:
         cfg, self.parts = self.cfg, partition.parts
         if len(self.parts) != cfg.clients:
             raise ValueError(f"partition has {len(self.parts)} clients, config has clients={cfg.clients}")
-        self.held: list[np.ndarray] | None = None  # each client's held-out indices (holdout > 0)
+        self.held_out: list[np.ndarray] | None = None  # each client's held-out indices (holdout > 0)
         if cfg.holdout:
-            self.parts, self.held = holdout_split(self.parts, data.y_train, cfg.holdout, cfg.partition_seed)
+            self.parts, self.held_out = holdout_split(self.parts, data.y_train, cfg.holdout, cfg.partition_seed)
         self.size = input_size(cfg.models[0], cfg.resize or data.image_size)
         aug = resolve_augment(cfg.augment, cfg.dataset, model=cfg.models[0], cutout=cfg.cutout, pad_fill=cfg.pad_fill)
         self.train_data, self.test_data = to_device(data, self.device, self.size, aug, cfg.normalize)
@@ -81,35 +88,46 @@ class Engine:
             return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
         groups = [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)]
-        inputs = LayoutInputs(cfg, build, self.size, self.train_data, self.test_data, self.parts, self.held, groups)
+        inputs = LayoutInputs(cfg, build, self.size, self.train_data, self.test_data, self.parts, self.held_out, groups)
         self.layout: Layout = layout.cls(inputs)
         self.models, self.server_model = self.layout.models, self.layout.server_model
         self.names = [list(m.state_dict()) for m in self.models]
 
     def _method(self, method: Method, hp: Params) -> None:
-        """The method's component of each stage, the trainer, and the server states they start from."""
+        """The method's component of each stage, the client side, and the server states they start from."""
         cfg, server = self.cfg, self.server_model.state_dict()
-        setup = Setup(cfg, list(server), self.layout)
-        self.objective = method.objective.cls(hp)
-        self.aggregator = method.aggregator.cls(hp, setup)
+        aggregator = method.aggregator.cls
+        setup = Setup(cfg, list(server), self.layout, self.models, aggregator.federation)
+        self.objective = method.objective.cls(hp, setup)
+        self.aggregator = aggregator(hp, setup)
         noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
         self.pre = [*noise, *(transform.cls(hp, setup) for transform in method.pre)]
         scale = [EpochScale(hp, setup)] if cfg.scales_epochs else []  # the release's, for every method: first
         self.post = [*scale, *(transform.cls(hp, setup) for transform in method.post)]
-        self.costs = CostLog()  # every method's; its totals go into metrics.csv and summary.json
-        self.observers = [self.costs, *(observer.cls() for observer in method.observers)]
+        self.costs = CostLog(hp, setup)  # every method's; its totals go into metrics.csv and summary.json
+        self.observers = [self.costs, *(observer.cls(hp, setup) for observer in method.observers)]
         self.observers += analyses_for(cfg, self.models, self.test_data)  # none unless `analyses` lists rounds
-        self.planner = method.planner.cls(hp, setup, self.models, self.aggregator.federation)
-        autocast = cfg.bf16 and self.device.type == "cuda"
-        trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
-        self.trainer = trainer(cfg, self.models, self.train_data, self.parts, autocast)
+        self.planner = method.planner.cls(hp, setup)
+        self.client = ClientRunner(cfg, self.objective, self.models, self.train_data, self.parts)
         if self.aggregator.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
             self.states = [{k: server[k].detach().clone() for k in names} for names in self.names]
         self.schedule = sample_schedule(cfg.seed, cfg.clients, cfg.ratio, cfg.rounds)
-        self.kept: dict[int, dict[str, torch.Tensor]] = {}  # client -> what it keeps (bn_stats: local)
         self.objective.begin(server)  # read-only; an objective keeps a copy if it needs one
+
+    @property
+    def kept(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Client -> the entries it keeps for itself (the client side's, all in one process here)."""
+        return self.client.kept
+
+    def components(self) -> list[tuple[str, Stateful]]:
+        """Every stage component by its role: what a checkpoint holds the state of."""
+        listed = [("pre", self.pre), ("post", self.post)]
+        return [("objective", self.objective), ("aggregator", self.aggregator),
+                *((f"{stage}.{i}", c) for stage, components in listed for i, c in enumerate(components)),
+                ("planner", self.planner), *((f"observers.{i}", o) for i, o in enumerate(self.observers)),
+                ("layout", self.layout)]  # fmt: skip
 
     def sub_state(self, group: int) -> dict[str, torch.Tensor]:
         """The global weights a group's model trains from and is evaluated with."""
@@ -120,16 +138,25 @@ class Engine:
         """The weights of a client's model: its group's global sub-state with what it keeps."""
         return {**self.sub_state(group), **self.kept.get(client, {})}
 
+    def plan(self, round_: int) -> list[ClientPlan]:
+        """The round's sampled clients (the seeded schedule), each with its planner's plan."""
+        return [self.planner.plan(round_, int(c)) for c in self.schedule[round_]]
+
     def start(self, plan: ClientPlan) -> dict[str, torch.Tensor]:
-        """The weights a planned client trains from (the layout's choice)."""
-        return self.layout.start(plan, self.states, self.client_state)
+        """The server's weights a planned client trains from (the layout's choice); the client
+        overlays what it keeps itself (ClientRunner.own_start)."""
+        return self.layout.start(plan, self.states, self.sub_state)
 
     def run_round(self, round_: int) -> RoundReport:
-        """plan -> train -> transform -> aggregate (-> transform) -> apply; the round's report.
-        Analyses that want the round see its trained clients and averaged updates."""
-        plans = [self.planner.plan(round_, int(c)) for c in self.schedule[round_]]
-        updates = self.trainer.train(round_, plans, self.start, self.objective)
-        self.kept |= {u.client: u.kept for u in updates if u.kept}
+        """plan -> train (the client side) -> conclude (the server side); the round's report."""
+        plans = self.plan(round_)
+        return self.conclude(round_, plans, self.client.train_round(round_, plans, self.start))
+
+    def conclude(self, round_: int, plans: list[ClientPlan], updates: list[ClientUpdate]) -> RoundReport:
+        """The server side of a round, given its plans and their clients' updates: check ->
+        probes -> planner.observe -> transform -> aggregate (-> transform) -> apply -> check ->
+        the objective's server end; the round's report. Analyses that want the round see its
+        trained clients and averaged updates."""
         check_updates(round_ + 1, updates)
         probes = [o for o in self.observers if o.wants(round_ + 1)]
         if probes:
@@ -141,8 +168,9 @@ class Engine:
             updates = transform(round_, updates)
         for federation, average in self.aggregator.aggregate(updates).items():
             aggregated = {k: v.clone() for k, v in average.items()} if probes else {}
+            ctx = RoundContext.of(round_, federation, updates)
             for post in self.post:
-                average = post(average)
+                average = post(average, ctx)
             for probe in probes:
                 probe.see_average(round_ + 1, federation, aggregated, average)
             apply_update(self.states[federation], average)
@@ -178,22 +206,30 @@ class Engine:
         return digest.hexdigest()
 
     def state_dict(self) -> dict[str, Any]:
+        """The server states, every component's state by its role, and what clients keep."""
         return {
             "states": [{k: v.cpu() for k, v in s.items()} for s in self.states],
-            "objective": self.objective.state_dict(),
-            "aggregator": self.aggregator.state_dict(),
-            "planner": self.planner.state_dict(),
-            "observers": [observer.state_dict() for observer in self.observers],
+            "components": {role: c.state_dict() for role, c in self.components()},
+            "kinds": self.kinds(),
             "kept": {c: {k: v.cpu() for k, v in kept.items()} for c, kept in self.kept.items()},
         }
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
-        for ours, saved in zip(self.states, payload["states"], strict=True):
+        """Restore `state_dict`; a checkpoint of other components (another method or settings,
+        or an older incofl's) is refused with one line naming the first role that differs."""
+        ours, theirs = self.kinds(), payload.get("kinds", {})
+        if theirs != ours:
+            role = next(r for r in [*ours, *theirs] if ours.get(r) != theirs.get(r))
+            had, have = theirs.get(role, "absent"), ours.get(role, "absent")
+            raise CheckpointMismatch(f"components: the checkpoint's {role} is {had}, this run's {have}; "
+                                     "delete the checkpoint or use another --out")  # fmt: skip
+        for state, saved in zip(self.states, payload["states"], strict=True):
             for k, v in saved.items():
-                ours[k].copy_(v)
-        self.objective.load_state_dict(payload["objective"])
-        self.aggregator.load_state_dict(payload.get("aggregator", {}))  # none before FedRolex's counts
-        self.planner.load_state_dict(payload["planner"])
-        self.kept = {c: {k: v.to(self.device) for k, v in kept.items()} for c, kept in payload.get("kept", {}).items()}
-        for observer, state in zip(self.observers, payload["observers"], strict=True):
-            observer.load_state_dict(state)
+                state[k].copy_(v)
+        for role, component in self.components():
+            component.load_state_dict(payload["components"][role])
+        self.client.kept = {c: {k: v.to(self.device) for k, v in kept.items()} for c, kept in payload["kept"].items()}
+
+    def kinds(self) -> dict[str, str]:
+        """Each component's role -> its class's name."""
+        return {role: type(component).__name__ for role, component in self.components()}

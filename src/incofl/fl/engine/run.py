@@ -60,7 +60,10 @@ class Run:
         payload = checkpoint.load(self.ckpt, self.cfg.model_dump())
         if payload is None:
             return
-        self.engine.load_state_dict(payload["engine"])
+        try:
+            self.engine.load_state_dict(payload["engine"])
+        except checkpoint.CheckpointMismatch as err:
+            raise checkpoint.CheckpointMismatch(f"{self.ckpt}: {err}") from None
         self.rows = payload["rows"]
         self.round, self.elapsed, self.samples = payload["round"], payload["elapsed"], payload["samples"]
         torch.set_rng_state(payload["torch_rng"])

@@ -11,11 +11,12 @@ counts only where it uploaded.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
-from incofl.fl.contracts import Average, ClientUpdate
+from incofl.fl.contracts import Average, ClientUpdate, Setup
+from incofl.fl.stages.component import Stateful
 from incofl.params import AggregationParams
 
 
@@ -35,29 +36,25 @@ def mean_over_holders(updates: Sequence[ClientUpdate], weighted: bool = False) -
     return {name: s.div_(totals[name]) for name, s in sums.items()}
 
 
-class Aggregator:
+class Aggregator(Stateful):
     """Turns the round's client updates into one averaged update per federation (server state).
-    `shared`: one global state for every model group, else one per group."""
+    `shared`: one global state for every model group, else one per group. What it carries from
+    round to round (FedRolex's released counts) is its `state_dict`: none here."""
 
     shared: ClassVar[bool]
 
-    def __init__(self, hp: AggregationParams, setup: Any = None):
-        """`setup`: the run's Setup (transforms.py), for aggregators that need the server's shapes."""
+    def __init__(self, hp: AggregationParams, setup: Setup):
+        """`setup`: the run's Setup, for aggregators that need the server's shapes."""
         self.weighted = hp.weighted
 
-    def federation(self, group: int) -> int:
-        """The server state a group's clients train from and update."""
-        return 0 if self.shared else group
+    @classmethod
+    def federation(cls, group: int) -> int:
+        """The server state a group's clients train from and update (known before one is built:
+        the planner's `Setup.federation`)."""
+        return 0 if cls.shared else group
 
     def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
         raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        """What the aggregator carries from round to round (FedRolex's released counts): none here."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned."""
 
 
 class Shared(Aggregator):

@@ -98,13 +98,13 @@ class PersonalEvaluator:
     broadcast: accuracy micro-averaged over clients (`personal_acc`), the population std of
     the per-client accuracies (`personal_acc_std`), and per model group."""
 
-    def __init__(self, models: list[nn.Module], data: TensorSplit, held: list[np.ndarray], groups: list[int],
+    def __init__(self, models: list[nn.Module], data: TensorSplit, held_out: list[np.ndarray], groups: list[int],
                  batch_size: int):  # fmt: skip
-        self.models, self.data, self.held, self.groups, self.batch_size = models, data, held, groups, batch_size
+        self.models, self.data, self.held_out, self.groups, self.batch_size = models, data, held_out, groups, batch_size
 
     def __call__(self, client_state: Callable[[int, int], State]) -> dict[str, float]:
         accs, by_group = [], np.zeros((len(self.models), 3))  # per group: correct, loss, samples
-        for client, indices in enumerate(self.held):
+        for client, indices in enumerate(self.held_out):
             if len(indices) == 0:
                 continue
             group, model = self.groups[client], self.models[self.groups[client]]

@@ -2,7 +2,8 @@
 the models and the server model, gives each planned client the weights it trains from
 (`start`), scores the server states (`evaluate`) and adds its own statistics to the run's
 summary (`summary`). The registry picks it from the run's model (`registry.layout_of`); the
-engine only calls it.
+engine only calls it. A layout is a stage component (fl/stages/component.py) built from its
+`LayoutInputs`: it makes the models the other components' `Setup` names.
 
 `GroupLayout`, every model's but the width models': one whole model per model group (the
 configured `models`, nested in one another), the server state the largest one's; a group's
@@ -24,9 +25,11 @@ from torch import nn
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, State
+from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.evaluation import GroupEvaluator, PersonalEvaluator
 from incofl.models.family import check_nested
 
+SubState = Callable[[int], State]  # group -> its global sub-state (the server's weights a group's model holds)
 ClientState = Callable[[int, int], State]  # (client, group) -> its group's global weights with what it keeps
 
 
@@ -42,20 +45,20 @@ class LayoutInputs:
     train: TensorSplit
     test: TensorSplit
     parts: list[np.ndarray]
-    held: list[np.ndarray] | None
+    held_out: list[np.ndarray] | None
     groups: list[int]
 
 
-class Layout:
+class Layout(Stateful):
     """The interface: `models` (one per model group), `server_model` (the server state's
     shapes), `start`, `evaluate` and `summary`."""
 
     models: list[nn.Module]
     server_model: nn.Module
 
-    def start(self, plan: ClientPlan, states: list[State], client_state: ClientState) -> State:
-        """The weights a planned client trains from."""
-        raise NotImplementedError
+    def start(self, plan: ClientPlan, states: list[State], sub_state: SubState) -> State:
+        """The server's weights a planned client trains from (the client adds what it keeps)."""
+        return sub_state(plan.group)
 
     def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:
         """The metrics row of an evaluated round: mean_acc, mean_loss and acc_g{g} at least."""
@@ -75,13 +78,9 @@ class GroupLayout(Layout):
         self.server_model = self.models[check_nested(self.models)]
         self.evaluator = GroupEvaluator(self.models, inputs.test, cfg.eval_batch_size, cfg.drop_last)
         self.first = [inputs.groups.index(g) for g in range(cfg.groups)]  # each model group's first client
-        self.personal = None if inputs.held is None else PersonalEvaluator(
-            self.models, inputs.train, inputs.held, inputs.groups, cfg.eval_batch_size)  # fmt: skip
+        self.personal = None if inputs.held_out is None else PersonalEvaluator(
+            self.models, inputs.train, inputs.held_out, inputs.groups, cfg.eval_batch_size)  # fmt: skip
         self.pooled = len(inputs.test) == 0  # pool_test: no global test set
-
-    def start(self, plan: ClientPlan, states: list[State], client_state: ClientState) -> State:
-        """The weights a planned client trains from: its group's global sub-state with what it keeps."""
-        return client_state(plan.client, plan.group)
 
     def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:
         """mean_acc, mean_loss and acc_g{g}; with `holdout` also personal_acc(_std)."""

@@ -8,13 +8,17 @@ or two. The methods live in `incofl.fl.methods`, one module or folder per family
 
 Order for one client: `objective.session(ctx)`, then per step `loss`, `after_backward` and
 `after_step`, then `end(update)`; once the round's updates are aggregated and applied,
-`objective.server_round_end(updates)`.
+`objective.server_round_end(updates)`. Where server and clients are apart (a real federation),
+the server sends each client `objective.broadcast(federation)` with its start weights (what a
+client reads of the server's objective state: SCAFFOLD's c) and the client's objective takes
+it with `receive(federation, state)` before training; in the simulator both are one object.
+The objective's state across rounds is its `state_dict` (fl/stages/component.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -22,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientContext, ClientUpdate
+from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
+from incofl.fl.stages.component import Stateful
 from incofl.params import Params
 
 
@@ -46,18 +51,26 @@ class Session:
         return update
 
 
-class Objective:
+class Objective(Stateful):
     """FedAvg. `session_type` is the per-client part; `model_args` name the parameters that
     configure the model rather than the loss (MOON's projection head, for `build_model`)."""
 
     session_type: ClassVar[type[Session]] = Session
     model_args: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, hp: Params):
+    def __init__(self, hp: Params, setup: Setup):
         self.hp = hp
 
     def begin(self, initial: dict[str, torch.Tensor]) -> None:
         """Once before training (again on resume): the server model's initial weights (read-only)."""
+
+    def broadcast(self, federation: int) -> State:
+        """Server side: what a client of `federation` reads of this objective's server state
+        besides the weights (module docstring); none for FedAvg."""
+        return {}
+
+    def receive(self, federation: int, state: State) -> None:
+        """Client side: take what `broadcast(federation)` sent, before the client trains."""
 
     def session(self, ctx: ClientContext) -> Session:
         return self.session_type(self, ctx)
@@ -80,12 +93,6 @@ class Objective:
         """The batched trainer can train it: plain cross-entropy sessions, or a gradient
         correction it also gives in batched form, and no `end` of its own."""
         return cls.session_type.end is Session.end and (cls.session_type is Session or cls.corrects())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned."""
 
 
 def make_optimizer(

@@ -19,15 +19,18 @@ import numpy as np
 import pandas as pd
 
 from incofl.atomic import atomic_path
-from incofl.fl.contracts import RoundReport, State, Trained
+from incofl.fl.contracts import RoundReport, Setup, State, Trained
+from incofl.fl.stages.component import Stateful
 
 
-class Observer:
-    """Keeps rows of the reports it is shown; `write` saves them as `filename` (CSV)."""
+class Observer(Stateful):
+    """Keeps rows of the reports it is shown; `write` saves them as `filename` (CSV); its
+    checkpointed state is its rows. A method's observers are built `(hp, setup)` like every
+    component; the engine's analyses (fl/stages/probes.py) from their own inputs."""
 
     filename = ""
 
-    def __init__(self) -> None:
+    def __init__(self, hp: Any = None, setup: Setup | None = None) -> None:
         self.rows: list[dict[str, Any]] = []
 
     def observe(self, report: RoundReport) -> None:

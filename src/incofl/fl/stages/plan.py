@@ -15,12 +15,12 @@ the statistics of its first client, as the release evaluates client 0's model).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
+from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.sampling import group_of
 
 
@@ -30,16 +30,16 @@ def bn_statistics(model: nn.Module) -> frozenset[str]:
     return frozenset(f"{name}.{buffer}" for name, m in norms for buffer, _ in m.named_buffers(recurse=False))
 
 
-class FullPlanner:
+class FullPlanner(Stateful):
     """Every sampled client trains and uploads its whole (sub-)model. A planner is built from the
-    method's parameters, the run's Setup (config, server entries, width levels), the model groups'
-    models and the aggregator's map of a model group to its federation."""
+    method's parameters and the run's Setup (config, server entries, width levels, the model
+    groups' models and the aggregator's map of a model group to its federation)."""
 
-    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
-        cfg = setup.cfg
-        self.clients, self.groups, self.federation_of = cfg.clients, cfg.groups, federation_of
-        self.sizes = Counter(federation_of(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients))
-        self.keep = [bn_statistics(m) if cfg.bn_stats == "local" else frozenset() for m in models]
+    def __init__(self, hp: Any, setup: Setup):
+        cfg, self.federation_of = setup.cfg, setup.federation
+        self.clients, self.groups = cfg.clients, cfg.groups
+        self.sizes = Counter(self.federation_of(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients))
+        self.keep = [bn_statistics(m) if cfg.bn_stats == "local" else frozenset() for m in setup.models]
 
     def plan(self, round_: int, client: int) -> ClientPlan:
         group = group_of(client, self.clients, self.groups)
@@ -52,9 +52,3 @@ class FullPlanner:
     def summary(self) -> dict[str, Any]:
         """What summary.json reports of the plans (FedLAG: the personal layers)."""
         return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A full plan has no state."""

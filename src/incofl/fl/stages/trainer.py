@@ -9,7 +9,7 @@ of one group side by side) can replace it: sessions are independent of each othe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -20,6 +20,8 @@ from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientContext, ClientPlan, ClientUpdate, State
 from incofl.fl.stages.local import Objective, client_batches, local_train, make_optimizer
 from incofl.fl.stages.sampling import client_seed
+
+Parts = Sequence[np.ndarray] | Mapping[int, np.ndarray]  # client -> its training indices (a node: its own only)
 
 
 def set_trainable(model: nn.Module, trainable: frozenset[str] | None) -> list[nn.Parameter]:
@@ -39,12 +41,10 @@ def last_gradients(model: nn.Module) -> State:
 
 
 class Trainer:
-    """What every trainer holds: the run's config, the group models, the training split, each
-    client's indices; and each client's batches of a round, from its own generator."""
+    """What every trainer holds: the run's config, the group models, the training split, the
+    indices of each client it trains; and each client's batches of a round, from its own generator."""
 
-    def __init__(
-        self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: list[np.ndarray], autocast: bool
-    ):
+    def __init__(self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: Parts, autocast: bool):
         self.cfg, self.models, self.data, self.parts, self.autocast = cfg, models, data, parts, autocast
         self.held_classes: dict[int, torch.Tensor] = {}
 

@@ -1,11 +1,15 @@
 """Transforms of the round's updates around aggregation (the transform stages).
 
 Before aggregation a transform sees every client update of the round (`UpdateTransform`, e.g.
-FedNova's normalisation); after it, one federation's averaged update (`AverageTransform`, e.g.
-the InCo step). A method lists its transforms in its registry entry; each takes the method's
-typed parameters and a `Setup` (the run's config, the server state's names, the layout). Two
-are the engine's, for every method, when a config asks: update noise (robustness) and the
-release's epoch scale.
+FedNova's normalisation), called `pre(round_, updates)`: the updates span every federation and
+each names its own client, federation and samples. After it, a transform sees one federation's
+averaged update with its `RoundContext` (round, federation, clients, samples), called
+`post(average, ctx)`, e.g. the InCo step; state it keeps across rounds (a momentum buffer) is
+kept per `ctx.federation` and returned by `state_dict`, which the engine checkpoints
+(fl/stages/component.py). A method lists its transforms in its registry entry; each takes the
+method's typed parameters and a `Setup` (the run's config, the server state's names, the
+layout). Two are the engine's, for every method, when a config asks: update noise (robustness)
+and the release's epoch scale.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from typing import Any
 
 import torch
 
-from incofl.fl.contracts import Average, ClientUpdate, Setup
+from incofl.fl.contracts import Average, ClientUpdate, RoundContext, Setup
+from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.sampling import noise_seed
 
 
-class UpdateTransform:
+class UpdateTransform(Stateful):
     """Before aggregation: all of the round's client updates in, the same updates out."""
 
     def __init__(self, hp: Any, setup: Setup):
@@ -48,13 +53,13 @@ class UpdateNoise(UpdateTransform):
         return updates
 
 
-class AverageTransform:
+class AverageTransform(Stateful):
     """After aggregation: one federation's averaged update in, the update to apply out."""
 
     def __init__(self, hp: Any, setup: Setup):
         self.hp = hp
 
-    def __call__(self, average: Average) -> Average:
+    def __call__(self, average: Average, ctx: RoundContext) -> Average:
         return average
 
     def diagnostics(self) -> dict[str, dict[str, float]]:
@@ -72,7 +77,7 @@ class EpochScale(AverageTransform):
         super().__init__(hp, setup)
         self.scale = 1.0 / setup.cfg.local_epochs
 
-    def __call__(self, average: Average) -> Average:
+    def __call__(self, average: Average, ctx: RoundContext) -> Average:
         for v in average.values():
             v.mul_(self.scale)
         return average

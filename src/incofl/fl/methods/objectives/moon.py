@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from incofl.fl.contracts import ClientContext, ClientUpdate, State
+from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
+from incofl.fl.methods.objectives.spec import MoonParams
 from incofl.fl.stages.local import Objective, Session
-from incofl.params import MoonParams
 
 
 def moon_loss(
@@ -93,8 +93,8 @@ class Moon(Objective):
     session_type = MoonSession
     model_args = ("projection_dim",)
 
-    def __init__(self, hp: MoonParams):
-        super().__init__(hp)
+    def __init__(self, hp: MoonParams, setup: Setup):
+        super().__init__(hp, setup)
         self.pool: dict[int, list[State]] = {}  # client -> previous local models, oldest first (CPU)
         self.spare: dict[int, list[list[nn.Module]]] = {}  # group -> free sets [global, previous...] on the device
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from incofl.fl.contracts import ClientContext, ClientUpdate
+from incofl.fl.contracts import ClientContext, ClientUpdate, Setup
+from incofl.fl.methods.objectives.spec import ScaffoldParams
 from incofl.fl.stages.local import Objective, Session
-from incofl.params import ScaffoldParams
 
 Variates = dict[str, torch.Tensor]
 
@@ -86,8 +86,8 @@ class ScaffoldSession(Session):
 class Scaffold(Objective):
     session_type = ScaffoldSession
 
-    def __init__(self, hp: ScaffoldParams):
-        super().__init__(hp)
+    def __init__(self, hp: ScaffoldParams, setup: Setup):
+        super().__init__(hp, setup)
         self.c: dict[int, Variates] = {}  # server variate per federation, on the training device
         self.c_local: dict[int, Variates] = {}  # c_i per client on the CPU; absent = zero (never trained)
 

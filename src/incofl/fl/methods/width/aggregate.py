@@ -1,9 +1,9 @@
 """Width splitting's aggregation (`SlicedMean`): every element's unweighted mean over the
-sampled clients that held it, classifier rows only from clients holding the class
-(`class_rows`: HeteroFL, FedRolex); elements nobody held keep their value. FedRolex's
+sampled clients that covered it, classifier rows only from clients holding the class
+(`class_rows`: HeteroFL, FedRolex); elements no client covered keep their value. FedRolex's
 `RolexMean` is that mean, or with `weighting: released` its release's count weighting
-(docs/fedrolex-weighting.md). The averaged update carries which elements were held
-(`HeldAverage`), so the InCo step touches only slices both target and reference cover.
+(docs/fedrolex-weighting.md). The averaged update carries which elements were covered
+(`CoveredAverage`), so the InCo step touches only slices both target and reference cover.
 """
 
 from __future__ import annotations
@@ -13,33 +13,33 @@ from typing import Any
 
 import torch
 
-from incofl.fl.contracts import Average, ClientUpdate, Index, State
+from incofl.fl.contracts import Average, ClientUpdate, Index, Setup, State
 from incofl.fl.methods.width.slicing import Weigh, scatter_add, sliced_mean, take
 from incofl.fl.stages.aggregate import Shared
 
 CLASSIFIER = frozenset({"fc.weight", "fc.bias"})  # the width models' class rows
 
 
-class HeldAverage(dict):
-    """An averaged update in the server's shapes, with per entry which elements a client held."""
+class CoveredAverage(dict):
+    """An averaged update in the server's shapes, with per entry which elements a client covered."""
 
-    def __init__(self, mean: State, held: State):
+    def __init__(self, mean: State, covered: State):
         super().__init__(mean)
-        self.held = held
+        self.covered = covered
 
 
 class SlicedMean(Shared):
-    """Per-element mean over the clients that held each element (module docstring)."""
+    """Per-element mean over the clients that covered each element (module docstring)."""
 
-    def __init__(self, hp: Any, setup: Any = None):  # unweighted (HeteroFL's release): no `weighted`
+    def __init__(self, hp: Any, setup: Setup):  # unweighted (HeteroFL's release): no `weighted`
         self.shapes, self.class_rows = setup.layout.widths.shapes, hp.class_rows
         self.weigh: Weigh | None = None
 
     def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
         blocks = [(u.delta, u.view.index) for u in updates]
         rows = [(CLASSIFIER, u.classes) for u in updates] if self.class_rows else ()
-        mean, held = sliced_mean(self.shapes, blocks, rows, self.weigh)
-        return {0: HeldAverage(mean, held)}
+        mean, covered = sliced_mean(self.shapes, blocks, rows, self.weigh)
+        return {0: CoveredAverage(mean, covered)}
 
 
 class RolexMean(SlicedMean):
@@ -48,12 +48,12 @@ class RolexMean(SlicedMean):
     the default because it is the algorithm the paper states; the counts below appear only in
     the code. `released` is the release's server (`combine`): convolution weights as that mean,
     every other entry (BN weight and bias, the classifier) weighted by `tmp_counts`, 1 + how
-    often each element was held before, over all rounds, with this round's earlier clients
+    often each element was covered before, over all rounds, with this round's earlier clients
     already counted. The counts persist across rounds: this aggregator's checkpointed state."""
 
-    def __init__(self, hp: Any, setup: Any = None):
+    def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        self.times: State = {}  # per weighted entry: the release's tmp_counts (1 + times held)
+        self.times: State = {}  # per weighted entry: the release's tmp_counts (1 + times covered)
         if hp.weighting == "released":
             self.weigh = self.times_held
 

@@ -27,10 +27,10 @@ import torch
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, State, View
+from incofl.fl.contracts import ClientPlan, Setup, State, View
 from incofl.fl.methods.width.slicing import extract, index_map
 from incofl.fl.stages.evaluation import score
-from incofl.fl.stages.layout import ClientState, Layout, LayoutInputs
+from incofl.fl.stages.layout import ClientState, Layout, LayoutInputs, SubState
 from incofl.fl.stages.plan import FullPlanner
 from incofl.models.flops import forward_flops
 from incofl.streams import Stream, generator
@@ -54,33 +54,34 @@ class Widths:
         self.costs = [forward_flops(m, image_size) / full for m in levels]
         self.views: dict[tuple[int, int], View] = {}
 
-    def view(self, level: int, offset: int = 0) -> View:
-        """A level's sub-model after `offset` rounds of rolling (0: leading channels)."""
-        key = (level, offset)
+    def view(self, group: int, offset: int = 0) -> View:
+        """A group's sub-model (its width level's) after `offset` rounds of rolling (0: leading channels)."""
+        key = (group, offset)
         if key not in self.views:
             self.views = {k: v for k, v in self.views.items() if k[1] in (0, offset)}  # other rounds' rolled views
-            self.views[key] = View(level, index_map(self.shapes, self.level_shapes[level], offset), self.costs[level])
+            self.views[key] = View(group, index_map(self.shapes, self.level_shapes[group], offset), self.costs[group])
         return self.views[key]
 
 
 class WidthPlanner(FullPlanner):
     """Each sampled client's level and view (module docstring)."""
 
-    def __init__(self, hp: Any, setup: Any, models: list[nn.Module], federation_of: Callable[[int], int]):
-        super().__init__(hp, setup, models, federation_of)
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
         self.widths, self.rolling, self.seed = setup.layout.widths, hp.rolling, setup.cfg.seed
         self.dynamic = setup.cfg.rate_assignment == "dynamic"
 
-    def level(self, round_: int, client: int, fixed: int) -> int:
+    def group_of(self, round_: int, client: int, fixed: int) -> int:
+        """The client's group (its width level) this round: its `fixed` one, or a fresh draw (dynamic)."""
         if not self.dynamic:
             return fixed
         return int(generator(self.seed, Stream.WIDTH_LEVEL, round_, client).integers(self.groups))
 
     def plan(self, round_: int, client: int) -> ClientPlan:
         full = super().plan(round_, client)
-        level = self.level(round_, client, full.group)
-        view = self.widths.view(level, round_ if self.rolling else 0)
-        return ClientPlan(client, level, full.federation, full.federation_size, view=view)
+        group = self.group_of(round_, client, full.group)
+        view = self.widths.view(group, round_ if self.rolling else 0)
+        return ClientPlan(client, group, full.federation, full.federation_size, view=view)
 
 
 @torch.no_grad()
@@ -167,11 +168,11 @@ class WidthLayout(Layout):
         self.evaluator = WidthEvaluator(self.widths, self.models, self.server_model, inputs.test,
                                         cfg.eval_batch_size, static)  # fmt: skip
 
-    def start(self, plan: ClientPlan, states: list[State], client_state: ClientState) -> State:
+    def start(self, plan: ClientPlan, states: list[State], sub_state: SubState) -> State:
         """The client's block of the global model (its view); a whole-model method's client (its
-        levels uncut) its group's global sub-state with what it keeps."""
+        levels uncut) its group's global sub-state."""
         if plan.view is None:
-            return client_state(plan.client, plan.group)
+            return sub_state(plan.group)
         return extract(states[plan.federation], plan.view.index)
 
     def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:

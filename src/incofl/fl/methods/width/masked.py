@@ -21,9 +21,9 @@ def masked_logits(logits: torch.Tensor, classes: torch.Tensor | None) -> torch.T
     """`logits` with the columns of the classes not in `classes` set to 0; None masks nothing."""
     if classes is None:
         return logits
-    held = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-    held[classes] = True
-    return logits.masked_fill(~held, 0.0)
+    present = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    present[classes] = True
+    return logits.masked_fill(~present, 0.0)
 
 
 class MaskedSession(Session):

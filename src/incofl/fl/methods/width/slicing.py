@@ -94,9 +94,9 @@ class Sliced:
             scatter_add(self.counts[name], index, weight)
 
     def mean(self) -> tuple[State, dict[str, torch.Tensor]]:
-        """(the per-element mean over holders, 0 where nobody held; which elements were held)."""
-        held = {name: c > 0 for name, c in self.counts.items()}
-        return {name: s / self.counts[name].clamp(min=1) for name, s in self.sums.items()}, held
+        """(the per-element mean over the clients covering each element, 0 where none did; which were covered)."""
+        covered = {name: c > 0 for name, c in self.counts.items()}
+        return {name: s / self.counts[name].clamp(min=1) for name, s in self.sums.items()}, covered
 
 
 def rows_of(index: Index, classes: torch.Tensor) -> Index:
@@ -114,8 +114,8 @@ def sliced_mean(
     """Every element's unweighted mean over the clients whose block holds it; with `class_rows`
     (per client: its classifier entries and its classes), a classifier row only from the
     clients holding that class; with `weigh`, asked in client order, each client's weights.
-    Returns (mean, held) in the server's shapes for every entry some client uploaded; elements
-    nobody held are 0 in the mean (they keep their value)."""
+    Returns (mean, covered) in the server's shapes for every entry some client uploaded; elements
+    no client covered are 0 in the mean (they keep their value)."""
     acc = Sliced({}, {})
     rows = list(class_rows) or [(set(), None)] * len(deltas)
     for (delta, index), (classifier, classes) in zip(deltas, rows, strict=True):

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from incofl.fl.contracts import Average, RoundReport, Setup
+from incofl.fl.contracts import Average, RoundContext, RoundReport, Setup
+from incofl.fl.methods.inco.spec import InCoParams
 from incofl.fl.stages.observers import Observer
 from incofl.fl.stages.transforms import AverageTransform
-from incofl.params import InCoParams
 
 _RESNET_CONV = re.compile(r"^layer(\d+)\.(\d+)\.conv([12])\.weight$")
 _VIT_NORM2 = re.compile(r"^blocks\.(\d+)\.norm2\.weight$")
@@ -128,15 +128,15 @@ def cross_layer_update(
     normalize: bool = True,
     optimize: bool = True,
     stats: dict[str, dict[str, float]] | None = None,
-    held: Mapping[str, torch.Tensor] | None = None,
+    covered: Mapping[str, torch.Tensor] | None = None,
     **options: float,
 ) -> dict[str, torch.Tensor]:
     """Apply InCo to an (averaged) update. Returns a new dict; non-targets are unchanged.
 
     All targets read the unmodified update (no chaining). Pairs whose target or reference is
-    absent from `update` are skipped. With `held` (width splitting: per entry, the elements
-    some client held this round), a target changes only where both it and its reference were
-    held, computed on those elements alone (the rest read as 0); held everywhere, this is the
+    absent from `update` are skipped. With `covered` (width splitting: per entry, the elements
+    some client covered this round), a target changes only where both it and its reference were
+    covered, computed on those elements alone (the rest read as 0); covered everywhere, this is the
     plain step. If `stats` is given, it receives per target the mean coefficient ``theta``,
     mean ``beta`` and the share of slices with beta > 0, ``beta_pos``, over the slices changed.
     `options` are the remaining InCoOptions fields (eps, clamp_max, clip).
@@ -147,13 +147,13 @@ def cross_layer_update(
         if target not in update or ref not in update:
             continue
         T, R = update[target], update[ref]
-        if held is not None:
-            both = held[target] & held[ref]
+        if covered is not None:
+            both = covered[target] & covered[ref]
             if not both.any():
                 continue
             T, R = T * both, R * both
         out[target], c, beta = cross_layer(T, R, opts)
-        if held is not None:
+        if covered is not None:
             out[target] = torch.where(both, out[target], update[target])
             changed = _columns(both.to(c.dtype), opts.variant).amax(0) > 0
             c, beta = c[changed], beta[changed]
@@ -180,12 +180,12 @@ class InCoStep(AverageTransform):
         vit = vit_pairs(self.pairs) and hp.variant == "official" and not setup.cfg.scales_epochs
         self.scale = 1.0 / setup.cfg.local_epochs if vit else 1.0
 
-    def __call__(self, average: Average) -> Average:
-        held = getattr(average, "held", None)  # width splitting: the elements clients held (fl/methods/width/)
+    def __call__(self, average: Average, ctx: RoundContext) -> Average:
+        covered = getattr(average, "covered", None)  # width splitting: the elements clients covered (fl/methods/width/)
         if self.scale != 1.0:
             for v in average.values():
                 v.mul_(self.scale)
-        return cross_layer_update(average, self.pairs, stats=self.stats, held=held, **self.options)
+        return cross_layer_update(average, self.pairs, stats=self.stats, covered=covered, **self.options)
 
     def diagnostics(self) -> dict[str, dict[str, float]]:
         stats, self.stats = self.stats, {}

@@ -19,11 +19,8 @@ its groups in a cycle. The poster's setting has one model (`models: [resnet8]`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
-
-from torch import nn
 
 from incofl.fl.contracts import ClientPlan, Setup
 from incofl.fl.stages.plan import FullPlanner
@@ -36,9 +33,9 @@ class PartPlanner(FullPlanner):
     """FedPart's schedule (see the module docstring). A pure function of the round and the run
     seed; its checkpoint holds the server's group names, so a resumed run with other groups fails."""
 
-    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
-        super().__init__(hp, setup, models, federation_of)
-        cfg = setup.cfg
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
+        cfg, models = setup.cfg, setup.models
         self.hp, self.seed = hp, cfg.seed
         self.keys = [g.key for g in layer_groups(models[check_nested(models)])]
         # model group -> its layer group for each of the server's

@@ -9,13 +9,12 @@ every unordered pair of the round's clients, the conflict count GC grows by one 
 cos(g_i, g_j) < xi (a zero vector has cosine 0); g_i is the client's last mini-batch gradient
 (the release) or its update. Then the K entries with the highest GC (ties: the earlier in the
 model) stay personal: every client receives every other parameter each round and keeps its
-own of those. `variant: released` is the released main branch, whose broadcast after warm-up
+own of those. `broadcast: false` is the released main branch, whose broadcast after warm-up
 is a no-op: clients then train their own models only (local training after a FedAvg warm-up).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -24,17 +23,17 @@ import torch
 from torch import nn
 
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
+from incofl.fl.methods.personal.spec import LagParams
 from incofl.fl.stages.plan import FullPlanner
 from incofl.models.family import check_nested
-from incofl.params import LagParams
 
 
 class KeepPlanner(FullPlanner):
     """Full rounds in which every client keeps the `personal` entries of its model (beside kept BN statistics)."""
 
-    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
-        super().__init__(hp, setup, models, federation_of)
-        self.own = [frozenset(self.personal(m)) for m in models]
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
+        self.own = [frozenset(self.personal(m)) for m in setup.models]
 
     def personal(self, model: nn.Module) -> list[str]:
         raise NotImplementedError
@@ -63,10 +62,10 @@ def conflict_counts(signals: list[dict[str, torch.Tensor]], entries: list[str], 
     have cosine similarity < xi; a zero vector has cosine 0 with everything."""
     counts = np.zeros(len(entries), dtype=np.int64)
     for i, name in enumerate(entries):
-        held = [s[name].flatten().double() for s in signals if name in s]
-        if len(held) < 2:
+        holders = [s[name].flatten().double() for s in signals if name in s]
+        if len(holders) < 2:
             continue
-        vectors = torch.stack(held)
+        vectors = torch.stack(holders)
         unit = vectors / vectors.norm(dim=1, keepdim=True).clamp_min(1e-300)  # a zero vector stays zero
         cosines = unit @ unit.T
         upper = torch.triu(torch.ones_like(cosines, dtype=torch.bool), diagonal=1)
@@ -77,9 +76,9 @@ def conflict_counts(signals: list[dict[str, torch.Tensor]], entries: list[str], 
 class LagPlanner(FullPlanner):
     """FedLAG (see the module docstring); its checkpoint holds the counts and the choice."""
 
-    def __init__(self, hp: Any, setup: Setup, models: list[nn.Module], federation_of: Callable[[int], int]):
-        super().__init__(hp, setup, models, federation_of)
-        cfg = setup.cfg
+    def __init__(self, hp: Any, setup: Setup):
+        super().__init__(hp, setup)
+        cfg, models = setup.cfg, setup.models
         self.hp: LagParams = hp
         self.warmup = hp.warmup or min(cfg.rounds // 2, 30) + 1
         self.entries = [name for name, _ in models[check_nested(models)].named_parameters()]
@@ -92,7 +91,7 @@ class LagPlanner(FullPlanner):
         if round_ < self.warmup:
             return replace(full, last_grad=self.hp.signal == "last_grad")
         names = self.names[full.group]
-        own = names if self.hp.variant == "released" else names & frozenset(self.personal)
+        own = names & frozenset(self.personal) if self.hp.broadcast else names
         return replace(full, keep=full.keep | own)
 
     def observe(self, round_: int, updates: list[ClientUpdate]) -> None:

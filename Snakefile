@@ -22,15 +22,15 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
-report: "report/workflow.rst"
+report: "workflow/report/workflow.rst"
 
 
-include: "rules/common.smk"
-include: "rules/config.smk"
-include: "rules/data.smk"
-include: "rules/train.smk"
-include: "rules/report.smk"
-include: "rules/analysis.smk"
+include: "workflow/rules/common.smk"
+include: "workflow/rules/config.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/report.smk"
+include: "workflow/rules/analysis.smk"
 
 
 rule all:

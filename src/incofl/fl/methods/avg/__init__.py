@@ -1,0 +1,1 @@
+"""FedAvg and HeteroAvg: generic components only (spec.py)."""

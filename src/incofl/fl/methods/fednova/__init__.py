@@ -1,0 +1,1 @@
+"""FedNova: the normalisation of each client's update (normalize.py) and its methods (spec.py)."""

@@ -1,0 +1,1 @@
+"""FedPart: partial network updates, as a planner (plan.py), and its methods (spec.py)."""

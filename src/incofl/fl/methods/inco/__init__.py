@@ -1,0 +1,1 @@
+"""InCo Aggregation: the InCo step and its log (step.py), its methods and `with_inco` (spec.py)."""

@@ -1,0 +1,54 @@
+"""The client side of a round: one client's (or, in the simulator, every client's) local
+training from the server's start weights to its `ClientUpdate`.
+
+A `ClientRunner` holds what lives on clients: the group models it trains in, its clients'
+training data, the run's trainer and the method's objective, and the entries each client keeps
+for itself (`ClientPlan.keep`: personal layers, local BN statistics). It needs no server
+state: the simulator builds one for every client, a federation's node one for its own client
+(its own data only). The server hands it a plan and the server's start weights
+(`Engine.start`); the runner overlays what the client keeps (`own_start`), trains, and keeps
+the new kept entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from incofl.config import RunConfig
+from incofl.data.tensors import TensorSplit
+from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.stages.batched import BatchedTrainer
+from incofl.fl.stages.local import Objective
+from incofl.fl.stages.trainer import Parts, SerialTrainer
+
+
+class ClientRunner:
+    """Trains planned clients (module docstring): `train` one, `train_round` a round's (the
+    batched trainer's clients side by side)."""
+
+    def __init__(self, cfg: RunConfig, objective: Objective, models: list[nn.Module], data: TensorSplit,
+                 parts: Parts):  # fmt: skip
+        autocast = cfg.bf16 and data.x.device.type == "cuda"
+        trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
+        self.trainer, self.objective = trainer(cfg, models, data, parts, autocast), objective
+        self.kept: dict[int, State] = {}  # client -> the entries it keeps for itself
+
+    def own_start(self, plan: ClientPlan, start: State) -> State:
+        """The weights the client trains from: the server's, with what the client keeps over them."""
+        return {**start, **self.kept.get(plan.client, {})}
+
+    def train(self, round_: int, plan: ClientPlan, start: State) -> ClientUpdate:
+        """One planned client from the server's start weights."""
+        return self.train_round(round_, [plan], lambda _: start)[0]
+
+    def train_round(self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
+                    ) -> list[ClientUpdate]:  # fmt: skip
+        """A round's planned clients, in the plans' order, with the run's trainer (serial or batched)."""
+        updates = self.trainer.train(round_, plans, lambda plan: self.own_start(plan, start_of(plan)), self.objective)
+        self.keep(updates)
+        return updates
+
+    def keep(self, updates: list[ClientUpdate]) -> None:
+        self.kept |= {u.client: u.kept for u in updates if u.kept}
