@@ -10,9 +10,8 @@ import os
 import pytest
 import torch
 
-pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')") if not os.environ.get(
-    "CI"
-) else None  # CI installs the extra: there a missing flwr fails
+if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
+    pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
 from federation_helpers import TINY, export_sites, metrics, run_both, write_config  # noqa: E402
 
@@ -26,6 +25,7 @@ WIDTH = {"datasets": ["synthetic"], "models": ["preresnet18"], "model_scale": 0.
 # One method of each family, with the settings it needs; digits, 4 clients, 2 rounds.
 FAMILIES = {
     "InCoAvg": {},
+    "SCAFFOLD": {},  # the server's c broadcast, each client's c_i in its node's Context.state
     "FedNova": {},
     "MOON": {},
     "FedPart": {"models": ["resnet10"], "rounds": 3},
@@ -44,8 +44,9 @@ def test_codec_round_trip_is_exact():
     plan = ClientPlan(3, 1, 0, 4, trainable=frozenset({"w"}), keep=frozenset({"n"}), last_grad=True,
                       view=View(1, index, 0.25))  # fmt: skip
     round_, back, got, broadcast = read_train(train_content(5, plan, start, {"c": start["w"] * 2}), "cpu")
-    assert round_ == 5 and (back.client, back.group, back.trainable, back.upload, back.keep) == (3, 1, {"w"}, None, {"n"})
-    assert back.view.level == 1 and back.view.cost == 0.25 and back.view.index["w"][1] is None
+    assert round_ == 5 and (back.client, back.group, back.federation, back.federation_size) == (3, 1, 0, 4)
+    assert (back.trainable, back.upload, back.keep, back.last_grad) == ({"w"}, None, {"n"}, True)
+    assert back.view.group == 1 and back.view.cost == 0.25 and back.view.index["w"][1] is None
     assert torch.equal(back.view.index["w"][0], index["w"][0]) and back.view.index["n"] == ()
     assert all(torch.equal(got[k], start[k]) and got[k].dtype == start[k].dtype for k in start)
     assert list(got) == list(start) and torch.equal(broadcast["c"], start["w"] * 2)
@@ -70,12 +71,14 @@ def test_flower_path_equals_the_simulator(tmp_path, method):
 def test_unsupported_configs_are_refused_by_name(tmp_path):
     from incofl.federation.server import check_federated
 
-    for settings, why in [({"method": "FedLAG", "holdout": 0.2}, "keeps"), ({"method": "FedPer", "holdout": 0.2}, "keeps"),
-                          ({"holdout": 0.2}, "holdout"),
-                          ({"bn_stats": "local"}, "bn_stats"),
-                          ({"method": "HeteroFL", "models": ["preresnet18"]}, "eval_bn")]:  # fmt: skip
-        with pytest.raises(ConfigError, match=f"method {settings['method'] if 'method' in settings else 'FedAvg'}.*{why}"):
-            check_federated(RunConfig(**{"dataset": "digits", "method": "FedAvg", **settings}))
+    refused = [({"method": "FedLAG", "holdout": 0.2}, "keeps"), ({"method": "FedPer", "holdout": 0.2}, "keeps"),
+               ({"holdout": 0.2}, "holdout"), ({"bn_stats": "local"}, "bn_stats"),
+               ({"method": "HeteroFL", "models": ["preresnet18"]}, "eval_bn")]  # fmt: skip
+    for settings, why in refused:
+        settings = {"dataset": "digits", "method": "FedAvg", **settings}
+        with pytest.raises(ConfigError, match=f"method {settings['method']} cannot run .*{why}"):
+            check_federated(RunConfig(**settings))
+    check_federated(RunConfig(dataset="digits", method="InCoAvg"))  # no refusal
 
 
 def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):

@@ -29,7 +29,7 @@ from incofl.fl.engine.run import train  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-DEPLOYED = {"clients": 3, "ratio": 0.67, "rounds": 2}  # two of three clients a round
+DEPLOYED = {"clients": 2, "ratio": 1.0, "rounds": 2}  # two nodes, both training every round
 
 
 def _free_ports(n: int) -> list[int]:
@@ -55,7 +55,8 @@ def _certificates(folder: Path) -> tuple[Path, Path, Path]:
         builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
                    .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
                    .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))  # fmt: skip
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
@@ -107,7 +108,7 @@ class Processes:
         return done.stdout
 
     def stop(self) -> None:
-        for proc, log in self.procs:
+        for proc, _ in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc, log in self.procs:

@@ -44,13 +44,9 @@ def state_sha256(state: State) -> str:
     return digest.hexdigest()
 
 
-def overlay(plan: ClientPlan, start: State, kept: State) -> State:
-    """A planned client's start: the server's weights with what it keeps (a width view: as sent)."""
-    return start if plan.view is not None else {**start, **kept}
-
-
 class SiteClient:
-    """Client `client` of the run `cfg`, with its data file (module docstring)."""
+    """Client `client` of the run `cfg`, with its data file (module docstring): the engine's
+    client side (`Engine.client`, a ClientRunner) and objective, on the node's data alone."""
 
     def __init__(self, cfg: RunConfig, client: int, data_path: str | Path):
         self.cfg, self.client = cfg, client
@@ -61,18 +57,18 @@ class SiteClient:
         with torch.random.fork_rng(devices=[]):
             self.engine = Engine(cfg, data, partition, resolve_device(cfg.device))
 
-    def train(self, round_: int, plan: ClientPlan, start: State,
+    def train(self, round_: int, plan: ClientPlan, start: State, broadcast: State,
               blob: bytes | None) -> tuple[ClientUpdate, bytes, str]:  # fmt: skip
-        """One planned round from the server's start weights: the update, the client's new state
-        and the hash of what it keeps (the server never sees the entries themselves)."""
+        """One planned round from the server's start weights and its objective's broadcast: the
+        update, the client's new state and the hash of what it keeps (never sent itself)."""
         if plan.client != self.client:
             raise ValueError(f"a plan for client {plan.client} sent to client {self.client}'s node")
-        engine = self.engine
+        engine, runner = self.engine, self.engine.client
         saved = unpack(blob) if blob else {"objective": engine.objective.state_dict(), "kept": {}}
         engine.objective.load_state_dict(saved["objective"])
-        kept = {k: v.to(engine.device) for k, v in saved["kept"].items()}
-        begin = overlay(plan, start, kept)
-        update = engine.trainer.train(round_, [plan], lambda _: begin, engine.objective)[0]
-        kept = update.kept or kept  # as the simulator: a client that keeps nothing this round keeps what it had
-        state = {"objective": engine.objective.state_dict(), "kept": {k: v.cpu() for k, v in kept.items()}}
-        return update, pack(state), state_sha256(state["kept"])
+        runner.kept = {self.client: {k: v.to(engine.device) for k, v in saved["kept"].items()}}
+        engine.objective.receive(plan.federation, broadcast)
+        update = runner.train(round_, plan, start)
+        kept = {k: v.cpu() for k, v in runner.kept[self.client].items()}
+        state = {"objective": engine.objective.state_dict(), "kept": kept}
+        return update, pack(state), state_sha256(kept)

@@ -54,9 +54,9 @@ def identify(message: Message, context: Context) -> Message:
 @app.train()
 def train(message: Message, context: Context) -> Message:
     client = site(context)
-    round_, plan, start, _broadcast = read_train(message.content, client.engine.device)
+    round_, plan, start, broadcast = read_train(message.content, client.engine.device)
     record = context.state.config_records[STATE]
     blob = record.get("state")
-    update, blob, kept = client.train(round_, plan, start, bytes(blob) if blob else None)
+    update, blob, kept = client.train(round_, plan, start, broadcast, bytes(blob) if blob else None)
     record["state"] = blob
     return Message(update_content(update, kept), reply_to=message)

@@ -45,7 +45,7 @@ def plan_records(plan: ClientPlan) -> tuple[ConfigRecord, ArrayRecord]:
     arrays = ArrayRecord()
     if plan.view is not None:
         view = plan.view
-        config |= {"level": view.level, "cost": float(view.cost), "view_names": list(view.index),
+        config |= {"view_group": view.group, "cost": float(view.cost), "view_names": list(view.index),
                    "view_dims": [len(index) for index in view.index.values()]}  # fmt: skip
         for name, index in view.index.items():
             for dim, positions in enumerate(index):
@@ -64,7 +64,7 @@ def read_plan(config: ConfigRecord, arrays: ArrayRecord) -> ClientPlan:
         for name, dims in zip(config["view_names"], config["view_dims"], strict=True):
             index[name] = tuple(torch.from_numpy(arrays[f"{name}#{d}"].numpy().copy()) if f"{name}#{d}" in arrays
                                 else None for d in range(int(dims)))  # fmt: skip
-        view = View(int(config["level"]), index, float(config["cost"]))
+        view = View(int(config["view_group"]), index, float(config["cost"]))
     return ClientPlan(int(config["client"]), int(config["group"]), int(config["federation"]),
                       int(config["federation_size"]), trainable=names("trainable", "all_trainable"),
                       upload=names("upload", "all_upload"), keep=frozenset(config["keep"]),

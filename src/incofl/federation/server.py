@@ -2,8 +2,9 @@
 elsewhere.
 
 `FederatedEngine` is the simulator's `Engine` (the same planner, transforms, aggregation,
-evaluation and checkpoint), with a `RemoteTrainer` for its train stage: the round's plans and
-start weights go out through an `Exchange` (the Flower app's grid, fl-free here), the replies
+evaluation and checkpoint), whose round is `plan` -> the nodes -> `conclude`: a `RemoteTrainer`
+sends the round's plans, the server's start weights and the objective's broadcast (SCAFFOLD's
+c) through an `Exchange` (the Flower app's strategy and grid; Flower-free here), and the replies
 come back as `ClientUpdate`s, each checked against its plan before the engine sees it. A reply
 that is malformed, names another client, has other entries or shapes than planned, or holds a
 NaN/Inf is refused and logged by node; a client without an accepted reply stops the run
@@ -29,7 +30,8 @@ from incofl.config import ConfigError, RunConfig
 from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundReport, State
 from incofl.fl.engine.engine import Engine
 from incofl.fl.stages.local import Objective
-from incofl.registry import METHODS, WIDTH_LAYOUT, layout_of
+from incofl.registry import METHODS, layout_of
+from incofl.spec import WIDTH_LAYOUT
 
 log = logging.getLogger("incofl.federation")
 
@@ -96,7 +98,8 @@ class RemoteTrainer:
 
     def train(self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State],
               objective: Objective) -> list[ClientUpdate]:  # fmt: skip
-        jobs = [(plan, start_of(plan), {}) for plan in plans]
+        """The accepted updates of the round's planned clients, in the plans' order."""
+        jobs = [(plan, start_of(plan), objective.broadcast(plan.federation)) for plan in plans]
         replies = self.exchange(round_, jobs)
         updates, why = [], {}
         for (plan, start, _), reply in zip(jobs, replies, strict=True):
@@ -119,14 +122,24 @@ class RemoteTrainer:
 
 
 class FederatedEngine(Engine):
-    """The run's engine with a RemoteTrainer: its rounds train on the nodes (module docstring)."""
+    """The run's engine whose clients train on the nodes (module docstring); `remote` is set
+    before the first round (`federate`)."""
 
-    def federate(self, trainer: RemoteTrainer) -> None:
-        self.trainer = trainer  # type: ignore[assignment]
+    remote: RemoteTrainer
+
+    def federate(self, remote: RemoteTrainer) -> None:
+        self.remote = remote
+
+    def run_round(self, round_: int) -> RoundReport:
+        plans = self.plan(round_)
+        updates = self.remote.train(round_, plans, self.start, self.objective)
+        accepted = {u.client for u in updates}
+        return self.conclude(round_, [p for p in plans if p.client in accepted], updates)
 
     def observe(self, report: RoundReport) -> None:
+        """The simulator's observers; rounds.csv also names the clients left out (allow-missing)."""
         super().observe(report)
-        self.costs.rows[-1]["missing"] = " ".join(map(str, self.trainer.missing))  # type: ignore[attr-defined]
+        self.costs.rows[-1]["missing"] = " ".join(map(str, self.remote.missing))
 
 
 def refusal(cfg: RunConfig) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from incofl.fl.contracts import ClientContext, ClientUpdate, Setup
+from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
 from incofl.fl.methods.objectives.spec import ScaffoldParams
 from incofl.fl.stages.local import Objective, Session
 
@@ -91,6 +91,13 @@ class Scaffold(Objective):
         self.c: dict[int, Variates] = {}  # server variate per federation, on the training device
         self.c_local: dict[int, Variates] = {}  # c_i per client on the CPU; absent = zero (never trained)
 
+    def broadcast(self, federation: int) -> State:
+        """The federation's c (empty before its first client trains: zero)."""
+        return dict(self.c.get(federation, {}))
+
+    def receive(self, federation: int, state: State) -> None:
+        self.c[federation] = dict(state)
+
     def server_round_end(self, updates: list[ClientUpdate]) -> None:
         """c <- c + (1/K) sum (c_i+ - c_i), summed in the round's client order."""
         totals: dict[int, Variates] = {}
@@ -99,8 +106,9 @@ class Scaffold(Objective):
             for name, increment in u.extra.get("scaffold_increment", {}).items():
                 total[name] = total.get(name, 0) + increment
         for state, total in totals.items():
+            c = self.c.setdefault(state, {})  # a server whose clients train elsewhere: no session made it
             for name, change in total.items():
-                self.c[state][name].add_(change)
+                c.setdefault(name, torch.zeros_like(change)).add_(change)
 
     def state_dict(self) -> dict[str, Any]:
         # c is updated in place, so it is copied; c_i tensors are replaced, never modified
