@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
@@ -178,6 +179,8 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     """One federated run (module docstring); its summary."""
     cfg = load_run_config(settings.config, settings.overrides)
     check_federated(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     data = dataset_for(cfg)
     engine = FederatedEngine(cfg, data, partition_for(cfg, data), resolve_device(cfg.device))
     nodes = identify(grid, cfg, settings.join_timeout)
