@@ -191,3 +191,17 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
     rounds = pd.read_csv(tmp_path / "federation" / "rounds.csv", dtype={"missing": str})
     assert rounds["missing"].tolist() == [str(bad)]
     assert rounds["samples"].iloc[0] > 0  # the other client's update was averaged
+
+
+def test_export_writes_one_clients_samples_and_refuses_a_client_out_of_range(tmp_path, capsys):
+    from incofl.cli import run
+    from incofl.federation.sitedata import load_site
+
+    config = write_config(tmp_path)
+    out = tmp_path / "site1.npz"
+    assert run(["federation", "export", "--config", str(config), "--client", "1", "--out", str(out)]) == 0
+    data, partition = load_site(out, load_run_config(config), 1)
+    assert [len(p) for p in partition.parts].count(0) == TINY["clients"] - 1 == 3
+    assert len(partition.parts[1]) == len(data.y_train) and data.num_classes == 10
+    argv = ["federation", "export", "--config", str(config), "--client", "4", "--out", str(tmp_path / "x.npz")]
+    assert run(argv) == 2 and "--client 4: the config has clients 0..3" in capsys.readouterr().err
