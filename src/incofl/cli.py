@@ -329,7 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the partition file to write (.npz)")
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("federation", help="real federations with Flower (docs/federation.md)")
-    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION",
+                               help="what to do (incofl federation ACTION --help: its flags)")  # fmt: skip
     p = actions.add_parser("export", help="write one client's data file for its site's node (only its samples)")
     _add_run_config(p)
     p.add_argument("--client", type=int, required=True, help="the client (0-based) whose samples are written")
