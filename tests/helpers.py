@@ -10,7 +10,8 @@ from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import make_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.engine.engine import Engine
+from incofl.fl.contracts import State
+from incofl.fl.engine.engine import KEPT, Engine
 
 
 def small_synthetic(n_train: int, n_test: int = 32) -> ImageDataset:
@@ -30,3 +31,8 @@ def engine_on(data: ImageDataset, **settings: Any) -> Engine:
     part = make_partition(data.y_train, kind=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha, seed=0,
                           client_samples=cfg.client_samples, shard_classes=cfg.shard_classes)  # fmt: skip
     return Engine(cfg, data, part, torch.device("cpu"))
+
+
+def kept_by(engine: Engine) -> dict[int, State]:
+    """What each client keeps (ClientPlan.keep), from the engine's client store."""
+    return {client: engine.clients.get(KEPT, client) for client in engine.clients.clients(KEPT)}

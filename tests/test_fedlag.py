@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import engine_on, small_synthetic
+from helpers import engine_on, kept_by, small_synthetic
 
 from incofl.cli import run
 from incofl.data.dataset import ImageDataset
@@ -84,18 +84,18 @@ def test_warmup_defaults_to_half_the_rounds_up_to_30_plus_one(data):
 def test_personal_tensors_are_never_uploaded_or_overwritten(data):
     engine = _run(_engine(data, "FedLAG", method_args={"warmup": 2, "top_k": 2}), 2)
     personal = engine.planner.personal
-    assert len(personal) == 2 and engine.planner.scores.sum() > 0 and engine.kept == {}  # warm-up: nothing kept
+    assert len(personal) == 2 and engine.planner.scores.sum() > 0 and kept_by(engine) == {}  # warm-up: nothing kept
     server = {k: engine.states[0][k].clone() for k in personal}
     report = engine.run_round(2)
     assert all(torch.equal(engine.states[0][k], v) for k, v in server.items())  # the server's never move
     uploaded = sum(p.numel() for n, p in engine.models[0].named_parameters() if n not in personal)
     assert report.upload_bytes == 4 * 4 * uploaded  # 4 clients x fp32 x the shared parameters
     for c in range(4):  # each keeps its own, and starts its next round from it
-        assert set(personal) <= set(engine.kept[c])
+        assert set(personal) <= set(kept_by(engine)[c])
         start = engine.client_state(c, 0)
-        assert all(torch.equal(start[k], engine.kept[c][k]) for k in personal)
-        assert not all(torch.equal(engine.kept[c][k], server[k]) for k in personal)
-    assert not any(torch.equal(engine.kept[0][k], engine.kept[1][k]) for k in personal)
+        assert all(torch.equal(start[k], kept_by(engine)[c][k]) for k in personal)
+        assert not all(torch.equal(kept_by(engine)[c][k], server[k]) for k in personal)
+    assert not any(torch.equal(kept_by(engine)[0][k], kept_by(engine)[1][k]) for k in personal)
 
 
 @pytest.mark.slow
@@ -123,7 +123,7 @@ def test_released_variant_trains_locally_after_warmup(data):
     server = {k: v.clone() for k, v in engine.states[0].items()}
     report = engine.run_round(2)
     assert report.upload_bytes == 0 and all(torch.equal(engine.states[0][k], v) for k, v in server.items())
-    assert set(engine.kept[0]) == set(engine.models[0].state_dict())
+    assert set(kept_by(engine)[0]) == set(engine.models[0].state_dict())
 
 
 @pytest.mark.slow
@@ -133,8 +133,8 @@ def test_local_never_uploads_and_fedper_keeps_the_head(data):
     assert local.run_round(0).upload_bytes == 0 and all(torch.equal(local.states[0][k], v) for k, v in server.items())
     fedper = _engine(data, "FedPer")
     fedper.run_round(0)
-    assert set(fedper.kept[0]) == {"fc.weight", "fc.bias"}
-    assert not torch.equal(fedper.kept[0]["fc.weight"], fedper.kept[1]["fc.weight"])
+    assert set(kept_by(fedper)[0]) == {"fc.weight", "fc.bias"}
+    assert not torch.equal(kept_by(fedper)[0]["fc.weight"], kept_by(fedper)[1]["fc.weight"])
 
 
 # --- personal evaluation -------------------------------------------------------------------------

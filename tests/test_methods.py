@@ -21,7 +21,7 @@ from incofl.fl.engine.run import train
 from incofl.fl.methods.fednova.normalize import NovaNormalize, normalizer
 from incofl.fl.methods.inco.step import InCoStep
 from incofl.fl.methods.objectives.fedprox import FedProx
-from incofl.fl.methods.objectives.moon import Moon, moon_loss
+from incofl.fl.methods.objectives.moon import Moon, moon_loss, unpack
 from incofl.fl.methods.objectives.scaffold import Scaffold
 from incofl.fl.stages.aggregate import GroupWise, Shared, mean_over_holders
 from incofl.fl.stages.evaluation import score
@@ -229,10 +229,9 @@ def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
     scaffold.run_round(0)
     assert _states_equal(fedavg, scaffold)
     for client, (_group, c_i) in expected.items():
-        assert c_i.keys() == scaffold.objective.c_local[client].keys()
-        assert all(
-            torch.allclose(scaffold.objective.c_local[client][k], v, rtol=1e-5, atol=1e-6) for k, v in c_i.items()
-        )
+        stored = scaffold.clients.get("scaffold", client)
+        assert c_i.keys() == stored.keys()
+        assert all(torch.allclose(stored[k], v, rtol=1e-5, atol=1e-6) for k, v in c_i.items())
     # groupwise: one c per group, c = (1/K_g) * sum over the group's sampled clients, K_g = 2 clients per group
     for group, c in scaffold.objective.c.items():
         members = [e for e in expected.values() if e[0] == group]
@@ -245,10 +244,11 @@ def test_inco_scaffold_keeps_one_c_on_the_server_names_over_all_clients(data):
     engine = _engine(data, "InCoScaffold")
     engine.run_round(0)
     ((state, c),) = engine.objective.c.items()
-    held = set().union(*(engine.objective.c_local[int(i)].keys() for i in engine.schedule[0]))
+    c_local = [engine.clients.get("scaffold", int(i)) for i in engine.schedule[0]]
+    held = set().union(*(c_i.keys() for c_i in c_local))
     assert state == 0 and set(c) == held
     k = "fc.weight"
-    assert torch.allclose(c[k], sum(engine.objective.c_local[int(i)][k] for i in engine.schedule[0]) / 4)
+    assert torch.allclose(c[k], sum(c_i[k] for c_i in c_local) / 4)
 
 
 @pytest.mark.parametrize("correction", ["step", "gradient"])
@@ -260,7 +260,8 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     objective = Scaffold(_hp("SCAFFOLD", correction=correction), Setup(RunConfig(), []))
     names = [k for k, _ in model.named_parameters()]
     objective.c = {0: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
-    objective.c_local = {7: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
+    c_i = {k: torch.randn_like(p) for k, p in model.named_parameters()}
+    objective.clients.put("scaffold", 7, c_i)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     lr = 0.1
     xb, yb = split.batch(torch.arange(4))
@@ -269,7 +270,7 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     batches = client_batches(split, np.arange(4), 1, 4, torch.Generator().manual_seed(0))
     local_train(session, torch.optim.SGD(model.parameters(), lr=lr), batches)
     for k, g in zip(names, grads, strict=True):
-        expected = start[k] - lr * (g + objective.c[0][k] - objective.c_local[7][k])
+        expected = start[k] - lr * (g + objective.c[0][k] - c_i[k])
         assert torch.allclose(model.state_dict()[k], expected, atol=1e-6)
 
 
@@ -298,13 +299,14 @@ def test_moon_uses_the_global_model_until_a_client_has_a_previous_one():
     loss = session.loss(x, y)
     assert torch.allclose(loss, F.cross_entropy(model(x), y) + 2.0 * math.log(2), atol=1e-5)
     session.end(ClientUpdate(3, 0, {}, 4, 1))
-    (stored,) = objective.pool[3]
+    (stored,) = unpack(objective.clients.get("moon", 3))
     assert stored.keys() == {k for k, v in model.state_dict().items() if v.is_floating_point()}
     with torch.no_grad():
         model.fc.weight.add_(1.0)
     assert not torch.equal(stored["fc.weight"], model.fc.weight)  # a copy, not the live weights
     objective.session(ctx).end(ClientUpdate(3, 0, {}, 4, 1))
-    assert len(objective.pool[3]) == 1 and torch.equal(objective.pool[3][0]["fc.weight"], model.fc.weight)
+    (stored,) = unpack(objective.clients.get("moon", 3))
+    assert torch.equal(stored["fc.weight"], model.fc.weight)
 
 
 # --- every method learns, resumes, and runs --------------------------------------------------

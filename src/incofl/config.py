@@ -248,7 +248,17 @@ class Settings(BaseModel):
     eval_last: int = Field(10, ge=0, description="also evaluate every one of the last N rounds (last10_acc reads them)")
     eval_batch_size: int = Field(1000, ge=1, description="batch size of evaluation")
     checkpoint_every: int = Field(5, ge=1, description="write ckpt.pt every N rounds")
-    keep_checkpoint: bool = Field(False, description="keep ckpt.pt (final weights) after a finished run")
+    keep_checkpoint: bool = Field(
+        False, description="keep ckpt.pt (final weights) and clientstate/ after a finished run"
+    )
+    client_memory_mb: int = Field(
+        2048,
+        ge=0,
+        description=(
+            "memory for what clients keep across rounds (SCAFFOLD's c_i, MOON's previous models, local entries), "
+            "in MiB; beyond it the least recently used go to <out>/clientstate/ (0: every one on disk)"
+        ),
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: cuda where there is one; cuda without a GPU is refused before any job"
     )

@@ -16,6 +16,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from incofl.config import RunConfig
+    from incofl.fl.stages.clientstore import ClientStore
     from incofl.fl.stages.layout import Layout
 
 State = dict[str, torch.Tensor]  # a model's state entries by name (weights, updates, averages)
@@ -105,6 +106,7 @@ class Setup:
     layout: Layout | None = None  # the run's model layout (width splitting's components read its levels)
     models: list[nn.Module] = field(default_factory=list)  # one per model group (the layout's)
     federation: Callable[[int], int] = own_federation  # a model group -> the server state it trains (aggregator's)
+    clients: ClientStore | None = None  # the run's per-client state store (None: a component alone keeps its own)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ NON_SEMANTIC = {
     "eval_batch_size",
     "checkpoint_every",
     "keep_checkpoint",
+    "client_memory_mb",
     "device",
     "threads",
     "progress",

@@ -30,7 +30,8 @@ from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundContext, RoundRep
 from incofl.fl.engine.checkpoint import CheckpointMismatch
 from incofl.fl.engine.divergence import check_states, check_updates
 from incofl.fl.stages.aggregate import apply_update
-from incofl.fl.stages.client import ClientRunner
+from incofl.fl.stages.client import KEPT, ClientRunner
+from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.layout import Layout, LayoutInputs
 from incofl.fl.stages.observers import CostLog
@@ -97,7 +98,8 @@ class Engine:
         """The method's component of each stage, the client side, and the server states they start from."""
         cfg, server = self.cfg, self.server_model.state_dict()
         aggregator = method.aggregator.cls
-        setup = Setup(cfg, list(server), self.layout, self.models, aggregator.federation)
+        self.clients = ClientStore(cfg.client_memory_mb)  # what each client keeps across rounds
+        setup = Setup(cfg, list(server), self.layout, self.models, aggregator.federation, self.clients)
         self.objective = method.objective.cls(hp, setup)
         self.aggregator = aggregator(hp, setup)
         noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
@@ -108,18 +110,13 @@ class Engine:
         self.observers = [self.costs, *(observer.cls(hp, setup) for observer in method.observers)]
         self.observers += analyses_for(cfg, self.models, self.test_data)  # none unless `analyses` lists rounds
         self.planner = method.planner.cls(hp, setup)
-        self.client = ClientRunner(cfg, self.objective, self.models, self.train_data, self.parts)
+        self.client = ClientRunner(cfg, self.objective, self.models, self.train_data, self.parts, self.clients)
         if self.aggregator.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
             self.states = [{k: server[k].detach().clone() for k in names} for names in self.names]
         self.schedule = sample_schedule(cfg.seed, cfg.clients, cfg.ratio, cfg.rounds)
         self.objective.begin(server)  # read-only; an objective keeps a copy if it needs one
-
-    @property
-    def kept(self) -> dict[int, dict[str, torch.Tensor]]:
-        """Client -> the entries it keeps for itself (the client side's, all in one process here)."""
-        return self.client.kept
 
     def components(self) -> list[tuple[str, Stateful]]:
         """Every stage component by its role: what a checkpoint holds the state of."""
@@ -136,7 +133,8 @@ class Engine:
 
     def client_state(self, client: int, group: int) -> dict[str, torch.Tensor]:
         """The weights of a client's model: its group's global sub-state with what it keeps."""
-        return {**self.sub_state(group), **self.kept.get(client, {})}
+        kept = self.clients.get(KEPT, client) or {}
+        return {**self.sub_state(group), **{k: v.to(self.device) for k, v in kept.items()}}
 
     def plan(self, round_: int) -> list[ClientPlan]:
         """The round's sampled clients (the seeded schedule), each with its planner's plan."""
@@ -198,7 +196,8 @@ class Engine:
         """SHA-256 of every server state entry, then of what clients keep (name and bytes, in
         order): equal iff the weights are."""
         entries = [(name, t) for state in self.states for name, t in state.items()]
-        entries += [(f"{c}.{name}", t) for c in sorted(self.kept) for name, t in self.kept[c].items()]
+        kept = self.clients
+        entries += [(f"{c}.{name}", t) for c in kept.clients(KEPT) for name, t in kept.get(KEPT, c).items()]
         digest = hashlib.sha256()
         for name, tensor in entries:
             digest.update(name.encode())
@@ -211,7 +210,7 @@ class Engine:
             "states": [{k: v.cpu() for k, v in s.items()} for s in self.states],
             "components": {role: c.state_dict() for role, c in self.components()},
             "kinds": self.kinds(),
-            "kept": {c: {k: v.cpu() for k, v in kept.items()} for c, kept in self.kept.items()},
+            "clients": self.clients.state_dict(),
         }
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
@@ -228,7 +227,7 @@ class Engine:
                 state[k].copy_(v)
         for role, component in self.components():
             component.load_state_dict(payload["components"][role])
-        self.client.kept = {c: {k: v.to(self.device) for k, v in kept.items()} for c, kept in payload["kept"].items()}
+        self.clients.load_state_dict(payload["clients"])
 
     def kinds(self) -> dict[str, str]:
         """Each component's role -> its class's name."""

@@ -2,13 +2,15 @@
 
 Outputs (in `out_dir`): metrics.csv (every evaluated round), rounds.csv (per-round costs), the
 method's observer files (InCo: inco.csv), summary.json (written last, atomically: it marks a
-finished run), train.log, and ckpt.pt while the run is unfinished.
+finished run), train.log, and while the run is unfinished ckpt.pt and clientstate/ (the client
+store's files beyond its memory budget, fl/stages/clientstore.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -52,7 +54,7 @@ class Run:
     def __init__(self, cfg: RunConfig, engine: Engine, out_dir: Path):
         self.cfg, self.engine, self.out = cfg, engine, out_dir
         self.log = _file_logger(out_dir / "train.log")
-        self.ckpt = out_dir / "ckpt.pt"
+        self.ckpt, self.clientstate = out_dir / "ckpt.pt", out_dir / "clientstate"
         self.rows: list[dict[str, float]] = []
         self.round, self.elapsed, self.samples = 0, 0.0, 0
 
@@ -122,6 +124,7 @@ class Run:
                 raise Diverged(done["diverged_round"], done["diverged"])
             return done
         self.resume()
+        self.engine.clients.attach(self.clientstate)  # after resume: drops files its checkpoint does not name
         self.log.info(
             "run %s %s alpha=%s seed=%d: rounds %d..%d",
             cfg.name,
@@ -187,6 +190,7 @@ class Run:
             self.save()
         else:
             self.ckpt.unlink(missing_ok=True)
+            shutil.rmtree(self.clientstate, ignore_errors=True)
         if diverged is None:
             self.log.info("done: final %.2f%% best %.2f%% last10 %.2f%%",
                           summary["final_acc"], summary["best_acc"], summary["last10_acc"])  # fmt: skip

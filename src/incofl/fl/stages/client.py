@@ -7,7 +7,8 @@ for itself (`ClientPlan.keep`: personal layers, local BN statistics). It needs n
 state: the simulator builds one for every client, a federation's node one for its own client
 (its own data only). The server hands it a plan and the server's start weights
 (`Engine.start`); the runner overlays what the client keeps (`own_start`), trains, and keeps
-the new kept entries.
+the new kept entries in its `ClientStore` (fl/stages/clientstore.py), with whatever else the
+objective keeps per client.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, ClientUpdate, State
 from incofl.fl.stages.batched import BatchedTrainer
+from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.local import Objective
 from incofl.fl.stages.trainer import Parts, SerialTrainer
+
+KEPT = "kept"  # the client store's space of the entries a client keeps for itself (ClientPlan.keep)
 
 
 class ClientRunner:
@@ -29,15 +33,16 @@ class ClientRunner:
     batched trainer's clients side by side)."""
 
     def __init__(self, cfg: RunConfig, objective: Objective, models: list[nn.Module], data: TensorSplit,
-                 parts: Parts):  # fmt: skip
+                 parts: Parts, store: ClientStore):  # fmt: skip
         autocast = cfg.bf16 and data.x.device.type == "cuda"
         trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
         self.trainer, self.objective = trainer(cfg, models, data, parts, autocast), objective
-        self.kept: dict[int, State] = {}  # client -> the entries it keeps for itself
+        self.store, self.device = store, data.x.device  # the store: what its clients keep across rounds
 
     def own_start(self, plan: ClientPlan, start: State) -> State:
         """The weights the client trains from: the server's, with what the client keeps over them."""
-        return {**start, **self.kept.get(plan.client, {})}
+        kept = self.store.get(KEPT, plan.client) or {}
+        return {**start, **{k: v.to(self.device) for k, v in kept.items()}}
 
     def train(self, round_: int, plan: ClientPlan, start: State) -> ClientUpdate:
         """One planned client from the server's start weights."""
@@ -51,4 +56,6 @@ class ClientRunner:
         return updates
 
     def keep(self, updates: list[ClientUpdate]) -> None:
-        self.kept |= {u.client: u.kept for u in updates if u.kept}
+        for u in updates:
+            if u.kept:
+                self.store.put(KEPT, u.client, u.kept)

@@ -1,10 +1,11 @@
 """Local training, parameterised by a local objective.
 
-An `Objective` holds what a method keeps across rounds (SCAFFOLD's control variates, MOON's
-previous models) and opens one `Session` per client and round: the session holds what one
-client's training needs (its anchors, its corrections, its frozen models), so two clients can
-train side by side. FedAvg is the base pair (plain cross-entropy); a method overrides a hook
-or two. The methods live in `incofl.fl.methods`, one module or folder per family.
+An `Objective` holds what a method keeps across rounds (SCAFFOLD's control variates; per
+client, SCAFFOLD's c_i and MOON's previous models, in the run's `ClientStore`) and opens one
+`Session` per client and round: the session holds what one client's training needs (its
+anchors, its corrections, its frozen models), so two clients can train side by side.
+FedAvg is the base pair (plain cross-entropy); a method overrides a hook or two. The methods
+live in `incofl.fl.methods`, one module or folder per family.
 
 Order for one client: `objective.session(ctx)`, then per step `loss`, `after_backward` and
 `after_step`, then `end(update)`; once the round's updates are aggregated and applied,
@@ -27,6 +28,7 @@ from torch import nn
 
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
+from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.component import Stateful
 from incofl.params import Params
 
@@ -60,6 +62,7 @@ class Objective(Stateful):
 
     def __init__(self, hp: Params, setup: Setup):
         self.hp = hp
+        self.clients = setup.clients or ClientStore()  # what each client keeps across rounds
 
     def begin(self, initial: dict[str, torch.Tensor]) -> None:
         """Once before training (again on resume): the server model's initial weights (read-only)."""

@@ -8,8 +8,9 @@ the personal methods' kept entries, width splitting's levels).
 
 `bn_stats: local` (the release, in its FedPart and full-update runs alike): each client keeps
 its BatchNorm running statistics for itself (`keep`): they are never uploaded, and its next
-round starts from them (the engine restores them; the layout evaluates each model group with
-the statistics of its first client, as the release evaluates client 0's model).
+round starts from them (the client side restores them, fl/stages/client.py; the layout
+evaluates each model group with the statistics of its first client, as the release evaluates
+client 0's model).
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ is 0). MOON's code differs later: with partial participation it compares a clien
 for the first time with that client's own randomly initialised, never-trained network, an
 artifact of keeping one model object per client, which the algorithm does not call for.
 
-Previous models are kept compactly: per client, on the CPU, the floating-point state
-entries only (weights and BN statistics, what the eval-mode forward needs), in the
-checkpoint with the rest of the objective's state. On the device the objective keeps sets
+Previous models are kept compactly: per client, the floating-point state entries only
+(weights and BN statistics, what the eval-mode forward needs), in the run's client store
+(fl/stages/clientstore.py, space "moon": in memory up to `client_memory_mb`, on disk beyond
+it, checkpointed with the run). On the device the objective keeps sets
 of frozen copies per model group (global and previous; 1 + pool_size in general), reloaded
 for each client; a session borrows a set and returns it at its end, so clients training side
 by side get one set each and clients in turn share one.
@@ -27,7 +28,6 @@ by side get one set each and clients in turn share one.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,21 @@ from torch import nn
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
 from incofl.fl.methods.objectives.spec import MoonParams
 from incofl.fl.stages.local import Objective, Session
+
+SPACE = "moon"  # the client store's space of the clients' previous models
+
+
+def pack(models: list[State]) -> State:
+    """Previous models, oldest first, as one state: entry `name` of model i is `i:name`."""
+    return {f"{i}:{name}": v for i, model in enumerate(models) for name, v in model.items()}
+
+
+def unpack(state: State) -> list[State]:
+    models: dict[int, State] = {}
+    for key, v in state.items():
+        i, name = key.split(":", 1)
+        models.setdefault(int(i), {})[name] = v
+    return [models[i] for i in sorted(models)]
 
 
 def moon_loss(
@@ -59,7 +74,7 @@ class MoonSession(Session):
     def __init__(self, objective: Moon, ctx: ClientContext):
         super().__init__(objective, ctx)
         self.frozen = objective.borrow(ctx)
-        previous = objective.pool.get(ctx.client, [])
+        self.previous = previous = unpack(objective.clients.get(SPACE, ctx.client) or {})
         self.frozen[0].load_state_dict(ctx.global_state)
         for model, state in zip(self.frozen[1:], previous, strict=False):
             model.load_state_dict(state, strict=False)  # float entries only: BN batch counters stay
@@ -75,16 +90,11 @@ class MoonSession(Session):
         return moon_loss(model.classify(z), y, z, z_glob, z_prevs, float(hp.mu), float(hp.temperature))
 
     def end(self, update: ClientUpdate) -> ClientUpdate:
-        pool = self.objective.pool.setdefault(self.ctx.client, [])
         # a real copy: on the CPU, state_dict() shares storage with the model trained next
-        pool.append(
-            {
-                k: v.detach().to("cpu", copy=True)
-                for k, v in self.ctx.model.state_dict().items()
-                if v.is_floating_point()
-            }
-        )
-        del pool[: -int(self.objective.hp.pool_size)]
+        model = {k: v.detach().to("cpu", copy=True) for k, v in self.ctx.model.state_dict().items()
+                 if v.is_floating_point()}  # fmt: skip
+        pool = [*self.previous, model][-int(self.objective.hp.pool_size) :]
+        self.objective.clients.put(SPACE, self.ctx.client, pack(pool))
         self.objective.spare[self.ctx.group].append(self.frozen)
         return update
 
@@ -95,7 +105,6 @@ class Moon(Objective):
 
     def __init__(self, hp: MoonParams, setup: Setup):
         super().__init__(hp, setup)
-        self.pool: dict[int, list[State]] = {}  # client -> previous local models, oldest first (CPU)
         self.spare: dict[int, list[list[nn.Module]]] = {}  # group -> free sets [global, previous...] on the device
 
     def borrow(self, ctx: ClientContext) -> list[nn.Module]:
@@ -104,9 +113,3 @@ class Moon(Objective):
         if spare:
             return spare.pop()
         return [copy.deepcopy(ctx.model).eval().requires_grad_(False) for _ in range(1 + int(self.hp.pool_size))]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"pool": {client: list(models) for client, models in self.pool.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pool = {client: list(models) for client, models in state["pool"].items()}

@@ -23,6 +23,10 @@ weights, its own clients), so it gets its own c on its model's names and K is th
 size. A shared c there would correct one group's model with gradients of the others'
 unrelated models. As the formula reads, an entry only some clients hold (a deep block of
 the larger models) still gets 1/K: non-holders count as c_i = 0.
+
+Each client's c_i lives in the run's client store (fl/stages/clientstore.py, space
+"scaffold"): in memory up to `client_memory_mb`, on disk beyond it. c is what the server
+broadcasts to its clients besides the weights.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from incofl.fl.methods.objectives.spec import ScaffoldParams
 from incofl.fl.stages.local import Objective, Session
 
 Variates = dict[str, torch.Tensor]
+SPACE = "scaffold"  # the client store's space of the clients' c_i
 
 
 def _trainable(ctx: ClientContext) -> list[tuple[str, torch.Tensor]]:
@@ -47,7 +52,8 @@ class ScaffoldSession(Session):
 
     def __init__(self, objective: Scaffold, ctx: ClientContext):
         super().__init__(objective, ctx)
-        c, c_i = objective.c.setdefault(ctx.federation, {}), objective.c_local.get(ctx.client, {})
+        c = objective.c.setdefault(ctx.federation, {})
+        self.c_i = c_i = objective.clients.get(SPACE, ctx.client) or {}  # absent: zero (never trained)
         self.corrections: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weight, c - c_i)
         for name, p in _trainable(ctx):  # c moves to the device after a resume
             c[name] = c[name].to(p.device) if name in c else torch.zeros_like(p.detach())
@@ -70,7 +76,7 @@ class ScaffoldSession(Session):
         ctx = self.ctx
         if update.steps == 0:  # no local step (fewer than two samples): nothing learnt, c_i stays
             return update
-        c, c_i = self.objective.c[ctx.federation], self.objective.c_local.get(ctx.client, {})
+        c, c_i = self.objective.c[ctx.federation], self.c_i
         new: Variates = {}
         increment: Variates = {}
         for name, _ in _trainable(ctx):
@@ -78,7 +84,7 @@ class ScaffoldSession(Session):
             change = -(c[name] + update.delta[name] / (update.steps * ctx.lr))
             new[name] = c_i[name] + change.cpu() if name in c_i else change.cpu()
             increment[name] = change / ctx.federation_size
-        self.objective.c_local[ctx.client] = new
+        self.objective.clients.put(SPACE, ctx.client, new)
         update.extra["scaffold_increment"] = increment
         return update
 
@@ -89,7 +95,13 @@ class Scaffold(Objective):
     def __init__(self, hp: ScaffoldParams, setup: Setup):
         super().__init__(hp, setup)
         self.c: dict[int, Variates] = {}  # server variate per federation, on the training device
-        self.c_local: dict[int, Variates] = {}  # c_i per client on the CPU; absent = zero (never trained)
+
+    def broadcast(self, federation: int) -> State:
+        """The federation's c (empty before its first client trains: zero)."""
+        return dict(self.c.get(federation, {}))
+
+    def receive(self, federation: int, state: State) -> None:
+        self.c[federation] = dict(state)
 
     def broadcast(self, federation: int) -> State:
         """The federation's c (empty before its first client trains: zero)."""
@@ -111,12 +123,8 @@ class Scaffold(Objective):
                 c.setdefault(name, torch.zeros_like(change)).add_(change)
 
     def state_dict(self) -> dict[str, Any]:
-        # c is updated in place, so it is copied; c_i tensors are replaced, never modified
-        return {
-            "c": {s: {k: v.to("cpu", copy=True) for k, v in c.items()} for s, c in self.c.items()},
-            "c_local": dict(self.c_local),
-        }
+        # c is updated in place, so it is copied (the c_i are in the client store)
+        return {"c": {s: {k: v.to("cpu", copy=True) for k, v in c.items()} for s, c in self.c.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.c = {s: {k: v.clone() for k, v in c.items()} for s, c in state["c"].items()}
-        self.c_local = dict(state["c_local"])

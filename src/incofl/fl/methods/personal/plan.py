@@ -1,5 +1,5 @@
 """Personalisation as plans: which state entries each client keeps for itself (`ClientPlan.keep`:
-never uploaded, restored at its next round; the engine holds them per client).
+never uploaded, restored at its next round; the client side holds them, fl/stages/client.py).
 
 `LocalPlanner` keeps everything (local training only), `FedPerPlanner` the classifier head
 (FedPer, Arivazhagan et al. 2019), `LagPlanner` FedLAG's top-K conflicting entries
