@@ -1,12 +1,12 @@
 """One client of a real federation, without Flower: the run's engine built on the node from
 the config and that client's data alone (sitedata.py), used for its trainer and objective.
 
-A planned round: the server's start weights with what this client keeps laid over them (a
-whole-model plan; a width view is its block of the global model as sent), then local training
-exactly as in the simulator (the config's trainer, the method's objective, the client's own
-batch stream). What the client keeps across rounds (its `kept` entries, the objective's
-per-client state: SCAFFOLD's c_i, MOON's previous models) is handed in and out as one
-`ClientState` blob, which the Flower app stores in the node's `Context.state`.
+A planned round: the objective receives the server's broadcast (SCAFFOLD's c), then the
+engine's client side (`Engine.client`) lays what this client keeps over the server's start
+weights and trains exactly as the simulator does (the config's trainer, the method's objective,
+the client's own batch stream). What the client keeps across rounds (the engine's ClientStore:
+its kept entries, SCAFFOLD's c_i, MOON's previous models) goes in and out as one blob, the
+store's `state_dict`, which the Flower app keeps in the node's `Context.state`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from incofl.config import RunConfig
 from incofl.federation.sitedata import load_site
 from incofl.fl.contracts import ClientPlan, ClientUpdate, State
 from incofl.fl.engine.engine import Engine, resolve_device
+from incofl.fl.stages.client import KEPT
 
 
 def pack(state: dict[str, Any]) -> bytes:
@@ -63,12 +64,9 @@ class SiteClient:
         update, the client's new state and the hash of what it keeps (never sent itself)."""
         if plan.client != self.client:
             raise ValueError(f"a plan for client {plan.client} sent to client {self.client}'s node")
-        engine, runner = self.engine, self.engine.client
-        saved = unpack(blob) if blob else {"objective": engine.objective.state_dict(), "kept": {}}
-        engine.objective.load_state_dict(saved["objective"])
-        runner.kept = {self.client: {k: v.to(engine.device) for k, v in saved["kept"].items()}}
+        engine = self.engine
+        if blob:
+            engine.clients.load_state_dict(unpack(blob))
         engine.objective.receive(plan.federation, broadcast)
-        update = runner.train(round_, plan, start)
-        kept = {k: v.cpu() for k, v in runner.kept[self.client].items()}
-        state = {"objective": engine.objective.state_dict(), "kept": kept}
-        return update, pack(state), state_sha256(kept)
+        update = engine.client.train(round_, plan, start)
+        return update, pack(engine.clients.state_dict()), state_sha256(engine.clients.get(KEPT, self.client) or {})

@@ -9,8 +9,8 @@ client's samples. Messages:
   against the config;
 - `train`: one planned round (codec.py); the reply is the client's update.
 
-What the client keeps across rounds (client.py's state blob: kept entries, SCAFFOLD's c_i,
-MOON's previous models) lives in Flower's `Context.state` of the node, for the run.
+What the client keeps across rounds (client.py's blob of the engine's ClientStore: kept entries,
+SCAFFOLD's c_i, MOON's previous models) lives in Flower's `Context.state` of the node, for the run.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from incofl.federation.codec import read_train, update_content
 
 STATE = "incofl"  # the node's Context.state record: the run's config and the client's state blob
 app = ClientApp()
-_sites: dict[tuple[int, int, str], SiteClient] = {}  # (run, node, config) -> its client, built once per run
+_sites: dict[tuple[int, int, str, str], SiteClient] = {}  # (run, node, config, data) -> its client, built once
 
 
 def node_client(context: Context) -> int:
@@ -36,7 +36,7 @@ def node_client(context: Context) -> int:
 def site(context: Context) -> SiteClient:
     """This node's client for the run (its config from the identify query, kept in Context.state)."""
     config = str(context.state.config_records[STATE]["config"])
-    key = (context.run_id, context.node_id, config)
+    key = (context.run_id, context.node_id, config, str(context.node_config["data-path"]))
     if key not in _sites:
         cfg = RunConfig(**json.loads(config))
         _sites[key] = SiteClient(cfg, node_client(context), str(context.node_config["data-path"]))

@@ -103,13 +103,6 @@ class Scaffold(Objective):
     def receive(self, federation: int, state: State) -> None:
         self.c[federation] = dict(state)
 
-    def broadcast(self, federation: int) -> State:
-        """The federation's c (empty before its first client trains: zero)."""
-        return dict(self.c.get(federation, {}))
-
-    def receive(self, federation: int, state: State) -> None:
-        self.c[federation] = dict(state)
-
     def server_round_end(self, updates: list[ClientUpdate]) -> None:
         """c <- c + (1/K) sum (c_i+ - c_i), summed in the round's client order."""
         totals: dict[int, Variates] = {}
