@@ -30,7 +30,7 @@ $(BIN)/.installed: pyproject.toml
 		this project needs 3.11: PYTHON=python3.11 make $(MAKECMDGOALS)))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,flower]'
 	touch $@
 
 # The default experiment trained for real, in $(RUN_DIR) (results/ under it, not committed): the

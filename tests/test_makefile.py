@@ -59,5 +59,5 @@ def test_python_311_makes_the_venv_once(project, tmp_path):
     python = f"PYTHON={_python(tmp_path, '3.11.9')}"
     proc = _make(project, ".venv/bin/.installed", python)
     assert proc.returncode == 0, proc.stderr
-    assert (project / ".venv/bin/.installed").exists() and "-e .[test]" in (project / "pip.log").read_text()
+    assert (project / ".venv/bin/.installed").exists() and "-e .[test,flower]" in (project / "pip.log").read_text()
     assert _make(project, "-q", ".venv/bin/.installed", python).returncode == 0  # up to date: nothing to do

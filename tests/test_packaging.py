@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_environment_yml_has_the_same_pins_as_pyproject():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    pins = set(project["dependencies"]) | set(project["optional-dependencies"]["test"])
+    pins = set(project["dependencies"]).union(*project["optional-dependencies"].values())
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     assert {p for p in pip if "==" in p} == pins

@@ -94,6 +94,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_federation_export(args: argparse.Namespace) -> int:
+    from incofl.data.partition import partition_for
+    from incofl.data.sources import dataset_for
+    from incofl.federation.sitedata import export_client
+
+    cfg = load_run_config(args.config, parse_overrides(args.set))
+    data = dataset_for(cfg)
+    samples = export_client(cfg, data, partition_for(cfg, data), args.client, args.out)
+    print(f"{args.out}: client {args.client} of {cfg.clients} ({cfg.dataset} alpha={cfg.alpha}), {samples} samples")
+    return 0
+
+
 def _in_grid(runs: Any, exp: Any, root: str | os.PathLike) -> Any:
     """Only the runs of the config's grid: a shared --runs root may hold other experiments' runs.
     A run's `method` is the name it is shown under (a variant's name). None of them: refused."""
@@ -329,6 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_config(p)
     p.add_argument("--out", required=True, help="the partition file to write (.npz)")
     p.set_defaults(func=cmd_partition)
+    p = sub.add_parser("federation", help="real federations with Flower (docs/federation.md)")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION",
+                               help="what to do (incofl federation ACTION --help: its flags)")  # fmt: skip
+    p = actions.add_parser("export", help="write one client's data file for its site's node (only its samples)")
+    _add_run_config(p)
+    p.add_argument("--client", type=int, required=True, help="the client (0-based) whose samples are written")
+    p.add_argument("--out", required=True, help="the data file to write (.npz), the node's data-path")
+    p.set_defaults(func=cmd_federation_export)
     p = sub.add_parser("train", help="run (or resume) one federated training run")
     _add_run_config(p)
     p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, train.log, ckpt.pt)")

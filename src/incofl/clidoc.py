@@ -50,17 +50,28 @@ def _section(name: str, summary: str, parser: argparse.ArgumentParser, usage_tai
     return lines
 
 
+def _commands(prog: str, parser: argparse.ArgumentParser) -> list[str]:
+    """The sections of each subcommand of `parser`, and of theirs (`incofl federation export`)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    lines: list[str] = []
+    for sub in subs:
+        summaries = {a.dest: a.help or "" for a in sub._choices_actions}
+        for name, subparser in sub.choices.items():
+            summary = summaries[name][:1].upper() + summaries[name][1:] + "."
+            nested = any(isinstance(a, argparse._SubParsersAction) for a in subparser._actions)
+            lines += _section(f"{prog} {name}", summary, subparser, " ACTION ..." if nested else "")
+            lines += _commands(f"{prog} {name}", subparser)
+    return lines
+
+
 def markdown(parser: argparse.ArgumentParser | None = None) -> str:
     """The reference page of `parser` (default: incofl's) and of each of its subcommands."""
     parser = parser or build_parser()
-    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    summaries = {a.dest: a.help or "" for a in sub._choices_actions}
     lines = [
         HEADER,
         *_section("incofl", "The console script; the subcommands below do the work.", parser, " COMMAND ..."),
+        *_commands("incofl", parser),
     ]
-    for name, subparser in sub.choices.items():
-        lines += _section(f"incofl {name}", summaries[name][:1].upper() + summaries[name][1:] + ".", subparser)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -111,8 +111,9 @@ class Scaffold(Objective):
             for name, increment in u.extra.get("scaffold_increment", {}).items():
                 total[name] = total.get(name, 0) + increment
         for state, total in totals.items():
+            c = self.c.setdefault(state, {})  # a server whose clients train elsewhere: no session made it
             for name, change in total.items():
-                self.c[state][name].add_(change)
+                c.setdefault(name, torch.zeros_like(change)).add_(change)
 
     def state_dict(self) -> dict[str, Any]:
         # c is updated in place, so it is copied (the c_i are in the client store)

@@ -1,0 +1,200 @@
+"""The Flower ServerApp: an incofl run whose clients are SuperNodes.
+
+Run config (the app's pyproject.toml, or `flwr run ... --run-config`): `config` (the run's
+YAML, read as `incofl train --config` reads it), `set` (its `--set` overrides, space-separated
+key=value), `out` (the run directory: metrics.csv, rounds.csv, summary.json, ckpt.pt, as
+`incofl train` writes them, and federation.csv: the bytes each round sent to and received from
+each client), `round-timeout` (seconds a round waits for its replies), `join-timeout` (seconds
+the run waits for every client's node to join) and `allow-missing` (go on without clients that
+did not reply in time or whose reply was refused; rounds.csv names them).
+
+The run: the config is validated and refused if it cannot run federated (server.py), the
+server's engine is built as `incofl train` builds it (the data set's test split is scored on
+the server), every node is asked which client it is (`query.identify`, with the run's config),
+then incofl's `Run` drives the rounds with the strategy as its train stage: incofl's seeded
+schedule and planner choose the clients, `configure_train` sends each its plan and start
+weights, `aggregate_train` checks the replies, and the engine aggregates, evaluates and
+checkpoints exactly as in the simulator. Restarted with the same `out`, the run resumes from its
+last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Strategy
+
+from incofl.atomic import atomic_path, write_json
+from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
+from incofl.data.partition import partition_for
+from incofl.data.sources import dataset_for
+from incofl.federation.codec import CodecError, message_bytes, read_update, train_content
+from incofl.federation.server import FederatedEngine, RemoteTrainer, Reply, check_federated
+from incofl.fl.contracts import ClientPlan, State
+from incofl.fl.engine.engine import resolve_device
+from incofl.fl.engine.run import Run
+from incofl.fl.engine.rundir import claimed
+
+log = logging.getLogger("incofl.federation")
+app = ServerApp()
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """The app's run config (module docstring)."""
+
+    config: str | None  # None: the built-in defaults, as `incofl train` without --config
+    overrides: dict[str, Any]
+    out: Path
+    round_timeout: float = 600.0
+    join_timeout: float = 120.0
+    allow_missing: bool = False
+
+    @classmethod
+    def of(cls, run_config: dict[str, Any]) -> AppSettings:
+        if not run_config.get("out"):
+            raise ConfigError("run config: out: set the run directory")
+        overrides = parse_overrides(shlex.split(str(run_config.get("set", ""))))
+        return cls(str(run_config.get("config", "")) or None, overrides, Path(str(run_config["out"])),
+                   float(run_config.get("round-timeout", 600.0)), float(run_config.get("join-timeout", 120.0)),
+                   bool(run_config.get("allow-missing", False)))  # fmt: skip
+
+
+def identify(grid: Grid, cfg: RunConfig, timeout: float) -> dict[int, int]:
+    """client -> node: every node that joins within `timeout` is asked which client it is (with
+    the run's config, which it checks its data against); stops with one line naming the
+    clients whose node did not join, or the node that failed its check."""
+    content = RecordDict({"run": ConfigRecord({"config": json.dumps(cfg.model_dump())})})
+    nodes: dict[int, int] = {}
+    asked: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(nodes) < cfg.clients and time.monotonic() < deadline:
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        asked.update(new)
+        queries = [Message(content, node, "query.identify") for node in new]
+        for reply in grid.send_and_receive(queries, timeout=max(deadline - time.monotonic(), 1.0)) if new else []:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                raise ConfigError(f"node {node} refused the run: {reply.error.reason}")
+            client = int(reply.content.config_records["node"]["client"])
+            if client in nodes:
+                raise ConfigError(f"node {node} says it is client {client}, as node {nodes[client]} does")
+            if not 0 <= client < cfg.clients:
+                raise ConfigError(f"node {node} says it is client {client}: the run has clients 0..{cfg.clients - 1}")
+            nodes[client] = node
+        if len(nodes) < cfg.clients:
+            time.sleep(0.2)
+    missing = sorted(set(range(cfg.clients)) - set(nodes))
+    if missing:
+        raise ConfigError(f"no node joined for client(s) {', '.join(map(str, missing))} within {timeout:.0f} s "
+                          "(join-timeout)")  # fmt: skip
+    return nodes
+
+
+@dataclass
+class IncoflStrategy(Strategy):
+    """incofl's round as a Flower strategy: one message per planned client (its own plan and
+    start weights, so clients may hold different architectures), replies checked and handed to
+    the engine; evaluation runs on the server (the engine's), so the evaluate pair sends nothing."""
+
+    grid: Grid
+    nodes: dict[int, int]  # client -> node
+    timeout: float
+    out: Path
+    jobs: list[tuple[ClientPlan, State, State]] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+    traffic: list[dict[str, int]] = field(default_factory=list)
+    down: dict[int, int] = field(default_factory=dict)  # client -> bytes sent this round
+
+    def __call__(self, round_: int, jobs: list[tuple[ClientPlan, State, State]]) -> list[Reply]:
+        """The train stage's exchange (server.Exchange): configure, send and receive, aggregate."""
+        self.jobs = jobs
+        messages = list(self.configure_train(round_ + 1, ArrayRecord(), ConfigRecord(), self.grid))
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        self.aggregate_train(round_ + 1, replies)
+        return self.replies
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:  # fmt: skip
+        messages = []
+        for plan, start, broadcast in self.jobs:
+            if plan.client in self.nodes:
+                content = train_content(server_round - 1, plan, start, broadcast)
+                self.down[plan.client] = message_bytes(content)
+                messages.append(Message(content, self.nodes[plan.client], "train", group_id=str(server_round)))
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[None, MetricRecord]:
+        """Each planned client's reply decoded (or why there is none); the engine checks and
+        averages them (server.RemoteTrainer). Bytes each way go to federation.csv."""
+        by_node = {reply.metadata.src_node_id: reply for reply in replies}
+        self.replies = []
+        for plan, _, _ in self.jobs:
+            node = self.nodes.get(plan.client, -1)
+            reply = by_node.get(node)
+            self.replies.append(self.read(node, reply))
+            if reply is not None and reply.has_content():
+                self.traffic.append({"round": server_round, "client": plan.client, "node": node,
+                                     "down_bytes": self.down[plan.client],
+                                     "up_bytes": message_bytes(reply.content)})  # fmt: skip
+        with atomic_path(self.out / "federation.csv") as tmp:
+            pd.DataFrame(self.traffic).to_csv(tmp, index=False)
+        return None, MetricRecord({"replies": len(by_node)})
+
+    @staticmethod
+    def read(node: int, reply: Message | None) -> Reply:
+        if reply is None:
+            return Reply(error="no reply within round-timeout (node gone?)" if node >= 0 else "no node", node=node)
+        if reply.has_error():
+            return Reply(error=f"the node's ClientApp failed: {reply.error.reason}", node=node)
+        try:
+            update, kept = read_update(reply.content, "cpu")
+        except CodecError as err:
+            return Reply(error=str(err), node=node)
+        return Reply(update, kept, node=node)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:  # fmt: skip
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    def summary(self) -> None:
+        log.info("incofl strategy: %d clients on nodes %s", len(self.nodes), self.nodes)
+
+
+def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
+    """One federated run (module docstring); its summary."""
+    cfg = load_run_config(settings.config, settings.overrides)
+    check_federated(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    data = dataset_for(cfg)
+    engine = FederatedEngine(cfg, data, partition_for(cfg, data), resolve_device(cfg.device))
+    nodes = identify(grid, cfg, settings.join_timeout)
+    strategy = IncoflStrategy(grid, nodes, settings.round_timeout, settings.out)
+    trainer = RemoteTrainer(strategy, settings.allow_missing)
+    engine.federate(trainer)
+    with claimed(settings.out):
+        summary = Run(cfg, engine, settings.out).execute()
+    write_json(settings.out / "federation.json", {"nodes": {str(c): n for c, n in sorted(nodes.items())},
+                                                  "kept_sha256": {str(c): h for c, h in sorted(trainer.kept.items())},
+                                                  "state_sha256": summary.get("state_sha256")})  # fmt: skip
+    return summary
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    serve(grid, AppSettings.of(dict(context.run_config)))

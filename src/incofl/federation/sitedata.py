@@ -1,0 +1,88 @@
+"""One site's data in a real federation: a client's own training samples and nothing of the
+other clients', exported once from the run's partition (`incofl federation export`) and read by
+that client's node.
+
+The file holds the client's images in the order of their index in the training set, the
+positions of its partition entry among them (so local training draws the simulator's batches,
+and `holdout` holds out the same samples), the data set's class count and normalisation (the
+whole training set's, which a node cannot compute from its share) and the settings its
+partition was drawn with: a node refuses a run whose config would partition otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from incofl.atomic import atomic_path
+from incofl.config import ConfigError, RunConfig
+from incofl.data.dataset import ImageDataset
+from incofl.data.partition import Partition
+from incofl.data.tensors import normalisation
+
+# The settings a client's share of the data depends on (a node checks them against the run's config).
+PARTITION_KEYS = ("dataset", "partition", "alpha", "clients", "partition_seed", "client_samples", "shard_classes",
+                  "pool_test", "fmnist_partition", "normalize")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SiteDataset(ImageDataset):
+    """One client's images, with the whole data set's class count and normalisation."""
+
+    classes: int = 0
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return self.classes
+
+    def channel_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        assert self.mean is not None and self.std is not None
+        return self.mean, self.std
+
+
+def partition_settings(cfg: RunConfig) -> dict[str, object]:
+    return {key: getattr(cfg, key) for key in PARTITION_KEYS}
+
+
+def export_client(cfg: RunConfig, data: ImageDataset, partition: Partition, client: int, out: str | Path) -> int:
+    """Write `client`'s share of `data` to `out` (.npz, atomically); returns its sample count."""
+    if not 0 <= client < cfg.clients:
+        raise ConfigError(f"--client {client}: the config has clients 0..{cfg.clients - 1}")
+    part = partition.parts[client]
+    order = np.sort(part)
+    mean, std = normalisation(data, cfg.normalize)
+    with atomic_path(out) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, x=data.x_train[order], y=data.y_train[order], part=np.searchsorted(order, part),
+                 mean=mean, std=std, classes=data.num_classes, client=client, x_test=data.x_test[:0],
+                 y_test=data.y_test[:0], settings=json.dumps(partition_settings(cfg)))  # fmt: skip
+    return len(part)
+
+
+def load_site(path: str | Path, cfg: RunConfig, client: int) -> tuple[SiteDataset, Partition]:
+    """A node's data for `client` under `cfg`: its dataset and a partition in which only it
+    holds samples. A file of another client or drawn with other settings is refused in one line."""
+    try:
+        with np.load(path) as f:
+            site = {k: f[k] for k in f.files}
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"data-path {path}: not a site data file ({err}); make one with incofl federation export"
+        ) from None
+    if int(site["client"]) != client:
+        raise ConfigError(f"data-path {path}: holds client {int(site['client'])}'s data, this node is client {client}")
+    saved = json.loads(str(site["settings"]))
+    for key, value in partition_settings(cfg).items():
+        if saved.get(key) != value:
+            raise ConfigError(f"data-path {path}: exported with {key}={saved.get(key)!r}, the run has {key}={value!r}")
+    data = SiteDataset(cfg.dataset, site["x"], site["y"], site["x_test"], site["y_test"], order="unknown",
+                       classes=int(site["classes"]), mean=site["mean"], std=site["std"])  # fmt: skip
+    parts = [np.zeros(0, dtype=np.int64) for _ in range(cfg.clients)]
+    parts[client] = site["part"].astype(np.int64)
+    histogram = np.zeros((cfg.clients, data.num_classes), dtype=np.int64)
+    histogram[client] = np.bincount(data.y_train, minlength=data.num_classes)
+    return data, Partition(parts, histogram, {"kind": "site", "client": client})

@@ -1,0 +1,64 @@
+"""Builders the federation tests share: a tiny run's config file, its sites' data files, and
+the same run through `incofl train`'s path and through the in-process Flower federation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from incofl.config import RunConfig, load_run_config
+from incofl.data.partition import partition_for
+from incofl.data.sources import dataset_for
+from incofl.fl.engine.run import train
+
+# Digits, 4 clients of which 2 train a round, 2 rounds on two thin ResNets: about a second a run.
+TINY = {"datasets": ["digits"], "alphas": [0.5], "methods": ["InCoAvg"], "seeds": [0], "clients": 4, "ratio": 0.5,
+        "models": ["resnet10", "resnet14"], "model_scale": 0.25, "rounds": 2, "batch_size": 32, "eval_every": 1,
+        "checkpoint_every": 1, "threads": 1, "progress": False, "device": "cpu"}  # fmt: skip
+TIMING = ("seconds",)  # metrics.csv's columns that measure time, not what was computed
+
+
+def write_config(folder: Path, **settings: Any) -> Path:
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "cache_dir": str(folder / "cache"), **settings}))
+    return path
+
+
+def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
+    """Every client's data file; the node configs that point at them."""
+    from incofl.federation.sitedata import export_client
+
+    data = dataset_for(cfg)
+    partition = partition_for(cfg, data)
+    nodes = []
+    for client in range(cfg.clients):
+        path = folder / f"site{client}.npz"
+        export_client(cfg, data, partition, client, path)
+        nodes.append({"client": client, "data-path": str(path)})
+    return nodes
+
+
+def run_both(tmp: Path, grid_apps: dict | None = None, **settings: Any) -> tuple[dict, dict, Path, Path]:
+    """The run of `settings` by the simulator and by the in-process federation: both summaries and folders."""
+    from incofl.federation.inprocess import InProcessGrid
+    from incofl.federation.serverapp import AppSettings, serve
+
+    config = write_config(tmp, **settings)
+    cfg = load_run_config(config)
+    sim, fed = tmp / "simulator", tmp / "federation"
+    simulated = train(cfg, sim)
+    grid = InProcessGrid(export_sites(cfg, tmp), apps=grid_apps)
+    federated = serve(grid, AppSettings(str(config), {}, fed, join_timeout=5.0))
+    return simulated, federated, sim, fed
+
+
+def metrics(folder: Path) -> pd.DataFrame:
+    return pd.read_csv(folder / "metrics.csv").drop(columns=list(TIMING))
+
+
+def summary_of(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "summary.json").read_text())
