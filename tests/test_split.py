@@ -13,7 +13,8 @@ from helpers import engine_on, small_synthetic
 
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import Setup
-from incofl.fl.stages.client import ClientRunner
+from incofl.fl.stages.client import KEPT, ClientRunner
+from incofl.fl.stages.clientstore import ClientStore
 from incofl.registry import METHODS
 
 SETTINGS = {"clients": 4, "ratio": 0.5, "rounds": 3, "batch_size": 16, "models": ["resnet10", "resnet14"],
@@ -32,9 +33,9 @@ def node_of(engine, client: int) -> ClientRunner:
     own = torch.from_numpy(engine.parts[client])
     split = TensorSplit(train.x[own].numpy(), train.y[own].numpy(), train.mean.flatten().numpy(),
                         train.std.flatten().numpy(), train.x.device, train.input_size, train.augmentation)  # fmt: skip
-    method = METHODS[cfg.method]
-    objective = method.objective.cls(method.parse_args(cfg.method_args), Setup(cfg, []))
-    return ClientRunner(cfg, objective, copy.deepcopy(engine.models), split, {client: np.arange(len(own))})
+    method, store = METHODS[cfg.method], ClientStore()  # the node's own store: what its client keeps
+    objective = method.objective.cls(method.parse_args(cfg.method_args), Setup(cfg, [], clients=store))
+    return ClientRunner(cfg, objective, copy.deepcopy(engine.models), split, {client: np.arange(len(own))}, store)
 
 
 @pytest.mark.slow
@@ -57,4 +58,4 @@ def test_a_node_trains_its_client_as_the_simulator_does(data):
                 assert all(torch.equal(mine.kept[k], v) for k, v in update.kept.items())
                 trained += 1
         engine.conclude(t, plans, updates)
-    assert trained >= 2 and node.kept.keys() == {client}
+    assert trained >= 2 and node.store.clients(KEPT) == [client]
