@@ -90,12 +90,22 @@ def main() -> None:
     child.wait()
     log = (args.out / "train.log").read_text() if (args.out / "train.log").exists() else ""
     rounds = [float(s) for s in re.findall(r"round \d+/\d+ trained in ([\d.]+) s", log)]
-    print(json.dumps({
-        "clients": args.clients, "settings": settings, "returncode": child.returncode, "stopped_at_gb": stopped,
-        "peak_rss_gb": round(peak / 2**30, 2), "peak_disk_gb": round(peak_disk / 2**30, 2),
-        "round_seconds": rounds, "wall_s": round(time.time() - start, 1),
-        "finished": (args.out / "summary.json").exists(), "rss_gb_every_10s": trace,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "clients": args.clients,
+                "settings": settings,
+                "returncode": child.returncode,
+                "stopped_at_gb": stopped,
+                "peak_rss_gb": round(peak / 2**30, 2),
+                "peak_disk_gb": round(peak_disk / 2**30, 2),
+                "round_seconds": rounds,
+                "wall_s": round(time.time() - start, 1),
+                "finished": (args.out / "summary.json").exists(),
+                "rss_gb_every_10s": trace,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

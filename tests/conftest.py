@@ -63,8 +63,13 @@ def _repo_files() -> set[Path]:
     files = set()
     for root, dirs, names in os.walk(REPO):
         rel = Path(root).relative_to(REPO)
-        dirs[:] = [d for d in dirs if d not in _NOT_WATCHED and not d.endswith(".egg-info")
-                   and not (rel == Path("results") and d.startswith("runs-"))]  # fmt: skip
+        dirs[:] = [
+            d
+            for d in dirs
+            if d not in _NOT_WATCHED
+            and not d.endswith(".egg-info")
+            and not (rel == Path("results") and d.startswith("runs-"))
+        ]
         files.update(rel / n for n in names if not n.startswith(".coverage"))  # `make coverage`'s data
     return files
 

@@ -16,9 +16,23 @@ from incofl.data.sources import dataset_for
 from incofl.fl.engine.run import train
 
 # Digits, 4 clients of which 2 train a round, 2 rounds on two thin ResNets: about a second a run.
-TINY = {"datasets": ["digits"], "alphas": [0.5], "methods": ["InCoAvg"], "seeds": [0], "clients": 4, "ratio": 0.5,
-        "models": ["resnet10", "resnet14"], "model_scale": 0.25, "rounds": 2, "batch_size": 32, "eval_every": 1,
-        "checkpoint_every": 1, "threads": 1, "progress": False, "device": "cpu"}  # fmt: skip
+TINY = {
+    "datasets": ["digits"],
+    "alphas": [0.5],
+    "methods": ["InCoAvg"],
+    "seeds": [0],
+    "clients": 4,
+    "ratio": 0.5,
+    "models": ["resnet10", "resnet14"],
+    "model_scale": 0.25,
+    "rounds": 2,
+    "batch_size": 32,
+    "eval_every": 1,
+    "checkpoint_every": 1,
+    "threads": 1,
+    "progress": False,
+    "device": "cpu",
+}
 TIMING = ("seconds",)  # metrics.csv's columns that measure time, not what was computed
 
 

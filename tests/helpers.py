@@ -20,8 +20,9 @@ def small_synthetic(n_train: int, n_test: int = 32) -> ImageDataset:
     """The first images of the synthetic set, on one thread (the machine's cores are shared)."""
     torch.set_num_threads(1)
     full = load_dataset("synthetic", cache_dir=None)
-    return ImageDataset("synthetic", full.x_train[:n_train], full.y_train[:n_train], full.x_test[:n_test],
-                        full.y_test[:n_test])  # fmt: skip
+    return ImageDataset(
+        "synthetic", full.x_train[:n_train], full.y_train[:n_train], full.x_test[:n_test], full.y_test[:n_test]
+    )
 
 
 QUIET = {"dataset": "synthetic", "progress": False, "threads": 1, "device": "cpu"}
@@ -30,8 +31,15 @@ QUIET = {"dataset": "synthetic", "progress": False, "threads": 1, "device": "cpu
 def engine_on(data: ImageDataset, **settings: Any) -> Engine:
     """A CPU engine over `data` with the partition its settings describe (partition seed 0)."""
     cfg = RunConfig(**{**QUIET, **settings})
-    part = make_partition(data.y_train, kind=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha, seed=0,
-                          client_samples=cfg.client_samples, shard_classes=cfg.shard_classes)  # fmt: skip
+    part = make_partition(
+        data.y_train,
+        kind=cfg.partition,
+        num_clients=cfg.clients,
+        alpha=cfg.alpha,
+        seed=0,
+        client_samples=cfg.client_samples,
+        shard_classes=cfg.shard_classes,
+    )
     return Engine(cfg, data, part, torch.device("cpu"))
 
 

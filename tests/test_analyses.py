@@ -17,10 +17,24 @@ from incofl.fl.engine.run import Run
 from incofl.fl.stages.similarity import cka, cosine, gram
 from incofl.fl.stages.transforms import UpdateNoise
 
-SMALL = {"clients": 4, "ratio": 1.0, "models": ["resnet10", "resnet14"], "rounds": 2, "batch_size": 16,
-         "eval_every": 2, "eval_last": 0}  # fmt: skip
-ALL = {"cka_rounds": [1, 2], "gradient_rounds": [2], "tsne_rounds": [2], "probe_samples": 16,
-       "tsne_groups": [0, 1], "tsne_classes": [0, 1], "tsne_per_class": 4}  # fmt: skip
+SMALL = {
+    "clients": 4,
+    "ratio": 1.0,
+    "models": ["resnet10", "resnet14"],
+    "rounds": 2,
+    "batch_size": 16,
+    "eval_every": 2,
+    "eval_last": 0,
+}
+ALL = {
+    "cka_rounds": [1, 2],
+    "gradient_rounds": [2],
+    "tsne_rounds": [2],
+    "probe_samples": 16,
+    "tsne_groups": [0, 1],
+    "tsne_classes": [0, 1],
+    "tsne_per_class": 4,
+}
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +110,16 @@ def test_cka_rows_cover_every_pair_and_shared_probe_point(data):
         assert list(pair.layer) == shared
     assert rows.cka.between(0, 1 + 1e-9).all()
     resnet10 = rows[(rows.group_a == 0) & (rows.group_b == 0)]
-    assert set(resnet10.layer) == {"layer1", "layer1.0", "layer2", "layer2.0", "layer3", "layer3.0", "layer4",
-                                   "layer4.0"}  # fmt: skip
+    assert set(resnet10.layer) == {
+        "layer1",
+        "layer1.0",
+        "layer2",
+        "layer2.0",
+        "layer3",
+        "layer3.0",
+        "layer4",
+        "layer4.0",
+    }
 
 
 @pytest.mark.slow
@@ -215,9 +237,14 @@ def test_study_points_and_their_runs():
     from incofl.config import ExperimentConfig
     from incofl.studies import study_points, study_run
 
-    exp = ExperimentConfig(datasets=["cifar10"], alphas=[0.5], methods=["FedAvg", "InCoAvg"], batch_size=64,
-                           robustness={"methods": ["InCoAvg"], "batch_sizes": [16, 64], "noise": [0.0, 0.5]},
-                           case_study={"families": {"resnet": {"clients": 10}}, "alpha": 1.0})  # fmt: skip
+    exp = ExperimentConfig(
+        datasets=["cifar10"],
+        alphas=[0.5],
+        methods=["FedAvg", "InCoAvg"],
+        batch_size=64,
+        robustness={"methods": ["InCoAvg"], "batch_sizes": [16, 64], "noise": [0.0, 0.5]},
+        case_study={"families": {"resnet": {"clients": 10}}, "alpha": 1.0},
+    )
     points = study_points(exp)
     # (64, no noise) is on both axes but one run
     assert points["robustness"] == [f"cifar10/a0.5/InCoAvg/{p}" for p in ("b16-n0.0", "b64-n0.0", "b64-n0.5")]

@@ -31,10 +31,22 @@ STAGES = ["layer1", "layer2"]
 def _run(root: Path, method: str, seed: int, config: dict | None = None, **files: pd.DataFrame) -> Path:
     folder = root / "cifar10" / "a0.5" / method / f"s{seed}"
     folder.mkdir(parents=True)
-    summary = {"method": method, "dataset": "cifar10", "alpha": 0.5, "seed": seed, "status": "completed",
-               "final_acc": 10.0 * seed + len(method), "group_final_acc": [10.0 + seed, 20.0 + seed],
-               "config": {"batch_size": 64, "update_noise": 0.0, "partition": "dirichlet",
-                          "models": ["resnet10", "resnet14"], **(config or {})}}  # fmt: skip
+    summary = {
+        "method": method,
+        "dataset": "cifar10",
+        "alpha": 0.5,
+        "seed": seed,
+        "status": "completed",
+        "final_acc": 10.0 * seed + len(method),
+        "group_final_acc": [10.0 + seed, 20.0 + seed],
+        "config": {
+            "batch_size": 64,
+            "update_noise": 0.0,
+            "partition": "dirichlet",
+            "models": ["resnet10", "resnet14"],
+            **(config or {}),
+        },
+    }
     (folder / "summary.json").write_text(json.dumps(summary))
     pd.DataFrame({"round": [5, 10], "mean_acc": [10.0, 20.0]}).to_csv(folder / "metrics.csv", index=False)
     for name, table in files.items():
@@ -48,24 +60,54 @@ def _cka(values: dict[str, list[float]]) -> pd.DataFrame:
     rows = []
     for stage, (a, b, c) in values.items():
         for (ca, cb, gb), v in zip([(0, 1, 0), (0, 2, 1), (1, 2, 1)], (a, b, c), strict=True):
-            rows.append({"round": 10, "client_a": ca, "client_b": cb, "group_a": 0, "group_b": gb, "layer": stage,
-                         "kind": "stage", "cka": v, "cka_debiased": v})  # fmt: skip
+            rows.append(
+                {
+                    "round": 10,
+                    "client_a": ca,
+                    "client_b": cb,
+                    "group_a": 0,
+                    "group_b": gb,
+                    "layer": stage,
+                    "kind": "stage",
+                    "cka": v,
+                    "cka_debiased": v,
+                }
+            )
         rows.append({**rows[-1], "round": 5, "cka": 0.0})
     return pd.DataFrame(rows)
 
 
 def _similarity() -> pd.DataFrame:
-    return pd.DataFrame({"round": 10, "client_a": [0, 0], "client_b": [1, 2], "group_a": 0, "group_b": [0, 1],
-                         "layer": "conv1.weight", "cosine": [0.5, 0.1]})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "round": 10,
+            "client_a": [0, 0],
+            "client_b": [1, 2],
+            "group_a": 0,
+            "group_b": [0, 1],
+            "layer": "conv1.weight",
+            "cosine": [0.5, 0.1],
+        }
+    )
 
 
 @pytest.mark.slow
 def test_cka_table_averages_pairs_then_seeds(tmp_path):
     runs = tmp_path / "runs"
-    _run(runs, "InCoAvg", 0, cka=_cka({"layer1": [0.9, 0.6, 0.3], "layer2": [0.6, 0.3, 0.0]}),
-         update_similarity=_similarity())  # fmt: skip
-    _run(runs, "InCoAvg", 1, cka=_cka({"layer1": [0.8, 0.8, 0.8], "layer2": [0.4, 0.4, 0.4]}),
-         update_similarity=_similarity())  # fmt: skip
+    _run(
+        runs,
+        "InCoAvg",
+        0,
+        cka=_cka({"layer1": [0.9, 0.6, 0.3], "layer2": [0.6, 0.3, 0.0]}),
+        update_similarity=_similarity(),
+    )
+    _run(
+        runs,
+        "InCoAvg",
+        1,
+        cka=_cka({"layer1": [0.8, 0.8, 0.8], "layer2": [0.4, 0.4, 0.4]}),
+        update_similarity=_similarity(),
+    )
     assert run(["analysis", "cka", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "cka.md").read_text()
     # layer1: seed means 0.6 and 0.8 -> 0.700 ± 0.141; layer2: 0.3 and 0.4; first - last: 0.3 and 0.4
@@ -79,9 +121,19 @@ def test_cka_table_averages_pairs_then_seeds(tmp_path):
 
 def test_table3_puts_the_paper_beside_the_share_of_layers_11_and_13(tmp_path):
     targets = [f"t{k}" for k in range(1, 17)]
-    inco = pd.DataFrame([{"round": r, "layer": t, "theta": 1.0, "beta": 0.0,
-                          "beta_pos": 0.9 if t == "t11" else 0.6 if t == "t13" else 0.5}
-                         for r in (1, 2) for t in targets])  # fmt: skip
+    inco = pd.DataFrame(
+        [
+            {
+                "round": r,
+                "layer": t,
+                "theta": 1.0,
+                "beta": 0.0,
+                "beta_pos": 0.9 if t == "t11" else 0.6 if t == "t13" else 0.5,
+            }
+            for r in (1, 2)
+            for t in targets
+        ]
+    )
     runs = tmp_path / "runs"
     _run(runs, "InCoAvg", 0, inco=inco)
     _run(runs, "InCoAvg-noOpt", 0, inco=inco.assign(beta_pos=0.5))
@@ -116,17 +168,24 @@ def test_robustness_reads_batch_and_noise_from_each_run(tmp_path):
 
 def test_case_study_settings_and_the_paper_beside(tmp_path):
     assert case_setting({"models": ["resnet26"], "partition": "iid"}) == ("ResNet", "IID", "homogeneous")
-    assert case_setting({"models": ["vit_d8", "vit_d9"], "partition": "dirichlet"}) == ("ViT", "non-IID",
-                                                                                       "heterogeneous")  # fmt: skip
+    assert case_setting({"models": ["vit_d8", "vit_d9"], "partition": "dirichlet"}) == (
+        "ViT",
+        "non-IID",
+        "heterogeneous",
+    )
     runs = tmp_path / "runs"
     _run(runs, "HeteroAvg", 0, {"models": ["resnet26"], "partition": "iid"})
     assert run(["analysis", "case_study", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
-    rows = [[c.strip() for c in line.strip("|").split("|")]
-            for line in (tmp_path / "out" / "table1.md").read_text().splitlines()[-2:]]  # fmt: skip
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in (tmp_path / "out" / "table1.md").read_text().splitlines()[-2:]
+    ]
     # final_acc 10 * 0 + len("HeteroAvg"); the heterogeneous cell has no run and the paper no number;
     # the non-IID row is there for the paper's numbers even without a run of ours
-    assert rows == [["CIFAR10", "ResNet", "IID", "9.0", "81.0", "–", "n/a"],
-                    ["CIFAR10", "ResNet", "non-IID", "–", "62.3", "–", "52.3"]]  # fmt: skip
+    assert rows == [
+        ["CIFAR10", "ResNet", "IID", "9.0", "81.0", "–", "n/a"],
+        ["CIFAR10", "ResNet", "non-IID", "–", "62.3", "–", "52.3"],
+    ]
     assert pd.read_csv(tmp_path / "out" / "table1.csv")["count"].tolist() == [1]
 
 
@@ -143,9 +202,19 @@ def _map(by_class: bool, seed: int = 0) -> pd.DataFrame:
     """Three clients (3 in group 0, 7 and 9 in group 1) x two classes x 20 points of a t-SNE map:
     tight clusters, one per class (every client's points of a class together) or one per client."""
     rng = np.random.default_rng(seed)
-    rows = [{"round": 10, "client": client, "group": int(client > 5), "label": label,
-             "x": 10.0 * (label if by_class else client) + rng.normal(0, 0.1), "y": rng.normal(0, 0.1)}
-            for client in (3, 7, 9) for label in (0, 1) for _ in range(20)]  # fmt: skip
+    rows = [
+        {
+            "round": 10,
+            "client": client,
+            "group": int(client > 5),
+            "label": label,
+            "x": 10.0 * (label if by_class else client) + rng.normal(0, 0.1),
+            "y": rng.normal(0, 0.1),
+        }
+        for client in (3, 7, 9)
+        for label in (0, 1)
+        for _ in range(20)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -162,8 +231,9 @@ def test_tsne_separation_of_a_one_client_map_is_nan_by_client():
 
 
 def test_tsne_legend_names_each_clients_model_and_each_class():
-    fig = tsne_figure(_map(by_class=True).assign(method="InCoAvg", seed=0), ["InCoAvg"],
-                      {("InCoAvg", 0): ["ResNet10", "ResNet14"]})  # fmt: skip
+    fig = tsne_figure(
+        _map(by_class=True).assign(method="InCoAvg", seed=0), ["InCoAvg"], {("InCoAvg", 0): ["ResNet10", "ResNet14"]}
+    )
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert legend == ["client 3 (ResNet10)", "client 7 (ResNet14)", "client 9 (ResNet14)", "class 0", "class 1"]
 
@@ -174,8 +244,11 @@ def test_tsne_table_is_the_seed_mean_of_each_runs_separation(tmp_path):
     _run(runs, "InCoAvg", 0, tsne=_map(by_class=True, seed=0))
     _run(runs, "InCoAvg", 1, tsne=_map(by_class=True, seed=1))
     assert run(["analysis", "tsne", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
-    rows = {line.split("|")[1].strip(): line.split("|")[2:5] for line in
-            (tmp_path / "out" / "tsne.md").read_text().splitlines() if line.startswith("| ")}  # fmt: skip
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2:5]
+        for line in (tmp_path / "out" / "tsne.md").read_text().splitlines()
+        if line.startswith("| ")
+    }
     expected = np.mean([separation(_map(True, seed))["class"] for seed in (0, 1)])
     assert rows["InCoAvg"][0].strip() == "2" and rows["InCoAvg"][1].strip().startswith(f"{expected:.3f} ± ")
     assert float(rows["FedAvg"][2]) > 0.9  # one seed: no std
@@ -193,16 +266,32 @@ def test_a_missing_file_is_one_line_and_exit_2(tmp_path, capsys):
 def test_probe_points_are_in_network_order_whatever_the_rows_order():
     # client 0 (ResNet26, group 4) before client 1 (ResNet10, group 0): the first pair lists only the
     # blocks both have, the deeper model's own blocks come later in the file
-    rows = pd.DataFrame({"group_a": [4, 4, 4, 4, 4], "layer": ["layer1.0", "layer2.0", "layer1.1", "layer2.1",
-                                                              "layer1.10"]})  # fmt: skip
+    rows = pd.DataFrame(
+        {"group_a": [4, 4, 4, 4, 4], "layer": ["layer1.0", "layer2.0", "layer1.1", "layer2.1", "layer1.10"]}
+    )
     assert layer_order(rows) == ["layer1.0", "layer1.1", "layer1.10", "layer2.0", "layer2.1"]
     assert layer_order(pd.DataFrame({"layer": ["blocks.10", "blocks.2", "blocks.0"]})) == [
-        "blocks.0", "blocks.2", "blocks.10"]  # fmt: skip
+        "blocks.0",
+        "blocks.2",
+        "blocks.10",
+    ]
 
 
 def test_a_vit_without_stage_outputs_is_compared_at_its_blocks(tmp_path, capsys):
-    rows = [{"round": 10, "client_a": 0, "client_b": 1, "group_a": 0, "group_b": 0, "layer": f"blocks.{i}",
-             "kind": "block", "cka": 1.0 - i / 20, "cka_debiased": 0.0} for i in range(12)]  # fmt: skip
+    rows = [
+        {
+            "round": 10,
+            "client_a": 0,
+            "client_b": 1,
+            "group_a": 0,
+            "group_b": 0,
+            "layer": f"blocks.{i}",
+            "kind": "block",
+            "cka": 1.0 - i / 20,
+            "cka_debiased": 0.0,
+        }
+        for i in range(12)
+    ]
     runs = tmp_path / "runs"
     _run(runs, "FedAvg", 0, {"models": ["vit_d12"]}, cka=pd.DataFrame(rows))  # and no update_similarity.csv
     assert run(["analysis", "cka", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
@@ -282,8 +371,14 @@ def test_cka_heatmaps_name_each_clients_model_and_show_the_colour_scale():
 
 
 def test_theta_panels_number_the_target_layers_on_a_colourbar():
-    inco = pd.DataFrame([{"method": m, "seed": 0, "round": r, "layer": f"t{k}", "theta": 1.0, "beta_pos": 0.5}
-                         for m in ("InCoAvg", "InCoAvg-noOpt") for r in (1, 2) for k in range(1, 17)])  # fmt: skip
+    inco = pd.DataFrame(
+        [
+            {"method": m, "seed": 0, "round": r, "layer": f"t{k}", "theta": 1.0, "beta_pos": 0.5}
+            for m in ("InCoAvg", "InCoAvg-noOpt")
+            for r in (1, 2)
+            for k in range(1, 17)
+        ]
+    )
     fig = theta_beta_figure(inco, ["InCoAvg", "InCoAvg-noOpt"], (11, 13))
     bars = _colourbars(fig)
     assert len(bars) == 2 and all("target layer" in b.get_ylabel() for b in bars)
@@ -294,10 +389,23 @@ def test_theta_panels_number_the_target_layers_on_a_colourbar():
 
 def test_update_histograms_have_a_log_density_axis_and_few_x_ticks():
     edges = np.linspace(-0.004, 0.004, 41)
-    hist = pd.DataFrame([{"method": "InCoAvg", "seed": 0, "round": 10, "layer": layer, "which": which,
-                          "bin_left": lo, "bin_right": hi, "count": int(1000 * np.exp(-abs(lo) * 2000))}
-                         for layer in ("conv1.weight", "layer4.2.conv2.weight") for which in ("aggregated", "applied")
-                         for lo, hi in zip(edges[:-1], edges[1:], strict=True)])  # fmt: skip
+    hist = pd.DataFrame(
+        [
+            {
+                "method": "InCoAvg",
+                "seed": 0,
+                "round": 10,
+                "layer": layer,
+                "which": which,
+                "bin_left": lo,
+                "bin_right": hi,
+                "count": int(1000 * np.exp(-abs(lo) * 2000)),
+            }
+            for layer in ("conv1.weight", "layer4.2.conv2.weight")
+            for which in ("aggregated", "applied")
+            for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+        ]
+    )
     fig = gradients_figure(hist, ["InCoAvg"])
     for ax in fig.axes:
         assert ax.get_yscale() == "log"

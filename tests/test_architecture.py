@@ -19,8 +19,20 @@ GENERIC = sorted([*FL.glob("engine/*.py"), *FL.glob("stages/*.py"), FL / "contra
 # "Local" (local training only) is also the generic word for a client's own training.
 _METHODS = {name.lower().replace("-", "") for name in METHODS} - {"local"}
 # the families' stems, as they appear inside longer names (InCoStep, FedRolex, RolexMean, ...)
-_STEMS = {"inco", "fedavg", "prox", "scaffold", "nova", "moon", "heterofl", "rolex", "scalefl", "fedpart", "fedlag",
-          "fedper"}  # fmt: skip
+_STEMS = {
+    "inco",
+    "fedavg",
+    "prox",
+    "scaffold",
+    "nova",
+    "moon",
+    "heterofl",
+    "rolex",
+    "scalefl",
+    "fedpart",
+    "fedlag",
+    "fedper",
+}
 FORBIDDEN = sorted(_METHODS | _STEMS | {m.replace("_", "") for m in MODELS} | set(FAMILIES))
 
 
@@ -51,8 +63,11 @@ def named(token: str) -> list[str]:
 
 @pytest.mark.parametrize("path", GENERIC, ids=lambda p: str(p.relative_to(FL)))
 def test_the_engine_and_the_stages_name_no_method_family_or_model(path):
-    hits = [f"{path.name}:{line}: {token} ({', '.join(names)})"
-            for line, token in code_tokens(path.read_text()) if (names := named(token))]  # fmt: skip
+    hits = [
+        f"{path.name}:{line}: {token} ({', '.join(names)})"
+        for line, token in code_tokens(path.read_text())
+        if (names := named(token))
+    ]
     assert hits == []
 
 

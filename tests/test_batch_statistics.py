@@ -45,9 +45,14 @@ def test_a_batch_statistics_model_is_scored_on_mixed_batches():
 
 @pytest.mark.parametrize(
     ("name", "kwargs", "batch"),
-    [("resnet110", {}, True), ("preresnet18", {}, True), ("preresnet18", {"track_stats": True}, False),
-     ("resnet18", {}, False), ("resnet10", {}, False)],
-)  # fmt: skip
+    [
+        ("resnet110", {}, True),
+        ("preresnet18", {}, True),
+        ("preresnet18", {"track_stats": True}, False),
+        ("resnet18", {}, False),
+        ("resnet10", {}, False),
+    ],
+)
 def test_only_models_without_running_statistics_are_scored_in_the_mixed_order(name, kwargs, batch):
     assert batch_statistics(build_model(name, 10, 3, scale=0.25, **kwargs)) is batch
 

@@ -65,7 +65,12 @@ def assert_same_updates(serial, batched):
     assert len({u.steps for u in serial}) > 1  # clients with different numbers of steps
     for u, v in zip(serial, batched, strict=True):
         assert (u.group, u.steps, u.num_samples, u.full, u.upload_params) == (
-            v.group, v.steps, v.num_samples, v.full, v.upload_params)  # fmt: skip
+            v.group,
+            v.steps,
+            v.num_samples,
+            v.full,
+            v.upload_params,
+        )
         assert u.loss == pytest.approx(v.loss, rel=1e-6)
         for mine, theirs in ((u.delta, v.delta), (u.kept, v.kept), *((u.extra[k], v.extra[k]) for k in u.extra)):
             assert mine.keys() == theirs.keys()

@@ -19,8 +19,12 @@ def test_cpu_bench_names_its_device_and_measures_every_path():
     result = benchmark(**SMALL)
     assert result["device"] == "cpu" and result["device_name"]
     # bf16 autocast only on a GPU; the serial trainer also with the analyses idle and probing
-    assert set(result["paths"]) == {"serial_fp32", "batched_fp32", "serial_fp32_analyses-idle",
-                                    "serial_fp32_analyses-probing"}  # fmt: skip
+    assert set(result["paths"]) == {
+        "serial_fp32",
+        "batched_fp32",
+        "serial_fp32_analyses-idle",
+        "serial_fp32_analyses-probing",
+    }
     plain = result["plain"]["samples_per_s"]
     for path in result["paths"].values():
         assert path["samples_per_s"] > 0 and path["ratio"] == pytest.approx(path["samples_per_s"] / plain, rel=1e-2)
@@ -44,8 +48,12 @@ def test_peak_flops_know_the_gpus_and_not_a_cpu():
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_without_a_gpu_is_one_line_and_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "incofl.cli", "bench", "--device", "cuda", "--json"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "incofl.cli", "bench", "--device", "cuda", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == (
         "incofl bench: error: device: cuda, but this machine has no CUDA device (device: auto uses the CPU then)"
@@ -60,13 +68,21 @@ def test_the_work_said_before_a_run_is_what_it_trains():
 
     from incofl.fl.engine.estimate import Work
 
-    engine = engine_on(small_synthetic(120), clients=4, ratio=0.5, models=["resnet10", "resnet14"], rounds=3,
-                       batch_size=16, local_epochs=2)  # fmt: skip
+    engine = engine_on(
+        small_synthetic(120),
+        clients=4,
+        ratio=0.5,
+        models=["resnet10", "resnet14"],
+        rounds=3,
+        batch_size=16,
+        local_epochs=2,
+    )
     work = Work(engine, 1)  # a run resumed after round 1
     trained = [engine.run_round(t).samples for t in range(engine.cfg.rounds)]
     assert work.round_passes == trained[1:] and work.passes == sum(trained[1:])
     smallest, largest = (training_flops(m.eval(), *engine.train_data.batch(torch.arange(2))) for m in engine.models)
     assert smallest < largest == work.largest
     assert smallest * work.passes <= work.flops <= largest * work.passes
-    assert work.time_line(2.0).endswith(f"about {2.0 * trained[2] / trained[1]:.0f} s for the remaining rounds "
-                                        "at the first round's speed")  # fmt: skip
+    assert work.time_line(2.0).endswith(
+        f"about {2.0 * trained[2] / trained[1]:.0f} s for the remaining rounds at the first round's speed"
+    )

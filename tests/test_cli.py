@@ -74,9 +74,18 @@ def _run_dir(root: Path, method: str, seed: int, acc: float) -> Path:
     """A finished run as the engine writes it (the fields the reports read)."""
     run_dir = root / "cifar10" / "a0.5" / method / f"s{seed}"
     run_dir.mkdir(parents=True)
-    summary = {"method": method, "dataset": "cifar10", "alpha": 0.5, "seed": seed, "rounds": 2, "final_acc": acc,
-               "best_acc": acc, "last10_acc": acc, "group_final_acc": [acc] * 5,
-               "config": {"method": method, "method_args": {}, "models": list(RESNETS)}}  # fmt: skip
+    summary = {
+        "method": method,
+        "dataset": "cifar10",
+        "alpha": 0.5,
+        "seed": seed,
+        "rounds": 2,
+        "final_acc": acc,
+        "best_acc": acc,
+        "last10_acc": acc,
+        "group_final_acc": [acc] * 5,
+        "config": {"method": method, "method_args": {}, "models": list(RESNETS)},
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary))
     (run_dir / "metrics.csv").write_text(f"round,mean_acc,mean_loss\n1,{acc / 2},2.0\n2,{acc},1.0\n")
     return run_dir
@@ -165,8 +174,14 @@ def test_out_is_an_output_folder_in_every_report_command(reports, tmp_path, caps
     assert not (tmp_path / "table.md").exists()
     assert run(_report_argv(command, config, runs, tmp_path / "out")) == 0
     written = {p.name for p in (tmp_path / "out").iterdir()}
-    expected = {"table": "table2.md", "figures": "ablation.pdf", "paired": "paired-InCoAvg-vs-FedAvg.md",
-                "metrics": "metrics.json", "fedpart": "fedpart.md", "analysis": "groups.md"}  # fmt: skip
+    expected = {
+        "table": "table2.md",
+        "figures": "ablation.pdf",
+        "paired": "paired-InCoAvg-vs-FedAvg.md",
+        "metrics": "metrics.json",
+        "fedpart": "fedpart.md",
+        "analysis": "groups.md",
+    }
     assert expected[command] in written, written
 
 

@@ -118,8 +118,15 @@ def data():
     return small_synthetic(160, 32)
 
 
-TINY = {"models": ["resnet10", "resnet14"], "model_scale": 0.125, "clients": 4, "ratio": 0.5, "rounds": 2,
-        "batch_size": 20, "eval_every": 3}  # fmt: skip
+TINY = {
+    "models": ["resnet10", "resnet14"],
+    "model_scale": 0.125,
+    "clients": 4,
+    "ratio": 0.5,
+    "rounds": 2,
+    "batch_size": 20,
+    "eval_every": 3,
+}
 
 
 def _fingerprints(engine) -> tuple[str, dict]:
@@ -150,8 +157,9 @@ def test_a_tiny_budget_computes_what_unlimited_memory_does(data, method, setting
 def test_resumed_run_with_spilled_state_equals_uninterrupted(tmp_path, data, monkeypatch):
     """Killed after its round-2 checkpoint with every c_i on disk (ckpt.pt and clientstate/
     copied then), resumed, it ends as the straight run; the finished run removes clientstate/."""
-    cfg = RunConfig(**{**QUIET, **TINY, "method": "SCAFFOLD", "rounds": 3, "checkpoint_every": 1,
-                       "client_memory_mb": 0})  # fmt: skip
+    cfg = RunConfig(
+        **{**QUIET, **TINY, "method": "SCAFFOLD", "rounds": 3, "checkpoint_every": 1, "client_memory_mb": 0}
+    )
     save = checkpoint.save
 
     def keep_round_two(path, payload):

@@ -80,8 +80,14 @@ def test_layers_are_the_releases():
     model = build_model("cnn20", 10, 3)
     assert list(model.state_dict()) == RELEASE_NAMES  # parameters only: no BN buffers
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
-    assert [(c.in_channels, c.out_channels) for c in convs] == [(3, 32), (32, 32), (32, 64), (64, 64), (64, 128),
-                                                                (128, 128)]  # fmt: skip
+    assert [(c.in_channels, c.out_channels) for c in convs] == [
+        (3, 32),
+        (32, 32),
+        (32, 64),
+        (64, 64),
+        (64, 128),
+        (128, 128),
+    ]
     assert all(c.kernel_size == (3, 3) and c.padding == (1, 1) and c.stride == (1, 1) for c in convs)
     for block in (model.conv1, model.conv2, model.conv3):
         assert [type(m) for m in block] == [nn.Conv2d, nn.ReLU, nn.Conv2d, nn.ReLU, nn.MaxPool2d]
@@ -130,8 +136,11 @@ def test_moon_interface():
     assert moon.embed(x).shape == (4, 256) and moon.features(x).shape == (4, 512)
     assert (moon.fc.in_features, moon.fc.out_features) == (256, 10)
     assert [k for k in moon.state_dict() if k.startswith("proj.")] == [
-        "proj.0.weight", "proj.0.bias", "proj.2.weight", "proj.2.bias"
-    ]  # fmt: skip
+        "proj.0.weight",
+        "proj.0.bias",
+        "proj.2.weight",
+        "proj.2.bias",
+    ]
     plain = build_model("cnn20", 10, 3, projection_dim=0).eval()
     assert plain.proj is None and torch.equal(plain.embed(x), plain.features(x))
     assert torch.equal(plain(x), plain.classify(plain.features(x)))

@@ -20,8 +20,12 @@ from incofl.report.compare import compare, read_runs, tolerance, welch_interval
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = {"rounds": 16, "clients": 20, "model_scale": 0.5, "threads": 1, "cache_dir": "resources/data"}
 # committed final accuracies per (alpha, method), three seeds each
-COMMITTED = {(0.5, "FedAvg"): [37.0, 35.0, 40.0], (0.5, "InCoAvg"): [66.0, 71.0, 64.0],
-             (1.0, "FedAvg"): [50.0, 42.0, 46.0], (1.0, "InCoAvg"): [72.0, 72.0, 53.0]}  # fmt: skip
+COMMITTED = {
+    (0.5, "FedAvg"): [37.0, 35.0, 40.0],
+    (0.5, "InCoAvg"): [66.0, 71.0, 64.0],
+    (1.0, "FedAvg"): [50.0, 42.0, 46.0],
+    (1.0, "InCoAvg"): [72.0, 72.0, 53.0],
+}
 
 
 def write_runs(root: Path, accs: dict, **settings) -> Path:
@@ -30,8 +34,16 @@ def write_runs(root: Path, accs: dict, **settings) -> Path:
             folder = root / "digits" / f"a{alpha}" / method / f"s{seed}"
             folder.mkdir(parents=True)
             config = {**SETTINGS, **settings, "seed": seed}
-            summary = {"method": method, "dataset": "digits", "alpha": alpha, "seed": seed, "status": "completed",
-                       "final_acc": acc, "best_acc": acc + 1, "config": config}  # fmt: skip
+            summary = {
+                "method": method,
+                "dataset": "digits",
+                "alpha": alpha,
+                "seed": seed,
+                "status": "completed",
+                "final_acc": acc,
+                "best_acc": acc + 1,
+                "config": config,
+            }
             (folder / "summary.json").write_text(json.dumps(summary))
     return root
 
@@ -49,8 +61,13 @@ def test_welch_interval_is_scipys():
 
 
 def test_tolerance_is_the_bonferroni_pooled_t_threshold():
-    committed = pd.DataFrame([{"dataset": "digits", "alpha": a, "method": m, "seed": s, "final_acc": v}
-                              for (a, m), vs in COMMITTED.items() for s, v in enumerate(vs)])  # fmt: skip
+    committed = pd.DataFrame(
+        [
+            {"dataset": "digits", "alpha": a, "method": m, "seed": s, "final_acc": v}
+            for (a, m), vs in COMMITTED.items()
+            for s, v in enumerate(vs)
+        ]
+    )
     pooled = np.mean([np.var(v, ddof=1) for v in COMMITTED.values()])  # equal seeds: the mean variance
     expected = stats.t.ppf(1 - 0.025 / 4, 4 * 2) * math.sqrt(pooled * (1 / 3 + 1 / 3))
     assert tolerance(committed, "final_acc", cells=4, n_rerun=3) == pytest.approx(expected)
@@ -95,12 +112,14 @@ def test_a_cell_missing_on_one_side_is_not_reproduced(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("make_rerun", "message"),
     [
-        (lambda root: write_runs(root, COMMITTED, rounds=30), "the rerun was trained with rounds=30, the committed "
-         "runs with rounds=16: not the same experiment"),
+        (
+            lambda root: write_runs(root, COMMITTED, rounds=30),
+            "the rerun was trained with rounds=30, the committed runs with rounds=16: not the same experiment",
+        ),
         (lambda root: write_runs(root, {(0.1, "FedAvg"): [1.0]}), "no cell (dataset, alpha, method) in common"),
         (lambda root: root, "no runs (summary.json) found under"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, make_rerun, message):
     committed = write_runs(tmp_path / "committed", COMMITTED)
     (tmp_path / "rerun").mkdir()
@@ -116,7 +135,11 @@ def test_a_bad_tolerance_is_refused(tmp_path, capsys):
 
 
 def test_make_run_ends_with_the_verdict():
-    recipe = subprocess.run(["make", "-C", str(REPO), "-n", "--no-print-directory", "run", "-o", "bin/.installed",
-                             "BIN=bin", "RUN_DIR=rr"],
-                            capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()  # fmt: skip
+    recipe = subprocess.run(
+        ["make", "-C", str(REPO), "-n", "--no-print-directory", "run", "-o", "bin/.installed", "BIN=bin", "RUN_DIR=rr"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
     assert recipe[-1] == "bin/incofl compare rr/results/runs results/runs || [ $? -eq 1 ]"

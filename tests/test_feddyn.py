@@ -21,8 +21,15 @@ from incofl.fl.stages.client import ClientRunner
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.registry import METHODS
 
-SMALL = {"clients": 4, "ratio": 0.5, "models": ["resnet10", "resnet14"], "model_scale": 0.25, "batch_size": 16,
-         "optimizer": "sgd", "lr": 0.05}  # fmt: skip
+SMALL = {
+    "clients": 4,
+    "ratio": 0.5,
+    "models": ["resnet10", "resnet14"],
+    "model_scale": 0.25,
+    "batch_size": 16,
+    "optimizer": "sgd",
+    "lr": 0.05,
+}
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +119,9 @@ def test_tiny_alpha_leaves_fedavgs_local_step_and_the_server_applies_1_plus_p_ov
     for round_ in range(2):
         for plan in dyn.plan(round_):
             start = dyn.sub_state(plan.group)
-            ours, theirs, far = (e.client.trainer.train_client(round_, plan, start, e.objective)
-                                 for e in (dyn, avg, real))  # fmt: skip
+            ours, theirs, far = (
+                e.client.trainer.train_client(round_, plan, start, e.objective) for e in (dyn, avg, real)
+            )
             assert _deltas_close(ours.delta, theirs.delta, rtol=1e-4, atol=1e-7)
             assert not _deltas_close(far.delta, theirs.delta, rtol=1e-4, atol=1e-7)
         if round_ == 0:

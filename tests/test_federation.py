@@ -20,8 +20,15 @@ from incofl.fl.contracts import ClientPlan, ClientUpdate, View  # noqa: E402
 
 # width models: colour images (digits are grey), batch BN at evaluation (static gathers it from every client's data)
 # and 48 images a client (iid draws) to keep the deep resnet110 fast
-WIDTH = {"datasets": ["synthetic"], "models": ["preresnet18"], "model_scale": 0.25, "width_rates": [1.0, 0.5],
-         "eval_bn": "batch", "partition": "iid_draw", "client_samples": 48}  # fmt: skip
+WIDTH = {
+    "datasets": ["synthetic"],
+    "models": ["preresnet18"],
+    "model_scale": 0.25,
+    "width_rates": [1.0, 0.5],
+    "eval_bn": "batch",
+    "partition": "iid_draw",
+    "client_samples": 48,
+}
 # One method of each family, with the settings it needs; digits, 4 clients, 2 rounds.
 FAMILIES = {
     "InCoAvg": {},
@@ -41,8 +48,9 @@ def test_codec_round_trip_is_exact():
     gen = torch.Generator().manual_seed(0)
     start = {"w": torch.randn(3, 4, generator=gen), "n": torch.tensor(7)}
     index = {"w": (torch.tensor([0, 2]), None), "n": ()}
-    plan = ClientPlan(3, 1, 0, 4, trainable=frozenset({"w"}), keep=frozenset({"n"}), last_grad=True,
-                      view=View(1, index, 0.25))  # fmt: skip
+    plan = ClientPlan(
+        3, 1, 0, 4, trainable=frozenset({"w"}), keep=frozenset({"n"}), last_grad=True, view=View(1, index, 0.25)
+    )
     round_, back, got, broadcast = read_train(train_content(5, plan, start, {"c": start["w"] * 2}), "cpu")
     assert round_ == 5 and (back.client, back.group, back.federation, back.federation_size) == (3, 1, 0, 4)
     assert (back.trainable, back.upload, back.keep, back.last_grad) == ({"w"}, None, {"n"}, True)
@@ -50,8 +58,17 @@ def test_codec_round_trip_is_exact():
     assert torch.equal(back.view.index["w"][0], index["w"][0]) and back.view.index["n"] == ()
     assert all(torch.equal(got[k], start[k]) and got[k].dtype == start[k].dtype for k in start)
     assert list(got) == list(start) and torch.equal(broadcast["c"], start["w"] * 2)
-    update = ClientUpdate(3, 1, {"w": start["w"] / 3}, 17, 5, extra={"last_grad": {"w": start["w"]}}, loss=0.5,
-                          upload_params=12, classes=torch.tensor([1, 4]))  # fmt: skip
+    update = ClientUpdate(
+        3,
+        1,
+        {"w": start["w"] / 3},
+        17,
+        5,
+        extra={"last_grad": {"w": start["w"]}},
+        loss=0.5,
+        upload_params=12,
+        classes=torch.tensor([1, 4]),
+    )
     decoded, kept = read_update(update_content(update, "abc"), "cpu")
     assert kept == "abc" and torch.equal(decoded.delta["w"], update.delta["w"])
     assert torch.equal(decoded.extra["last_grad"]["w"], start["w"]) and torch.equal(decoded.classes, update.classes)
@@ -71,9 +88,13 @@ def test_flower_path_equals_the_simulator(tmp_path, method):
 def test_unsupported_configs_are_refused_by_name(tmp_path):
     from incofl.federation.server import check_federated
 
-    refused = [({"method": "FedLAG", "holdout": 0.2}, "keeps"), ({"method": "FedPer", "holdout": 0.2}, "keeps"),
-               ({"holdout": 0.2}, "holdout"), ({"bn_stats": "local"}, "bn_stats"),
-               ({"method": "HeteroFL", "models": ["preresnet18"]}, "eval_bn")]  # fmt: skip
+    refused = [
+        ({"method": "FedLAG", "holdout": 0.2}, "keeps"),
+        ({"method": "FedPer", "holdout": 0.2}, "keeps"),
+        ({"holdout": 0.2}, "holdout"),
+        ({"bn_stats": "local"}, "bn_stats"),
+        ({"method": "HeteroFL", "models": ["preresnet18"]}, "eval_bn"),
+    ]
     for settings, why in refused:
         settings = {"dataset": "digits", "method": "FedAvg", **settings}
         with pytest.raises(ConfigError, match=f"method {settings['method']} cannot run .*{why}"):
@@ -172,8 +193,9 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("change,why", [(_nan, "holds NaN or Inf"), (_reshaped, "has shape"),
-                                        (_impostor, "reply for client")])  # fmt: skip
+@pytest.mark.parametrize(
+    "change,why", [(_nan, "holds NaN or Inf"), (_reshaped, "has shape"), (_impostor, "reply for client")]
+)
 def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, change, why):
     """A reply with a NaN, a wrong shape or another client's id is never averaged in: logged by
     node and client; with allow-missing the run goes on without it and rounds.csv names it."""

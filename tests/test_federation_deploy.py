@@ -52,12 +52,16 @@ def _certificates(folder: Path) -> tuple[Path, Path, Path]:
     now = datetime.datetime.now(datetime.UTC)
 
     def certificate(subject: str, key, issuer: str, signer, ca: bool, sans: list | None = None):  # noqa: ANN001
-        builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))  # fmt: skip
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         return builder.sign(signer, hashes.SHA256())
@@ -69,8 +73,9 @@ def _certificates(folder: Path) -> tuple[Path, Path, Path]:
     paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))  # fmt: skip
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return paths
 
 
@@ -81,10 +86,12 @@ def _node_key(folder: Path, client: int) -> tuple[Path, Path]:
 
     key = ec.generate_private_key(ec.SECP384R1())
     private, public = folder / f"node{client}", folder / f"node{client}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                          serialization.NoEncryption()))  # fmt: skip
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                     serialization.PublicFormat.OpenSSH))  # fmt: skip
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )
     return private, public
 
 
@@ -96,14 +103,21 @@ class Processes:
 
     def start(self, name: str, *args: str | Path) -> subprocess.Popen:
         log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen([str(a) for a in args], stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                cwd=self.folder, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [str(a) for a in args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.folder,
+            start_new_session=True,
+        )
         self.procs.append((proc, log))
         return proc
 
     def run(self, *args: str | Path, timeout: float = 60) -> str:
-        done = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=self.env, cwd=self.folder,
-                              timeout=timeout)  # fmt: skip
+        done = subprocess.run(
+            [str(a) for a in args], capture_output=True, text=True, env=self.env, cwd=self.folder, timeout=timeout
+        )
         assert done.returncode == 0, f"{args[:3]}: {done.stdout[-2000:]} {done.stderr[-2000:]}"
         return done.stdout
 
@@ -125,8 +139,12 @@ def processes(tmp_path):
     home = tmp_path / "flwr-home"
     home.mkdir()
     # Flower starts its own helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH
-    env = {**os.environ, "FLWR_HOME": str(home), "PYTHONPATH": str(REPO / "src"),
-           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PYTHONPATH": str(REPO / "src"),
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+    }
     procs = Processes(tmp_path, env)
     yield procs
     procs.stop()
@@ -150,8 +168,17 @@ def test_a_localhost_deployment_with_tls_and_node_authentication_equals_the_simu
     ca, cert, key = _certificates(tmp_path)
     link, *node_ports = _free_ports(1 + cfg.clients)  # the SuperLink's APIs share one port (HTTP, 1.42)
     tls = ["--ssl-ca-certfile", ca, "--ssl-certfile", cert, "--ssl-keyfile", key]
-    processes.start("superlink", BIN / "flower-superlink", *tls, "--enable-supernode-auth",
-                    "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", link)  # fmt: skip
+    processes.start(
+        "superlink",
+        BIN / "flower-superlink",
+        *tls,
+        "--enable-supernode-auth",
+        "--disable-runtime-dependency-installation",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        link,
+    )
     (processes.folder / "flwr-home" / "config.toml").write_text(
         f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link}"\n'
         f'root-certificates = "{ca}"\n'
@@ -160,9 +187,20 @@ def test_a_localhost_deployment_with_tls_and_node_authentication_equals_the_simu
     for site, port in zip(sites, node_ports, strict=True):
         private, public = _node_key(tmp_path, int(site["client"]))
         processes.run(BIN / "flwr", "supernode", "register", public, "local")
-        processes.start(f"supernode{site['client']}", BIN / "flower-supernode", "--superlink", f"127.0.0.1:{link}",
-                        "--root-certificates", ca, "--auth-supernode-private-key", private, "--port", port,
-                        "--node-config", f"client={site['client']} data-path=\"{site['data-path']}\"")  # fmt: skip
+        processes.start(
+            f"supernode{site['client']}",
+            BIN / "flower-supernode",
+            "--superlink",
+            f"127.0.0.1:{link}",
+            "--root-certificates",
+            ca,
+            "--auth-supernode-private-key",
+            private,
+            "--port",
+            port,
+            "--node-config",
+            f'client={site["client"]} data-path="{site["data-path"]}"',
+        )
     out = tmp_path / "deployed"
     run_config = f'config="{config}" out="{out}" round-timeout=120 join-timeout=60'
     processes.run(BIN / "flwr", "run", REPO / "flower-app", "local", "--run-config", run_config, timeout=120)

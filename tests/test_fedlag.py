@@ -49,9 +49,11 @@ def _run(engine, rounds):
 
 
 def test_conflicts_count_pairs_below_xi_and_a_zero_vector_has_cosine_zero():
-    g = [{"a": torch.tensor([1.0, 0.0]), "b": torch.tensor([1.0, 1.0])},
-         {"a": torch.tensor([-1.0, 0.0]), "b": torch.tensor([2.0, 2.0])},
-         {"a": torch.tensor([0.0, 0.0]), "b": torch.tensor([3.0, 3.1])}]  # fmt: skip
+    g = [
+        {"a": torch.tensor([1.0, 0.0]), "b": torch.tensor([1.0, 1.0])},
+        {"a": torch.tensor([-1.0, 0.0]), "b": torch.tensor([2.0, 2.0])},
+        {"a": torch.tensor([0.0, 0.0]), "b": torch.tensor([3.0, 3.1])},
+    ]
     assert conflict_counts(g, ["a", "b"], 0.0).tolist() == [1, 0]  # only (1, 2): cos -1; the zero vector: 0, not < 0
     assert conflict_counts(g, ["a", "b"], 0.5).tolist() == [3, 0]  # cos 0 < 0.5 counts
     assert conflict_counts(g, ["a", "b"], -1.0).tolist() == [0, 0]  # strict: cos -1 is not < -1
@@ -180,9 +182,23 @@ def test_without_a_test_set_the_personal_accuracy_is_the_runs(data):
 @pytest.mark.slow
 def test_the_cli_writes_personal_layers_and_personal_accuracy(tmp_path):
     out = tmp_path / "run"
-    args = ["train", "--out", str(out), "--set", "dataset=digits", "method=FedLAG", "models=[resnet10]", "clients=4",
-            "ratio=1.0", "rounds=3", "holdout=0.25", "partition=iid", "threads=1", "progress=false",
-            f"cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    args = [
+        "train",
+        "--out",
+        str(out),
+        "--set",
+        "dataset=digits",
+        "method=FedLAG",
+        "models=[resnet10]",
+        "clients=4",
+        "ratio=1.0",
+        "rounds=3",
+        "holdout=0.25",
+        "partition=iid",
+        "threads=1",
+        "progress=false",
+        f"cache_dir={tmp_path / 'cache'}",
+    ]
     assert run(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["personal_layers"]) == 2 and summary["warmup_rounds"] == 2

@@ -332,8 +332,11 @@ def test_warmup_over_every_round_is_fedavg_bit_for_bit(data):
 def test_a_single_layer_group_is_fedavg_bit_for_bit(data, monkeypatch):
     def one_group(model):
         groups = layer_groups(model)
-        return [LayerGroup("all", frozenset().union(*(g.params for g in groups)),
-                           frozenset().union(*(g.stats for g in groups)))]  # fmt: skip
+        return [
+            LayerGroup(
+                "all", frozenset().union(*(g.params for g in groups)), frozenset().union(*(g.stats for g in groups))
+            )
+        ]
 
     monkeypatch.setattr(fedpart_module, "layer_groups", one_group)
     part = _run(_engine(data, "FedPart", method_args={"warmup": 0}), 3)
@@ -362,8 +365,9 @@ def test_heterogeneous_groups_train_their_counterparts(data):
     changed = [
         {k for k, v in s.items() if not torch.equal(v, b[k])} for s, b in zip(engine.states, before, strict=True)
     ]
-    assert changed[0] == {f"layer3.0.{n}" for n in ("conv1.weight", "bn1.weight", "bn1.bias", "bn1.running_mean",
-                                                    "bn1.running_var")}  # fmt: skip
+    assert changed[0] == {
+        f"layer3.0.{n}" for n in ("conv1.weight", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var")
+    }
     assert changed[1] == {k.replace("layer3.0", "layer3.1") for k in changed[0]}
 
 

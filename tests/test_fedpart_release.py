@@ -70,8 +70,9 @@ def test_release_setting_keys_are_validated(tmp_path, settings, message):
 
 def test_the_artifact_records_the_draw_size_and_refuses_another(data):
     cfg = RunConfig(**{**QUIET, **TINY, "method": "FedAvg"})
-    part = make_partition(data.y_train, kind="iid_draw", num_clients=4, alpha=cfg.alpha, seed=0, client_samples=24,
-                          dataset="synthetic")  # fmt: skip
+    part = make_partition(
+        data.y_train, kind="iid_draw", num_clients=4, alpha=cfg.alpha, seed=0, client_samples=24, dataset="synthetic"
+    )
     assert part.meta["client_samples"] == 24 and all(len(p) == 24 for p in part.parts)
     check_provenance(part, cfg, data.y_train, "p.npz")
     with pytest.raises(PartitionError, match="made for client_samples=24, this run has client_samples=32"):

@@ -165,8 +165,11 @@ GOLDEN = {
 def machine() -> str:
     """What decides the floating-point results of a CPU run besides the code."""
     info = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.exists() else [])
-             if line.startswith("model name")]  # fmt: skip
+    names = [
+        line.split(":", 1)[1].strip()
+        for line in (info.read_text().splitlines() if info.exists() else [])
+        if line.startswith("model name")
+    ]
     model = names[0] if names else platform.processor()
     model = re.sub(r"\s*@\s*[\d.]+\s*GHz$", "", model)  # the clock picks no kernel: same pins with and without
     return f"{model} | {torch.backends.cpu.get_cpu_capability()} | {torch.__version__}"

@@ -37,8 +37,9 @@ def _python(folder: Path, version: str) -> Path:
 
 
 def _make(project: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-C", str(project), "--no-print-directory", *args], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    return subprocess.run(
+        ["make", "-C", str(project), "--no-print-directory", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("version", ["3.12.1", "3.10.14"])

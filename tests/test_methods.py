@@ -347,8 +347,9 @@ def _client_session(engine, client):
     model = copy.deepcopy(engine.models[plan.group])
     model.load_state_dict(start)
     model.train()
-    ctx = ClientContext(client, plan.group, 1, model, start, 1e-3, federation=plan.federation,
-                        federation_size=plan.federation_size)  # fmt: skip
+    ctx = ClientContext(
+        client, plan.group, 1, model, start, 1e-3, federation=plan.federation, federation_size=plan.federation_size
+    )
     gen = torch.Generator().manual_seed(client)
     batches = list(client_batches(engine.train_data, engine.parts[client], 1, 32, gen))
     return engine.objective.session(ctx), torch.optim.Adam(model.parameters(), lr=1e-3), batches, start

@@ -57,11 +57,18 @@ def test_scalefl_runs_are_also_compared_on_the_mean_over_exits():
     """ScaleFL's summaries carry the release's statistic; other methods' do not, and get no row for it."""
     scalefl = pd.DataFrame(
         [
-            {"dataset": "cifar10", "alpha": 0.5, "seed": 0, "method": m, "final_acc": a, "last10_acc": a,
-             "final_exits_mean": e}
+            {
+                "dataset": "cifar10",
+                "alpha": 0.5,
+                "seed": 0,
+                "method": m,
+                "final_acc": a,
+                "last10_acc": a,
+                "final_exits_mean": e,
+            }
             for m, a, e in (("InCoScaleFL", 22.5, 23.3), ("ScaleFL", 21.1, 23.0))
         ]
-    )  # fmt: skip
+    )
     assert statistics(scalefl) == ["final_acc", "last10_acc", "final_exits_mean"]
     table = paired(scalefl, "InCoScaleFL", "ScaleFL", statistics(scalefl))
     assert table[table.metric == "final_exits_mean"].iloc[0].mean_diff == pytest.approx(0.3)
@@ -76,9 +83,15 @@ def test_the_interval_is_students_t_with_n_minus_1_degrees_of_freedom():
 
 
 def test_paired_figure_has_a_row_per_pair_and_cell_and_a_panel_per_statistic(tmp_path):
-    diffs = pd.DataFrame([{"pair": p, "dataset": "cifar10", "alpha": a, "statistic": s, "seed": seed, "difference": d}
-                          for p in ("InCoRolex - FedRolex", "InCoHeteroFL - HeteroFL") for a in (0.5, 1.0)
-                          for s in ("final_acc", "last10_acc") for seed, d in enumerate((1.0, 2.0, 3.0))])  # fmt: skip
+    diffs = pd.DataFrame(
+        [
+            {"pair": p, "dataset": "cifar10", "alpha": a, "statistic": s, "seed": seed, "difference": d}
+            for p in ("InCoRolex - FedRolex", "InCoHeteroFL - HeteroFL")
+            for a in (0.5, 1.0)
+            for s in ("final_acc", "last10_acc")
+            for seed, d in enumerate((1.0, 2.0, 3.0))
+        ]
+    )
     fig = paired_figure(diffs)
     assert [ax.get_title() for ax in fig.axes] == ["final-round accuracy", "mean accuracy of the last 10 rounds"]
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
@@ -88,4 +101,6 @@ def test_paired_figure_has_a_row_per_pair_and_cell_and_a_panel_per_statistic(tmp
     assert tuple(interval.get_xdata()) == pytest.approx(interval95([1.0, 2.0, 3.0]))
     diffs.to_csv(tmp_path / "paired.csv", index=False)
     assert [p.name for p in plot_paired(tmp_path / "paired.csv", tmp_path / "fig" / "paired.png")] == [
-        "paired.png", "paired.pdf"]  # fmt: skip
+        "paired.png",
+        "paired.pdf",
+    ]

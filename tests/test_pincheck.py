@@ -19,8 +19,9 @@ def test_other():
 """
 
 
-@pytest.mark.parametrize(("ci", "pin_passes", "code"), [("true", False, 1), ("true", True, 0), ("", False, 1),
-                                                        ("", True, 0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ci", "pin_passes", "code"), [("true", False, 1), ("true", True, 0), ("", False, 1), ("", True, 0)]
+)
 def test_ci_fails_when_no_pin_passed(pytester, monkeypatch, ci, pin_passes, code):
     monkeypatch.setenv("CI", ci)
     pytester.makepyfile(TESTS.format(pin_passes=pin_passes))

@@ -58,8 +58,16 @@ CIFAR10 = ""  # the decoded cifar10-jpeg.tar.xz (skipped where the archive is no
 
 # four clients of unequal size (Dirichlet), two a round: SCAFFOLD's c and FedNova's normalisation
 # differ from FedAvg's only where a federation has several clients (a client new to it, unequal steps)
-TINY = {"clients": 4, "ratio": 0.5, "rounds": 2, "batch_size": 16, "alpha": 0.5, "eval_last": 0,
-        "models": ["resnet10", "resnet14"], "model_scale": 0.125}  # fmt: skip
+TINY = {
+    "clients": 4,
+    "ratio": 0.5,
+    "rounds": 2,
+    "batch_size": 16,
+    "alpha": 0.5,
+    "eval_last": 0,
+    "models": ["resnet10", "resnet14"],
+    "model_scale": 0.125,
+}
 WIDTH = {"models": ["preresnet18"], "width_rates": [1.0, 0.5], "optimizer": "sgd", "lr": 0.05}
 # one method per family: the settings its two rounds run with
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -77,24 +85,36 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 # method -> per federation (L1, squared L2, signed sum) of its weights' change over two rounds
 ROUNDS = {
-    "FedAvg": [[201.76996813745438, 34.070485633718484, -3.108478179639797],
-               [313.89633804579387, 54.917913521194464, -2.362980214848739]],
-    "FedProx": [[201.66288401072254, 34.06986452749412, -3.094985518931643],
-                [313.77320832609985, 54.91295044942487, -2.424707519331611]],
-    "SCAFFOLD": [[185.55270093174644, 34.014581290831536, -2.985001743168592],
-                 [293.6900464665117, 54.83061650621626, -3.3893775464258713]],
-    "MOON": [[262.0304990532343, 40.24822534385842, -2.0371058078644104],
-             [364.8018947962686, 56.38354922398405, -7.277672352591627]],
+    "FedAvg": [
+        [201.76996813745438, 34.070485633718484, -3.108478179639797],
+        [313.89633804579387, 54.917913521194464, -2.362980214848739],
+    ],
+    "FedProx": [
+        [201.66288401072254, 34.06986452749412, -3.094985518931643],
+        [313.77320832609985, 54.91295044942487, -2.424707519331611],
+    ],
+    "SCAFFOLD": [
+        [185.55270093174644, 34.014581290831536, -2.985001743168592],
+        [293.6900464665117, 54.83061650621626, -3.3893775464258713],
+    ],
+    "MOON": [
+        [262.0304990532343, 40.24822534385842, -2.0371058078644104],
+        [364.8018947962686, 56.38354922398405, -7.277672352591627],
+    ],
     "FedNova": [[185.70390326514155, 34.43206560620317, 4.093952534118619]],
     "InCoAvg": [[300.1755216977107, 51.09420787416366, -4.008804500866555]],
-    "FedPart": [[5.106599758603596, 0.6103264022210962, -1.1771207743149628],
-                [5.108926109949613, 0.6137065630333456, -0.8467832123452091]],
-    "FedLAG": [[198.34392706385648, 34.16130295076708, -3.2010617107643196],
-               [314.97009265943836, 55.053933352998754, -8.077482267112236]],
+    "FedPart": [
+        [5.106599758603596, 0.6103264022210962, -1.1771207743149628],
+        [5.108926109949613, 0.6137065630333456, -0.8467832123452091],
+    ],
+    "FedLAG": [
+        [198.34392706385648, 34.16130295076708, -3.2010617107643196],
+        [314.97009265943836, 55.053933352998754, -8.077482267112236],
+    ],
     "HeteroFL": [[26.578739892510974, 0.017320549706012267, 0.169403873450603]],
     "FedRolex": [[25.39152761761595, 0.01587669222922029, 0.17310164488894822]],
     "ScaleFL": [[86.07084337535274, 4.260488872050297, -1.3641236509337473]],
-}  # fmt: skip
+}
 TOLERANCE = 1e-9
 
 
@@ -172,8 +192,9 @@ if __name__ == "__main__":  # print fresh constants (only when what they pin is 
         data = {name: load_dataset(name, cache_dir=tmp) for name in DATA}
         print({name: content_hash(vars(d)) for name, d in data.items()})
         for name, alpha, clients, seed in PARTITIONS:
-            part = make_partition(data[name].y_train, kind="dirichlet", num_clients=clients, alpha=alpha, seed=seed,
-                                  dataset=name)  # fmt: skip
+            part = make_partition(
+                data[name].y_train, kind="dirichlet", num_clients=clients, alpha=alpha, seed=seed, dataset=name
+            )
             print((name, alpha, clients, seed), sha256(part.parts))
     print({key: sha256([sample_schedule(*key)]) for key in SCHEDULES})
     for method in sys.argv[1:] or FAMILIES:

@@ -71,8 +71,13 @@ def test_cutout_zeroes_one_clipped_square_per_image():
 def test_crop_padding_colour_in_pixel_space(fill, expected):
     """Pixels of 0.5 normalised with mean 0.5: `mean` pads with the mean colour (0 after
     normalising), `black` with pixel 0 as the release's PIL pad does."""
-    data = ImageDataset("x", np.full((64, 3, 8, 8), 128, np.uint8), np.zeros(64, np.int64),
-                        np.zeros((1, 3, 8, 8), np.uint8), np.zeros(1, np.int64))  # fmt: skip
+    data = ImageDataset(
+        "x",
+        np.full((64, 3, 8, 8), 128, np.uint8),
+        np.zeros(64, np.int64),
+        np.zeros((1, 3, 8, 8), np.uint8),
+        np.zeros(1, np.int64),
+    )
     train, _ = to_device(data, CPU, 8, resolve_augment("crop", "x", pad_fill=fill), normalize="half")
     x, _ = train.batch(torch.arange(64), torch.Generator().manual_seed(1))
     pixels = x * 0.5 + 0.5  # back to [0, 1]
@@ -132,8 +137,16 @@ def test_drop_last_scores_the_test_sets_full_batches():
 
 # --- the options reach the engine --------------------------------------------------------------
 def _engine(data, **settings):
-    base = {"dataset": "synthetic", "clients": 4, "ratio": 0.5, "models": ["resnet10", "resnet14"], "rounds": 1,
-            "partition": "iid", "progress": False, "device": "cpu"}  # fmt: skip
+    base = {
+        "dataset": "synthetic",
+        "clients": 4,
+        "ratio": 0.5,
+        "models": ["resnet10", "resnet14"],
+        "rounds": 1,
+        "partition": "iid",
+        "progress": False,
+        "device": "cpu",
+    }
     cfg = RunConfig(**{**base, **settings})
     parts = iid_partition(len(data.y_train), cfg.clients, seed=0)
     return Engine(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), CPU)
@@ -144,8 +157,16 @@ def test_every_pipeline_option_reaches_the_engine():
     default = _engine(data)
     assert default.train_data.augmentation == Augmentation()  # synthetic: no augmentation by default
     assert default.train_data.input_size == 28 and not default.client.trainer.cfg.drop_last
-    engine = _engine(data, augment="crop_flip", cutout=6, pad_fill="black", normalize="none", resize=32,
-                     drop_last=True, eval_batch_size=16)  # fmt: skip
+    engine = _engine(
+        data,
+        augment="crop_flip",
+        cutout=6,
+        pad_fill="black",
+        normalize="none",
+        resize=32,
+        drop_last=True,
+        eval_batch_size=16,
+    )
     assert engine.train_data.augmentation == Augmentation(crop=True, flip=True, cutout=6, black_pad=True)
     assert engine.test_data.augmentation == Augmentation()  # the test set is never augmented
     assert engine.train_data.input_size == engine.test_data.input_size == 32
@@ -159,9 +180,14 @@ def test_every_pipeline_option_reaches_the_engine():
 
 
 def test_per_dataset_overrides_apply_to_that_data_set_only():
-    exp = validate_experiment({"datasets": ["fmnist", "svhn"], "methods": ["InCoAvg", "MOON"],
-                               "per_dataset": {"fmnist": {"resize": 32, "normalize": "none"}},
-                               "per_method": {"MOON": {"rounds": 7}}})  # fmt: skip
+    exp = validate_experiment(
+        {
+            "datasets": ["fmnist", "svhn"],
+            "methods": ["InCoAvg", "MOON"],
+            "per_dataset": {"fmnist": {"resize": 32, "normalize": "none"}},
+            "per_method": {"MOON": {"rounds": 7}},
+        }
+    )
     fm = exp.run_config("fmnist", 0.5, "MOON", 0)
     sv = exp.run_config("svhn", 0.5, "InCoAvg", 0)
     assert (fm.resize, fm.normalize, fm.rounds) == (32, "none", 7)
@@ -184,7 +210,7 @@ def test_per_dataset_overrides_apply_to_that_data_set_only():
         ({"vit_epoch_scale": "some"}, "vit_epoch_scale: Input should be 'inco' or 'all'"),
         ({"methods": ["FedProx"], "method_args": {"anchor": "first"}}, "method_args.anchor: Input should be 'round'"),
     ],
-)  # fmt: skip
+)
 def test_bad_pipeline_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as err:
         validate_experiment(raw)
@@ -233,8 +259,14 @@ def test_release_partition_reader_runs_no_code(tmp_path, monkeypatch):
 def test_partition_release_through_the_config(tmp_path):
     data = _images(12)
     _release_npy(tmp_path / "hetero-fix-3-0.5.npy", {0: list(range(0, 4)), 1: list(range(4, 8)), 2: list(range(8, 12))})
-    cfg = RunConfig(dataset="cifar10", clients=3, models=["resnet10"], partition="release",
-                    release_partitions=str(tmp_path), alpha=0.5)  # fmt: skip
+    cfg = RunConfig(
+        dataset="cifar10",
+        clients=3,
+        models=["resnet10"],
+        partition="release",
+        release_partitions=str(tmp_path),
+        alpha=0.5,
+    )
     part = partition_for(cfg, data)
     assert [p.tolist() for p in part.parts] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert part.meta["kind"] == "release" and part.histogram.sum() == 12
@@ -252,10 +284,22 @@ def test_fmnist_partition_drawn_over_cifar10_labels(data_dir, cache_dir):
     applied to FMNIST's first 50,000 images (10,000 unused)."""
     cifar = load_dataset("cifar10", data_dir, cache_dir)
     fmnist_labels = np.random.default_rng(0).integers(0, 10, 60_000)
-    fake_fmnist = ImageDataset("fmnist", np.zeros((60_000, 1, 1, 1), np.uint8), fmnist_labels,
-                               np.zeros((1, 1, 1, 1), np.uint8), np.zeros(1, np.int64))  # fmt: skip
-    cfg = RunConfig(dataset="fmnist", fmnist_partition="cifar", data_dir=str(data_dir), cache_dir=str(cache_dir),
-                    clients=20, models=["resnet10"], alpha=0.5)  # fmt: skip
+    fake_fmnist = ImageDataset(
+        "fmnist",
+        np.zeros((60_000, 1, 1, 1), np.uint8),
+        fmnist_labels,
+        np.zeros((1, 1, 1, 1), np.uint8),
+        np.zeros(1, np.int64),
+    )
+    cfg = RunConfig(
+        dataset="fmnist",
+        fmnist_partition="cifar",
+        data_dir=str(data_dir),
+        cache_dir=str(cache_dir),
+        clients=20,
+        models=["resnet10"],
+        alpha=0.5,
+    )
     part = partition_for(cfg, fake_fmnist)
     want = make_partition(cifar.y_train, kind="dirichlet", num_clients=20, alpha=0.5, seed=0)
     assert all(np.array_equal(a, b) for a, b in zip(part.parts, want.parts, strict=True))

@@ -20,8 +20,18 @@ from incofl.fl.engine.engine import Engine
 from incofl.params import describe
 from incofl.registry import METHODS
 
-TINY = {"dataset": "synthetic", "clients": 4, "ratio": 0.5, "models": ["resnet10", "resnet14"], "rounds": 2,
-        "batch_size": 32, "partition": "iid", "progress": False, "threads": 1, "device": "cpu"}  # fmt: skip
+TINY = {
+    "dataset": "synthetic",
+    "clients": 4,
+    "ratio": 0.5,
+    "models": ["resnet10", "resnet14"],
+    "rounds": 2,
+    "batch_size": 32,
+    "partition": "iid",
+    "progress": False,
+    "threads": 1,
+    "device": "cpu",
+}
 
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "add-a-method.md"
@@ -67,8 +77,10 @@ def test_example_methods_reduce_to_fedavg(example, data):
 
 def test_example_clip_bounds_every_update(example):
     g = torch.Generator().manual_seed(0)
-    updates = [ClientUpdate(i, 0, {"a": torch.randn(5, generator=g) * 10, "b": torch.randn(3, generator=g)}, 10, 1)
-               for i in range(3)]  # fmt: skip
+    updates = [
+        ClientUpdate(i, 0, {"a": torch.randn(5, generator=g) * 10, "b": torch.randn(3, generator=g)}, 10, 1)
+        for i in range(3)
+    ]
     clip = example["ClipUpdates"](METHODS["FedAvgClip"].parse_args({"max_norm": 0.5}), Setup(RunConfig(), []))
     for u in clip(0, updates):
         assert float(torch.sqrt(sum(d.pow(2).sum() for d in u.delta.values()))) == pytest.approx(0.5, rel=1e-5)

@@ -33,8 +33,14 @@ from incofl.registry import GROUPS, METHODS, WIDTH_LAYOUT, families, layout_of
 from incofl.spec import Component, Method
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = {"objective": Objective, "aggregator": Aggregator, "pre": UpdateTransform, "post": AverageTransform,
-          "observers": Observer, "planner": FullPlanner}  # fmt: skip
+STAGES = {
+    "objective": Objective,
+    "aggregator": Aggregator,
+    "pre": UpdateTransform,
+    "post": AverageTransform,
+    "observers": Observer,
+    "planner": FullPlanner,
+}
 
 
 def _components(stage: str):
@@ -79,12 +85,14 @@ def test_a_config_is_validated_without_the_training_code():
     """Loading and validating a config, and every run config of its grid (what a workflow's dry
     run and the report commands do), imports neither torch nor the engine: of incofl.fl, only
     the families' specs and the packages above them."""
-    code = ("import sys; from incofl.config import load_experiment; "
-            "exp = load_experiment('config/fedlag-cpu.yaml'); "
-            "[exp.run_config(d, a, m, s) for d in exp.datasets for a in exp.alphas for m in exp.methods "
-            "for s in exp.seeds]; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'timm') "
-            "or m.startswith(('incofl.fl', 'incofl.data', 'incofl.models.family'))))")  # fmt: skip
+    code = (
+        "import sys; from incofl.config import load_experiment; "
+        "exp = load_experiment('config/fedlag-cpu.yaml'); "
+        "[exp.run_config(d, a, m, s) for d in exp.datasets for a in exp.alphas for m in exp.methods "
+        "for s in exp.seeds]; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'timm') "
+        "or m.startswith(('incofl.fl', 'incofl.data', 'incofl.models.family'))))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     loaded = eval(proc.stdout)  # a printed list of module names

@@ -310,8 +310,9 @@ def test_tables_and_figures_show_a_diverged_run_and_never_average_it(tmp_path):
         d = runs / "synthetic" / "a0.5" / "FedAvg" / f"s{seed}"
         d.mkdir(parents=True)
         done = {"final_acc": acc, "status": "completed"} if acc else {"status": "diverged", "diverged_round": 2}
-        (d / "summary.json").write_text(json.dumps({"method": "FedAvg", "dataset": "synthetic", "alpha": 0.5,
-                                                    "seed": seed, **done}))  # fmt: skip
+        (d / "summary.json").write_text(
+            json.dumps({"method": "FedAvg", "dataset": "synthetic", "alpha": 0.5, "seed": seed, **done})
+        )
         pd.DataFrame({"round": [1, 2], "mean_acc": [10.0, acc or 11.0], "mean_loss": [2.0, 1.0]}).to_csv(
             d / "metrics.csv", index=False
         )
@@ -333,8 +334,11 @@ def test_finished_run_is_not_redone_and_other_settings_are_refused(tmp_path, cap
     assert (tmp_path / "run" / "summary.json").read_text() == summary  # not trained again
     assert "already finished" in (tmp_path / "run" / "train.log").read_text()
     capsys.readouterr()
-    line = _refused(capsys, ["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--set", "rounds=1"],
-                    "summary.json: made with rounds=2, this run has rounds=1")  # fmt: skip
+    line = _refused(
+        capsys,
+        ["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--set", "rounds=1"],
+        "summary.json: made with rounds=2, this run has rounds=1",
+    )
     assert "delete" in line and (tmp_path / "run" / "summary.json").read_text() == summary
 
 
@@ -368,8 +372,9 @@ def test_second_writer_on_a_run_directory_is_refused(tmp_path):
     first = subprocess.Popen([*CMD, "--config", str(cfg), "--out", str(tmp_path / "run")], stderr=subprocess.DEVNULL)
     try:
         _wait_for(tmp_path / "run" / "train.log", first)
-        second = subprocess.run([*CMD, "--config", str(cfg), "--out", str(tmp_path / "run")], capture_output=True,
-                                text=True, timeout=300)  # fmt: skip
+        second = subprocess.run(
+            [*CMD, "--config", str(cfg), "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300
+        )
         lines = second.stderr.strip().splitlines()
         assert second.returncode == 2 and len(lines) == 1, second.stderr
         assert f"another incofl train (pid {first.pid})" in lines[0]
@@ -383,8 +388,12 @@ def test_ctrl_c_keeps_the_checkpoint_and_exits_130(tmp_path):
     cfg = _config(tmp_path, rounds=50, checkpoint_every=1)
     # SIGINT as in a terminal, even when the tests run in the background (nohup, &), where it is
     # ignored and the ignoring is inherited (Python then installs no KeyboardInterrupt handler).
-    proc = subprocess.Popen([*CMD, "--config", str(cfg), "--out", str(tmp_path / "run")], stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    proc = subprocess.Popen(
+        [*CMD, "--config", str(cfg), "--out", str(tmp_path / "run")],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     _wait_for(tmp_path / "run" / "ckpt.pt", proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
@@ -446,8 +455,10 @@ def test_random_sigkills_resume_bit_identically_and_leave_nothing_behind(tmp_pat
     resumed = json.loads((out / "summary.json").read_text())
     assert resumed["state_sha256"] == full["state_sha256"]
     drop = ["seconds"]
-    pd.testing.assert_frame_equal(pd.read_csv(out / "metrics.csv").drop(columns=drop),
-                                  pd.read_csv(tmp_path / "full" / "metrics.csv").drop(columns=drop))  # fmt: skip
+    pd.testing.assert_frame_equal(
+        pd.read_csv(out / "metrics.csv").drop(columns=drop),
+        pd.read_csv(tmp_path / "full" / "metrics.csv").drop(columns=drop),
+    )
     pd.testing.assert_frame_equal(pd.read_csv(out / "inco.csv"), pd.read_csv(tmp_path / "full" / "inco.csv"))
     left = sorted(p.name for p in out.iterdir())
     assert left == sorted(p.name for p in (tmp_path / "full").iterdir()), left  # no .tmp, no ckpt.pt
@@ -512,14 +523,20 @@ def test_failed_write_is_one_line_naming_the_file(tmp_path, capsys):
     assert not (out / "ckpt.pt").exists() and not list(out.glob(".*.tmp"))
 
 
-@pytest.mark.parametrize("text", [b"{not json", b"\xff\xfe", b"[1, 2]", b'{"method": "FedAvg"}', b'{"config": 3}'],
-                         ids=["not-json", "not-utf8", "a-list", "no-config", "config-not-a-mapping"])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [b"{not json", b"\xff\xfe", b"[1, 2]", b'{"method": "FedAvg"}', b'{"config": 3}'],
+    ids=["not-json", "not-utf8", "a-list", "no-config", "config-not-a-mapping"],
+)
 def test_corrupt_or_foreign_summary_is_one_line(tmp_path, capsys, text):
     out = tmp_path / "run"
     out.mkdir()
     (out / "summary.json").write_bytes(text)
-    _refused(capsys, ["train", "--config", str(_config(tmp_path)), "--out", str(out)],
-             "summary.json: not the summary.json of an incofl run")  # fmt: skip
+    _refused(
+        capsys,
+        ["train", "--config", str(_config(tmp_path)), "--out", str(out)],
+        "summary.json: not the summary.json of an incofl run",
+    )
     assert (out / "summary.json").read_bytes() == text
 
 
@@ -547,8 +564,11 @@ def test_pretrained_file_of_other_weights_is_refused_naming_keys(tmp_path):
     from incofl.models.family import build_model
 
     torch.save(build_model("resnet10", 10, 3).state_dict(), tmp_path / "resnet.pt")
-    with pytest.raises(ConfigError, match=r"pretrained: .*resnet.pt: not weights of this ViT, keys: \d+ missing "
-                       r"\(cls_token, .*\d+ unexpected \(conv1.weight"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"pretrained: .*resnet.pt: not weights of this ViT, keys: \d+ missing "
+        r"\(cls_token, .*\d+ unexpected \(conv1.weight",
+    ):
         build_model("vit_d8", 10, 3, pretrained=str(tmp_path / "resnet.pt"), image_size=224)
     torch.save({"blocks.0.norm1.weight": Payload(tmp_path / "pwned")}, tmp_path / "planted.pt")
     with pytest.raises(ConfigError, match="planted.pt: not a readable state-dict file"):
@@ -621,16 +641,22 @@ def test_without_flock_a_dead_writers_lock_is_taken_over_and_another_hosts_refus
 def test_tests_missing_the_cluster_or_the_data_fail_under_ci(tmp_path):
     env = {**os.environ, "CI": "true", "INCOFL_DATA_DIR": str(tmp_path), "PATH": str(Path(sys.executable).parent)}
     select = ["tests/test_slurm.py", "tests/test_sources.py::test_real_cifar10", "-p", "no:cacheprovider", "-q"]
-    proc = subprocess.run([sys.executable, "-m", "pytest", *select], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *select], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 1 and " skipped" not in proc.stdout, proc.stdout[-3000:]
     assert "no SLURM cluster" in proc.stdout and "real CIFAR-10 not found" in proc.stdout
     assert "CI=true: CI must provide it" in proc.stdout
 
 
-@pytest.mark.parametrize("data,slurm,ci,expected", [(False, True, "true", "no cifar10-jpeg.tar.xz"),
-                                                    (True, False, "true", "SLURM cluster did not start"),
-                                                    (True, False, "", "WARNING")])  # fmt: skip
+@pytest.mark.parametrize(
+    "data,slurm,ci,expected",
+    [
+        (False, True, "true", "no cifar10-jpeg.tar.xz"),
+        (True, False, "true", "SLURM cluster did not start"),
+        (True, False, "", "WARNING"),
+    ],
+)
 def test_ci_run_stops_without_the_archive_or_the_cluster(tmp_path, data, slurm, ci, expected):
     """.ci/run with stand-ins: `make` succeeds (no install, no tests), `bash .ci/slurm-up.sh` as told."""
     stubs = tmp_path / "bin"
@@ -655,8 +681,10 @@ def test_workflow_refuses_yte_configs_and_never_evaluates_them(tmp_path):
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.yaml"
     evil.write_text(f'__use_yte__: true\n{TINY.read_text()}\nrounds: ?open("{marker}", "w") and 2\n')
-    for args, names in (((), "evil.yaml: __use_yte__: configs are data"),
-                        (("--configfile", str(TINY)), "--configfile: give the experiment as --config")):  # fmt: skip
+    for args, names in (
+        ((), "evil.yaml: __use_yte__: configs are data"),
+        (("--configfile", str(TINY)), "--configfile: give the experiment as --config"),
+    ):
         proc = run_snakemake(tmp_path / "work", "--dry-run", *args, config=evil, timeout=300)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and names in lines[-1], proc.stderr[-3000:]

@@ -355,8 +355,11 @@ def test_a_method_shares_its_base_methods_hue() -> None:
 
 
 def test_curves_mark_each_evaluated_round_and_say_what_the_band_is() -> None:
-    rows = [{"method": "InCoAvg", "seed": seed, "status": "completed", "round": r, "mean_acc": 10.0 * r + seed}
-            for seed in (0, 1, 2) for r in (2, 4, 6)]  # fmt: skip
+    rows = [
+        {"method": "InCoAvg", "seed": seed, "status": "completed", "round": r, "mean_acc": 10.0 * r + seed}
+        for seed in (0, 1, 2)
+        for r in (2, 4, 6)
+    ]
     fig = _curve_figure(pd.DataFrame(rows), {"InCoAvg": (0.1, 0.2, 0.5)}, "t")
     (line,) = fig.axes[0].get_lines()
     assert line.get_marker() == "o" and list(line.get_xdata()) == [2, 4, 6]
@@ -384,8 +387,9 @@ def test_the_ablation_figure_reads_variants_from_the_runs_configs(tmp_path: Path
     assert registered_methods(summaries) == {"FedAvg": "FedAvg", "FedLAG": "FedLAG", "FedLAG-K3": "FedLAG"}
     drawn = []
     draw = figures._ablation_figure
-    monkeypatch.setattr(figures, "_ablation_figure", lambda t, colors, metric: drawn.append(list(colors)) or
-                        draw(t, colors, metric))  # fmt: skip
+    monkeypatch.setattr(
+        figures, "_ablation_figure", lambda t, colors, metric: drawn.append(list(colors)) or draw(t, colors, metric)
+    )
     plot_ablation(summaries, tmp_path / "fig", methods=["FedAvg", "FedLAG", "FedLAG-K3"])
     assert drawn == [["FedLAG", "FedLAG-K3"]]
 

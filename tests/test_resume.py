@@ -33,8 +33,17 @@ ROUNDS, STOP = 3, 2  # stopped after round 2 of 3: the resumed run trains round 
 # federation each under group-wise aggregation), two of four clients a round (so clients return
 # to state they kept), a warm-up of one round for FedLAG and FedPart (the rounds after it plan
 # from what was learnt)
-BASE = {**QUIET, "clients": 4, "ratio": 0.5, "rounds": ROUNDS, "batch_size": 16, "models": ["resnet10", "resnet14"],
-        "model_scale": 0.25, "checkpoint_every": 1, "eval_last": ROUNDS}  # fmt: skip
+BASE = {
+    **QUIET,
+    "clients": 4,
+    "ratio": 0.5,
+    "rounds": ROUNDS,
+    "batch_size": 16,
+    "models": ["resnet10", "resnet14"],
+    "model_scale": 0.25,
+    "checkpoint_every": 1,
+    "eval_last": ROUNDS,
+}
 ARGS = {"FedLAG": {"warmup": 1, "top_k": 2}, "FedPart": {"warmup": 1, "rounds_per_group": 1}}
 
 
@@ -128,8 +137,11 @@ def test_a_checkpoint_of_other_components_is_refused_naming_the_role(data, tmp_p
     payload["engine"]["kinds"]["post.0"] = "ServerMomentum"
     checkpoint.save(tmp_path / "run" / "ckpt.pt", payload)
     (tmp_path / "run" / "summary.json").unlink()
-    with pytest.raises(CheckpointMismatch, match=r"ckpt.pt: components: the checkpoint's post.0 is ServerMomentum, "
-                                                 r"this run's absent; delete the checkpoint"):  # fmt: skip
+    with pytest.raises(
+        CheckpointMismatch,
+        match=r"ckpt.pt: components: the checkpoint's post.0 is ServerMomentum, "
+        r"this run's absent; delete the checkpoint",
+    ):
         train(cfg, tmp_path / "run", data=data)
 
 
@@ -139,9 +151,16 @@ KILLED = random.Random(0).sample(sorted(METHODS), 2)  # a seeded sample: the tes
 def experiment(name: str, tmp_path: Path) -> Path:
     """The method's settings as an experiment config for `incofl train` (24 images a client)."""
     run = {k: v for k, v in settings(name).items() if k not in ("dataset", "method", "method_args")}
-    config = {**run, "datasets": ["synthetic"], "methods": [name], "partition": "iid_draw", "client_samples": 24,
-              "per_method": {name: {"method_args": settings(name)["method_args"]}},
-              "cache_dir": str(tmp_path / "cache"), "rounds": 6}  # fmt: skip
+    config = {
+        **run,
+        "datasets": ["synthetic"],
+        "methods": [name],
+        "partition": "iid_draw",
+        "client_samples": 24,
+        "per_method": {name: {"method_args": settings(name)["method_args"]}},
+        "cache_dir": str(tmp_path / "cache"),
+        "rounds": 6,
+    }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

@@ -87,8 +87,12 @@ def test_the_reference_lists_every_key_with_its_default_range_and_description():
     from incofl.studies import CaseStudy, Robustness
 
     rows = _rows()
-    models = {"Settings every run shares": Settings, "analyses": Analyses, "robustness": Robustness,
-              "case_study": CaseStudy}  # fmt: skip
+    models = {
+        "Settings every run shares": Settings,
+        "analyses": Analyses,
+        "robustness": Robustness,
+        "case_study": CaseStudy,
+    }
     for section, model in models.items():
         for name, field in model.model_fields.items():
             assert f"{section}:{name}" in rows, f"{section}: {name} missing"

@@ -17,8 +17,15 @@ from incofl.fl.stages.client import KEPT, ClientRunner
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.registry import METHODS
 
-SETTINGS = {"clients": 4, "ratio": 0.5, "rounds": 3, "batch_size": 16, "models": ["resnet10", "resnet14"],
-            "model_scale": 0.25, "bn_stats": "local"}  # fmt: skip
+SETTINGS = {
+    "clients": 4,
+    "ratio": 0.5,
+    "rounds": 3,
+    "batch_size": 16,
+    "models": ["resnet10", "resnet14"],
+    "model_scale": 0.25,
+    "bn_stats": "local",
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +38,15 @@ def node_of(engine, client: int) -> ClientRunner:
     the group models and only this client's training samples."""
     cfg, train = engine.cfg, engine.train_data
     own = torch.from_numpy(engine.parts[client])
-    split = TensorSplit(train.x[own].numpy(), train.y[own].numpy(), train.mean.flatten().numpy(),
-                        train.std.flatten().numpy(), train.x.device, train.input_size, train.augmentation)  # fmt: skip
+    split = TensorSplit(
+        train.x[own].numpy(),
+        train.y[own].numpy(),
+        train.mean.flatten().numpy(),
+        train.std.flatten().numpy(),
+        train.x.device,
+        train.input_size,
+        train.augmentation,
+    )
     method, store = METHODS[cfg.method], ClientStore()  # the node's own store: what its client keeps
     objective = method.objective.cls(method.parse_args(cfg.method_args), Setup(cfg, [], clients=store))
     return ClientRunner(cfg, objective, copy.deepcopy(engine.models), split, {client: np.arange(len(own))}, store)

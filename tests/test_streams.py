@@ -98,8 +98,16 @@ def test_no_two_uses_draw_the_same_sequence(monkeypatch):
     for use, words in made:
         users.setdefault(tuple(_state(list(words))), set()).add(use)
     assert [u for u in users.values() if len(u) > 1] == []
-    uses = {"partition", "holdout_split", "sample_schedule", "client_seed", "noise_seed", "statistics_indices",
-            "order", "group_of"}  # fmt: skip
+    uses = {
+        "partition",
+        "holdout_split",
+        "sample_schedule",
+        "client_seed",
+        "noise_seed",
+        "statistics_indices",
+        "order",
+        "group_of",
+    }
     assert {use for use, _ in made} == uses and {words[1] for _, words in made} == set(Stream)
 
 

@@ -149,8 +149,9 @@ def test_bad_variant_is_one_line_naming_the_key(override, message):
 def test_a_variant_outside_the_grid_is_checked_too():
     """As a per_method entry of a method not in `methods` is: the grid may grow to include it."""
     with pytest.raises(ConfigError, match=r"^c\.yaml: variants\.A\.method_args\.warmup: not a parameter of FedProx"):
-        validate_experiment({"methods": ["FedPart"], "variants": {"A": {"method": "FedProx"}},
-                             "method_args": {"warmup": 1}}, "c.yaml")  # fmt: skip
+        validate_experiment(
+            {"methods": ["FedPart"], "variants": {"A": {"method": "FedProx"}}, "method_args": {"warmup": 1}}, "c.yaml"
+        )
 
 
 def test_a_bad_setting_is_blamed_where_it_was_made():
@@ -208,8 +209,18 @@ def test_table_rows_are_variant_names_with_their_methods_base(tmp_path):
     for method, acc in accs.items():
         d = runs / "digits" / "a0.5" / method / "s0"
         d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({"method": method, "dataset": "digits", "alpha": 0.5, "seed": 0,
-                                                    "status": "completed", "final_acc": acc}))  # fmt: skip
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "method": method,
+                    "dataset": "digits",
+                    "alpha": 0.5,
+                    "seed": 0,
+                    "status": "completed",
+                    "final_acc": acc,
+                }
+            )
+        )
     cfg = {"datasets": ["digits"], "methods": ["FedAvg", "FedPart-W0", "FedProx-mu10", "FedPart"], "variants": VARIANTS}
     out = tmp_path / "tables"
     assert (

@@ -18,8 +18,17 @@ from incofl.fl.methods.width.slicing import extract, index_map, scatter_add, sli
 from incofl.fl.methods.width.spec import RolexParams
 from incofl.models.family import build_model
 
-WIDTH = {"models": ["preresnet18"], "clients": 4, "ratio": 1.0, "rounds": 1, "batch_size": 16, "optimizer": "sgd",
-         "lr": 0.05, "partition": "iid", "eval_last": 0}  # fmt: skip
+WIDTH = {
+    "models": ["preresnet18"],
+    "clients": 4,
+    "ratio": 1.0,
+    "rounds": 1,
+    "batch_size": 16,
+    "optimizer": "sgd",
+    "lr": 0.05,
+    "partition": "iid",
+    "eval_last": 0,
+}
 
 
 def test_window_is_leading_channels_at_offset_zero_and_rolls_by_one_a_round():
@@ -258,9 +267,14 @@ def _train(params: dict, gen: torch.Generator) -> dict:
 
 
 def _updates(params: dict, trained: dict) -> list:
-    return [SimpleNamespace(delta={k: t - take(params[k], _index(k, _CHANNELS[c])) for k, t in trained[c].items()},
-                            view=View(0, {k: _index(k, _CHANNELS[c]) for k in _ENTRIES}),
-                            classes=torch.tensor(_CLASSES[c])) for c in _CHANNELS]  # fmt: skip
+    return [
+        SimpleNamespace(
+            delta={k: t - take(params[k], _index(k, _CHANNELS[c])) for k, t in trained[c].items()},
+            view=View(0, {k: _index(k, _CHANNELS[c]) for k in _ENTRIES}),
+            classes=torch.tensor(_CLASSES[c]),
+        )
+        for c in _CHANNELS
+    ]
 
 
 def _rolex(weighting: str) -> tuple[RolexMean, SlicedMean]:
@@ -309,8 +323,13 @@ def test_fedrolex_weighting_is_checked_when_the_config_is():
 
 @pytest.mark.slow
 def test_a_resumed_released_fedrolex_run_equals_an_uninterrupted_one(data):
-    settings = {**WIDTH, "method": "FedRolex", "width_rates": [1.0, 0.5], "rounds": 2,
-                "method_args": {"weighting": "released"}}  # fmt: skip
+    settings = {
+        **WIDTH,
+        "method": "FedRolex",
+        "width_rates": [1.0, 0.5],
+        "rounds": 2,
+        "method_args": {"weighting": "released"},
+    }
     straight = engine_on(data, **settings)
     straight.run_round(0)
     straight.run_round(1)

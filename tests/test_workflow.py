@@ -99,7 +99,7 @@ def test_shipped_configs_are_valid(path):
             "scalefl-cpu",
             "analysis",
             "analysis-cpu",
-        )  # fmt: skip
+        )
     ]
     + [TINY_ANALYSIS],
     ids=lambda p: p.name,
@@ -294,18 +294,30 @@ def test_analysis_workflow_writes_every_analysis(tmp_path):
     studies = sorted(
         p.parent.relative_to(results / "studies").as_posix() for p in (results / "studies").rglob("summary.json")
     )
-    assert studies == sorted([f"robustness/synthetic/a0.5/InCoAvg/{p}/s0" for p in ("b32-n0.0", "b64-n0.5")]
-                             + [f"case_study/synthetic/resnet-{i}-{h}/s0" for i in ("iid", "noniid")
-                                for h in ("homo", "hetero")])  # fmt: skip
-    noisy = json.loads((results / "studies" / "robustness" / "synthetic" / "a0.5" / "InCoAvg" / "b64-n0.5" / "s0"
-                        / "summary.json").read_text())  # fmt: skip
+    assert studies == sorted(
+        [f"robustness/synthetic/a0.5/InCoAvg/{p}/s0" for p in ("b32-n0.0", "b64-n0.5")]
+        + [f"case_study/synthetic/resnet-{i}-{h}/s0" for i in ("iid", "noniid") for h in ("homo", "hetero")]
+    )
+    noisy = json.loads(
+        (
+            results / "studies" / "robustness" / "synthetic" / "a0.5" / "InCoAvg" / "b64-n0.5" / "s0" / "summary.json"
+        ).read_text()
+    )
     assert noisy["config"]["update_noise"] == 0.5 and noisy["config"]["batch_size"] == 64
-    homo = json.loads((results / "studies" / "case_study" / "synthetic" / "resnet-iid-homo" / "s0" / "summary.json")
-                      .read_text())["config"]  # fmt: skip
+    homo = json.loads(
+        (results / "studies" / "case_study" / "synthetic" / "resnet-iid-homo" / "s0" / "summary.json").read_text()
+    )["config"]
     assert homo["models"] == ["resnet26"] and homo["partition"] == "iid" and homo["clients"] == 5
     analysis = results / "analysis"
-    assert sorted(p.name for p in analysis.iterdir()) == ["case_study", "cka", "gradients", "groups", "robustness",
-                                                          "theta_beta", "tsne"]  # fmt: skip
+    assert sorted(p.name for p in analysis.iterdir()) == [
+        "case_study",
+        "cka",
+        "gradients",
+        "groups",
+        "robustness",
+        "theta_beta",
+        "tsne",
+    ]
     for folder in analysis.iterdir():
         assert any(f.suffix in (".png", ".md") and f.stat().st_size > 100 for f in folder.iterdir()), folder
     assert planned_jobs(tmp_path, config=TINY_ANALYSIS) == {}  # all done

@@ -40,8 +40,7 @@ def snakemake_cmd(workdir: Path, *args: str, config: Path = TINY) -> list[str]:
     """The experiment joins the `--config` items of `args` (a second --config would replace them)."""
     args = list(args) if "--config" in args else [*args, "--config"]
     args.insert(args.index("--config") + 1, f"experiment={config}")
-    return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-            *args]  # fmt: skip
+    return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(workdir), *args]
 
 
 def run_snakemake(workdir: Path, *args: str, config: Path = TINY, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -66,9 +65,15 @@ def _start(workdir: Path, config: Path) -> subprocess.Popen:
     """Snakemake in a process group of its own (signalled with its training job, as Ctrl-C in a
     terminal would), SIGINT at its default even when the tests run in the background (nohup, &),
     where it is ignored and the ignoring is inherited."""
-    return subprocess.Popen(snakemake_cmd(workdir, "--cores", "1", config=config), cwd=REPO, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    return subprocess.Popen(
+        snakemake_cmd(workdir, "--cores", "1", config=config),
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _signal_when(proc: subprocess.Popen, ready: Callable[[], bool], sig: signal.Signals, what: str) -> None:

@@ -87,12 +87,16 @@ def benchmark(
     data = load_dataset("synthetic", cache_dir=None)
     parts = iid_partition(clients * samples, clients, seed)
     precisions = ["fp32", "bf16"] if dev.type == "cuda" else ["fp32"]
-    paths = {f"{t}_{p}": _engine(data, parts, dev, model, epochs, batch_size, seed, t, p)
-             for p in precisions for t in ("serial", "batched")}  # fmt: skip
+    paths = {
+        f"{t}_{p}": _engine(data, parts, dev, model, epochs, batch_size, seed, t, p)
+        for p in precisions
+        for t in ("serial", "batched")
+    }
     for state, round_ in (("idle", 2), ("probing", 1)):  # analyses asked for a later round, and for this one
         analyses = {"cka_rounds": [round_], "gradient_rounds": [round_], "tsne_rounds": [round_], "tsne_groups": [0]}
-        paths[f"serial_fp32_analyses-{state}"] = _engine(data, parts, dev, model, epochs, batch_size, seed, "serial",
-                                                         "fp32", analyses)  # fmt: skip
+        paths[f"serial_fp32_analyses-{state}"] = _engine(
+            data, parts, dev, model, epochs, batch_size, seed, "serial", "fp32", analyses
+        )
     first = next(iter(paths.values()))[0]
     plain_model = build_model(model, data.num_classes, data.channels).to(dev)
     plain_model.load_state_dict(first.states[0])
@@ -144,13 +148,35 @@ def benchmark(
 
 
 def _engine(
-    data: Any, parts: list, dev: torch.device, model: str, epochs: int, batch_size: int, seed: int, trainer: str,
-    precision: str, analyses: dict[str, Any] | None = None,
-) -> tuple[Engine, list[float]]:  # fmt: skip
+    data: Any,
+    parts: list,
+    dev: torch.device,
+    model: str,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    trainer: str,
+    precision: str,
+    analyses: dict[str, Any] | None = None,
+) -> tuple[Engine, list[float]]:
     """An InCoAvg engine with every client sampled (and `analyses`), and the seconds of its aggregations."""
-    cfg = RunConfig(dataset="synthetic", method="InCoAvg", models=[model], clients=len(parts), ratio=1.0, rounds=2,
-                    local_epochs=epochs, batch_size=batch_size, seed=seed, progress=False, device=dev.type,
-                    augment="none", trainer=trainer, bf16=precision == "bf16", analyses=analyses or {})  # fmt: skip
+    cfg = RunConfig(
+        dataset="synthetic",
+        method="InCoAvg",
+        models=[model],
+        clients=len(parts),
+        ratio=1.0,
+        rounds=2,
+        local_epochs=epochs,
+        batch_size=batch_size,
+        seed=seed,
+        progress=False,
+        device=dev.type,
+        augment="none",
+        trainer=trainer,
+        bf16=precision == "bf16",
+        analyses=analyses or {},
+    )
     engine = Engine(cfg, data, Partition(parts, np.zeros((len(parts), 0)), {}), dev)
     aggregate, aggregate_s = engine.aggregator.aggregate, []
 
@@ -182,6 +208,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"plain PyTorch loop (fp32):  {r['plain']['samples_per_s']:9.1f} samples/s{peak(r['plain'])}",
     ]
     for path, m in r["paths"].items():
-        lines.append(f"engine {path:<28} {m['samples_per_s']:9.1f} samples/s  x{m['ratio']:.3f} of plain, "
-                     f"aggregation + InCo {100 * m['aggregation_share']:.2f} %{peak(m)}")  # fmt: skip
+        lines.append(
+            f"engine {path:<28} {m['samples_per_s']:9.1f} samples/s  x{m['ratio']:.3f} of plain, "
+            f"aggregation + InCo {100 * m['aggregation_share']:.2f} %{peak(m)}"
+        )
     return "\n".join(lines)

@@ -116,8 +116,10 @@ def _in_grid(runs: Any, exp: Any, root: str | os.PathLike) -> Any:
         & runs["seed"].isin(exp.seeds)
     ]
     if grid.empty:
-        raise ConfigError(f"--runs {root}: none of its {len(runs)} runs is in the config's grid (datasets, "
-                          "alphas, methods, seeds); is --config the one they were trained with?")  # fmt: skip
+        raise ConfigError(
+            f"--runs {root}: none of its {len(runs)} runs is in the config's grid (datasets, "
+            "alphas, methods, seeds); is --config the one they were trained with?"
+        )
     return grid
 
 
@@ -151,8 +153,9 @@ def _table2(exp: Any, summaries: Any, metric: str) -> Any:
     """Table 2 of the config's grid (its methods, data sets and alphas) from `summaries`."""
     from incofl.report.tables import table2
 
-    return table2(summaries, metric=metric, methods=exp.names, base_of=_bases(exp), datasets=exp.datasets,
-                  alphas=exp.alphas)  # fmt: skip
+    return table2(
+        summaries, metric=metric, methods=exp.names, base_of=_bases(exp), datasets=exp.datasets, alphas=exp.alphas
+    )
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -221,10 +224,13 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     out = _out_dir(args, "metrics.json, curves.csv and, with --pair, paired.csv")
     exp, pairs = load_experiment(args.config), _pairs(args.pair)
     replicates = _summaries(exp, args.runs)
-    tables = {Path(root).name: metrics_json(_table2(exp, replicates[replicates["replicate"] == i], exp.table_metric))
-              for i, root in enumerate(args.runs)}  # fmt: skip
-    curves = pd.concat([seed_mean_curves(_in_grid(collect_curves(root), exp, root), Path(root).name)
-                        for root in args.runs])  # fmt: skip
+    tables = {
+        Path(root).name: metrics_json(_table2(exp, replicates[replicates["replicate"] == i], exp.table_metric))
+        for i, root in enumerate(args.runs)
+    }
+    curves = pd.concat(
+        [seed_mean_curves(_in_grid(collect_curves(root), exp, root), Path(root).name) for root in args.runs]
+    )
     paths = write_dvc_files(out, tables, curves, pair_tables(replicates, pairs))
     print("\n".join(str(p) for p in paths))
     return 0
@@ -274,8 +280,9 @@ def cmd_analysis(args: argparse.Namespace) -> int:
         paths = []
         for dataset, alpha in cells:
             grid = {"dataset": [dataset], "alpha": [alpha], "method": exp.names, "seed": exp.seeds}
-            paths += analysis(args.runs, out / (f"{dataset}_a{float(alpha)}" if len(cells) > 1 else ""), exp.names,
-                              grid, **options)  # fmt: skip
+            paths += analysis(
+                args.runs, out / (f"{dataset}_a{float(alpha)}" if len(cells) > 1 else ""), exp.names, grid, **options
+            )
     print("\n".join(str(p) for p in paths))
     return 0
 
@@ -311,8 +318,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
-REPLICATES = ("roots of the run directories; several are replicates of the same seeds (e.g. CPU and GPU "
-              "reruns): a seed's difference is taken within each root, then averaged")  # fmt: skip
+REPLICATES = (
+    "roots of the run directories; several are replicates of the same seeds (e.g. CPU and GPU "
+    "reruns): a seed's difference is taken within each root, then averaged"
+)
 
 
 def _add_report(sub: Any, name: str, helptext: str, out: str, replicates: bool = False, need_out: bool = True) -> Any:
@@ -320,8 +329,13 @@ def _add_report(sub: Any, name: str, helptext: str, out: str, replicates: bool =
     is always an output folder (`out`: what is written there)."""
     p = sub.add_parser(name, help=helptext, description=helptext)
     # required: without it a report would show the built-in experiment's grid (none of the runs)
-    p.add_argument("--config", "-c", required=True, help="experiment config (YAML) the runs were trained with: "
-                   "its grid (datasets, alphas, methods, seeds) is what is reported")  # fmt: skip
+    p.add_argument(
+        "--config",
+        "-c",
+        required=True,
+        help="experiment config (YAML) the runs were trained with: "
+        "its grid (datasets, alphas, methods, seeds) is what is reported",
+    )
     runs = {"nargs": "+", "help": REPLICATES} if replicates else {"help": "root of the run directories"}
     p.add_argument("--runs", required=True, **runs)
     p.add_argument("--out", required=need_out, help=f"output folder, created if missing: {out}")
@@ -330,10 +344,15 @@ def _add_report(sub: Any, name: str, helptext: str, out: str, replicates: bool =
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="incofl", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('incofl')}",
-                        help="print the package version and exit")  # fmt: skip
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="what to do (incofl COMMAND --help: its flags)")  # fmt: skip
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {version('incofl')}",
+        help="print the package version and exit",
+    )
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="what to do (incofl COMMAND --help: its flags)"
+    )
     p = sub.add_parser("prepare", help="decode a data set once into the uint8 cache")
     _add_run_config(p)
     p.set_defaults(func=cmd_prepare)
@@ -342,8 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the partition file to write (.npz)")
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("federation", help="real federations with Flower (docs/federation.md)")
-    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION",
-                               help="what to do (incofl federation ACTION --help: its flags)")  # fmt: skip
+    actions = p.add_subparsers(
+        dest="action", required=True, metavar="ACTION", help="what to do (incofl federation ACTION --help: its flags)"
+    )
     p = actions.add_parser("export", help="write one client's data file for its site's node (only its samples)")
     _add_run_config(p)
     p.add_argument("--client", type=int, required=True, help="the client (0-based) whose samples are written")
@@ -353,51 +373,97 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_config(p)
     p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, train.log, ckpt.pt)")
     p.set_defaults(func=cmd_train)
-    p = _add_report(sub, "table", "paper-style accuracy table (md, tex, csv, html) + metrics.json",
-                    "table2.md, table2.tex, table2.csv and metrics.json")  # fmt: skip
-    p.add_argument("--metric", choices=STATISTICS,
-                   help="the statistic shown (default: the config's table_metric)")  # fmt: skip
+    p = _add_report(
+        sub,
+        "table",
+        "paper-style accuracy table (md, tex, csv, html) + metrics.json",
+        "table2.md, table2.tex, table2.csv and metrics.json",
+    )
+    p.add_argument("--metric", choices=STATISTICS, help="the statistic shown (default: the config's table_metric)")
     p.add_argument("--metrics", help="where metrics.json goes instead, a file (default: OUT/metrics.json)")
-    p.add_argument("--no-paper", action="store_true",
-                   help="leave out the paper's Table 2 columns from table2.md (shown for ResNet runs)")  # fmt: skip
+    p.add_argument(
+        "--no-paper",
+        action="store_true",
+        help="leave out the paper's Table 2 columns from table2.md (shown for ResNet runs)",
+    )
     p.set_defaults(func=cmd_table)
-    p = _add_report(sub, "figures", "accuracy curves and ablation bars (png, pdf)",
-                    "curves_<dataset>_a<alpha> and ablation, each .png and .pdf")  # fmt: skip
+    p = _add_report(
+        sub,
+        "figures",
+        "accuracy curves and ablation bars (png, pdf)",
+        "curves_<dataset>_a<alpha> and ablation, each .png and .pdf",
+    )
     p.set_defaults(func=cmd_figures)
-    p = _add_report(sub, "paired", "a method against a base, paired by seed: difference, standard error, sign test",
-                    "the table is also written there as paired-METHOD-vs-BASE.md (default: printed only)",
-                    replicates=True, need_out=False)  # fmt: skip
+    p = _add_report(
+        sub,
+        "paired",
+        "a method against a base, paired by seed: difference, standard error, sign test",
+        "the table is also written there as paired-METHOD-vs-BASE.md (default: printed only)",
+        replicates=True,
+        need_out=False,
+    )
     p.add_argument("--method", required=True, help="the method compared (a name of the config's methods)")
     p.add_argument("--base", required=True, help="the method it is compared with (a name of the config's methods)")
     p.set_defaults(func=cmd_paired)
-    p = _add_report(sub, "metrics", "an experiment's metrics.json, curves.csv, paired.csv for dvc metrics/plots",
-                    "metrics.json, curves.csv and, with --pair, paired.csv", replicates=True)  # fmt: skip
-    p.add_argument("--pair", action="append", default=[], metavar="METHOD=BASE",
-                   help="a paired comparison for paired.csv and metrics.json; may be repeated")  # fmt: skip
+    p = _add_report(
+        sub,
+        "metrics",
+        "an experiment's metrics.json, curves.csv, paired.csv for dvc metrics/plots",
+        "metrics.json, curves.csv and, with --pair, paired.csv",
+        replicates=True,
+    )
+    p.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="METHOD=BASE",
+        help="a paired comparison for paired.csv and metrics.json; may be repeated",
+    )
     p.set_defaults(func=cmd_metrics)
-    p = sub.add_parser("compare", help="did a rerun reproduce committed runs? a verdict per cell and overall "
-                       "(exit 0: reproduced, 1: not)")  # fmt: skip
+    p = sub.add_parser(
+        "compare",
+        help="did a rerun reproduce committed runs? a verdict per cell and overall (exit 0: reproduced, 1: not)",
+    )
     p.add_argument("rerun", help="root of the rerun's run directories (e.g. run/results/runs)")
     p.add_argument("committed", help="root of the committed run directories (e.g. results/runs)")
     p.add_argument("--metric", choices=STATISTICS, default="final_acc", help="the statistic compared (default: final)")
-    p.add_argument("--tolerance", type=_points, metavar="POINTS",
-                   help="a fixed tolerance in points (default: the difference seed noise alone exceeds in some "
-                   "cell with at most 5%% probability, from the committed seeds' spread)")  # fmt: skip
+    p.add_argument(
+        "--tolerance",
+        type=_points,
+        metavar="POINTS",
+        help="a fixed tolerance in points (default: the difference seed noise alone exceeds in some "
+        "cell with at most 5%% probability, from the committed seeds' spread)",
+    )
     p.set_defaults(func=cmd_compare)
-    p = _add_report(sub, "fedpart", "FedPart's poster table: full vs partial updates per cycle, costs, warm-up",
-                    "fedpart.md")  # fmt: skip
+    p = _add_report(
+        sub, "fedpart", "FedPart's poster table: full vs partial updates per cycle, costs, warm-up", "fedpart.md"
+    )
     p.set_defaults(func=cmd_fedpart)
     p = sub.add_parser("analysis", help="the paper's analyses from the runs' files (figures and tables)")
-    p.add_argument("what", type=_analysis_name, choices=ANALYSIS_NAMES,
-                   help="the analysis: the name of its Snakemake rule and results/analysis folder")  # fmt: skip
-    p.add_argument("--config", "-c", help="experiment config (YAML): only its grid's runs, one subfolder of "
-                   "OUT per (dataset, alpha) cell when it has several (default: every run under --runs, of one "
-                   "cell)")  # fmt: skip
+    p.add_argument(
+        "what",
+        type=_analysis_name,
+        choices=ANALYSIS_NAMES,
+        help="the analysis: the name of its Snakemake rule and results/analysis folder",
+    )
+    p.add_argument(
+        "--config",
+        "-c",
+        help="experiment config (YAML): only its grid's runs, one subfolder of "
+        "OUT per (dataset, alpha) cell when it has several (default: every run under --runs, of one "
+        "cell)",
+    )
     p.add_argument("--runs", required=True, help="root of the run directories (a study's: its folder)")
     p.add_argument("--out", required=True, help="output folder, created if missing: the analysis' figures and tables")
     p.add_argument("--layers", type=int, nargs="+", help="theta_beta: InCo targets, 1-based (default 11 13)")
-    p.add_argument("--paper-name", action="append", default=[], metavar="OURS=PAPER", type=_paper_name,
-                   help="theta_beta: the paper's row of a method (InCoAvg-noOpt='w/o optimisation')")  # fmt: skip
+    p.add_argument(
+        "--paper-name",
+        action="append",
+        default=[],
+        metavar="OURS=PAPER",
+        type=_paper_name,
+        help="theta_beta: the paper's row of a method (InCoAvg-noOpt='w/o optimisation')",
+    )
     p.set_defaults(func=cmd_analysis)
     p = sub.add_parser("bench", help="engine vs plain PyTorch throughput, and aggregation share")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a report")
@@ -438,8 +504,9 @@ def _points(text: str) -> float:
 def _analysis_name(text: str) -> str:
     """The old hyphenated spellings (theta-beta, case-study) are refused with the name to use."""
     if text not in ANALYSIS_NAMES and text.replace("-", "_") in ANALYSIS_NAMES:
-        raise argparse.ArgumentTypeError(f"{text!r} is spelled {text.replace('-', '_')} (as its Snakemake rule "
-                                         "and results/analysis folder)")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is spelled {text.replace('-', '_')} (as its Snakemake rule and results/analysis folder)"
+        )
     return text
 
 
@@ -476,8 +543,16 @@ def user_errors() -> tuple[type[Exception], ...]:
     from incofl.fl.engine.rundir import RunDirError
     from incofl.report.runs import RunFileError
 
-    return (ConfigError, FileNotFoundError, DataNotFoundError, PartitionError, ReleasePartitionError,
-            CheckpointMismatch, RunDirError, RunFileError)  # fmt: skip
+    return (
+        ConfigError,
+        FileNotFoundError,
+        DataNotFoundError,
+        PartitionError,
+        ReleasePartitionError,
+        CheckpointMismatch,
+        RunDirError,
+        RunFileError,
+    )
 
 
 def main() -> None:

@@ -18,8 +18,20 @@ from pathlib import Path
 PACKAGE = Path(__file__).parent
 # What `incofl train` runs: the engine, methods, models, data, the random streams, the config
 # with the method registry and its parameters, and the CLI entry.
-TRAINING_CODE = ("fl", "models", "data", "streams.py", "config.py", "registry.py", "spec.py", "params.py", "errors.py",
-                 "studies.py", "atomic.py", "cli.py")  # fmt: skip
+TRAINING_CODE = (
+    "fl",
+    "models",
+    "data",
+    "streams.py",
+    "config.py",
+    "registry.py",
+    "spec.py",
+    "params.py",
+    "errors.py",
+    "studies.py",
+    "atomic.py",
+    "cli.py",
+)
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:

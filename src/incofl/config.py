@@ -41,9 +41,21 @@ GRID_KEYS = {"dataset": "datasets", "alpha": "alphas", "method": "methods", "see
 NAME = r"[A-Za-z0-9-]+"
 # Settings one partition artifact (and the data cache) stands for: per_method and variants may not
 # override them (every method of a grid trains on the same clients).
-SHARED_SETTINGS = frozenset({"data_dir", "cache_dir", "partition", "client_samples", "shard_classes", "min_size",
-                             "max_retries", "partition_file", "release_partitions", "fmnist_partition",
-                             "pool_test"})  # fmt: skip
+SHARED_SETTINGS = frozenset(
+    {
+        "data_dir",
+        "cache_dir",
+        "partition",
+        "client_samples",
+        "shard_classes",
+        "min_size",
+        "max_retries",
+        "partition_file",
+        "release_partitions",
+        "fmnist_partition",
+        "pool_test",
+    }
+)
 
 
 Rounds = list[Annotated[int, Field(ge=1)]]
@@ -323,8 +335,9 @@ class Settings(BaseModel):
             key = next(k for k in keys if getattr(self, k))
             raise ValueError(f"{key}: only width models ({', '.join(WIDTH_MODELS)}) are cut in width and depth")
         if self.model_scale != 1.0 and self.models[0] not in (*LAYER_GROUP_MODELS, *WIDTH_MODELS):
-            raise ValueError(f"model_scale: thins ResNets and width models ({', '.join(WIDTH_MODELS)}), "
-                             f"not {self.models[0]}")  # fmt: skip
+            raise ValueError(
+                f"model_scale: thins ResNets and width models ({', '.join(WIDTH_MODELS)}), not {self.models[0]}"
+            )
         if width and len(self.models) > 1:
             raise ValueError(f"models: {self.models[0]} is cut in width: one architecture, its groups `width_rates`")
         if self.exits is not None and self.models[0] != EXIT_MODEL:
@@ -478,15 +491,17 @@ class ExperimentConfig(Settings):
     """A config file: the grid, shared settings, per-method overrides, variants and job resources."""
 
     datasets: list[str] = Field(default_factory=lambda: ["digits"], min_length=1, description="grid: data sets")
-    alphas: list[Annotated[float, Field(gt=0.0)]] = Field(default_factory=lambda: [0.5], min_length=1,
-                                                          description="grid: Dirichlet alphas")  # fmt: skip
+    alphas: list[Annotated[float, Field(gt=0.0)]] = Field(
+        default_factory=lambda: [0.5], min_length=1, description="grid: Dirichlet alphas"
+    )
     methods: list[str] = Field(
         default_factory=lambda: ["InCoAvg"],
         min_length=1,
         description="grid: registered methods (`incofl methods`) or names of variants",
     )
-    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1,
-                                                     description="grid: seeds")  # fmt: skip
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: [0], min_length=1, description="grid: seeds"
+    )
     per_method: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="settings for one method, e.g. MOON: {rounds: 100} (not data or partition settings)",
@@ -539,16 +554,20 @@ class ExperimentConfig(Settings):
             for name, overrides in getattr(self, section).items():
                 shared = sorted(SHARED_SETTINGS & set(overrides))
                 if shared:
-                    raise ValueError(f"{section}.{name}.{shared[0]}: data and partition settings are shared "
-                                     "by all methods, set them at the top level")  # fmt: skip
+                    raise ValueError(
+                        f"{section}.{name}.{shared[0]}: data and partition settings are shared "
+                        "by all methods, set them at the top level"
+                    )
         for section in ("per_method", "per_dataset"):
             for name, overrides in getattr(self, section).items():
                 if "label" in overrides:
                     raise ValueError(f"{section}.{name}.label: name other settings of a method as a variant")
         if self.label is not None:
             if len(self.methods) > 1 or self.methods[0] in self.variants:
-                raise ValueError("label: names the runs of one registered method (a run's config file); "
-                                 "name several settings of a method under variants")  # fmt: skip
+                raise ValueError(
+                    "label: names the runs of one registered method (a run's config file); "
+                    "name several settings of a method under variants"
+                )
             _check_label(self.label, self.methods[0])
         return self
 

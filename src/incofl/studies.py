@@ -24,8 +24,10 @@ from incofl.registry import METHODS
 if TYPE_CHECKING:
     from incofl.config import ExperimentConfig, RunConfig
 
-ROBUSTNESS = re.compile(r"(?P<dataset>[a-z0-9]+)/a(?P<alpha>[0-9.e+-]+)/(?P<method>[A-Za-z0-9-]+)/"
-                        r"b(?P<batch>\d+)-n(?P<noise>[0-9.e+-]+)")  # fmt: skip
+ROBUSTNESS = re.compile(
+    r"(?P<dataset>[a-z0-9]+)/a(?P<alpha>[0-9.e+-]+)/(?P<method>[A-Za-z0-9-]+)/"
+    r"b(?P<batch>\d+)-n(?P<noise>[0-9.e+-]+)"
+)
 CASE = re.compile(r"(?P<dataset>[a-z0-9]+)/(?P<family>[a-z]+)-(?P<iid>iid|noniid)-(?P<models>homo|hetero)")
 
 
@@ -34,8 +36,9 @@ class Robustness(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    methods: list[str] = Field(default_factory=lambda: ["FedAvg", "InCoAvg"], min_length=1,
-                               description="the methods the study runs")  # fmt: skip
+    methods: list[str] = Field(
+        default_factory=lambda: ["FedAvg", "InCoAvg"], min_length=1, description="the methods the study runs"
+    )
     batch_sizes: list[Annotated[int, Field(ge=2)]] = Field(
         default_factory=list, description="local batch sizes, each run without noise"
     )
@@ -50,9 +53,13 @@ class CaseStudy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    families: dict[Literal["resnet", "vit"], dict[str, Any]] = Field(default_factory=lambda: {"resnet": {}},
-        description=("family -> settings of its runs on top of the experiment's (e.g. clients, rounds; a ViT's "
-                     "pretrained weights); the models are the family's"))  # fmt: skip
+    families: dict[Literal["resnet", "vit"], dict[str, Any]] = Field(
+        default_factory=lambda: {"resnet": {}},
+        description=(
+            "family -> settings of its runs on top of the experiment's (e.g. clients, rounds; a ViT's "
+            "pretrained weights); the models are the family's"
+        ),
+    )
     method: str = Field("HeteroAvg", description="one federation over every model (with one model: FedAvg)")
     alpha: float = Field(0.5, gt=0.0, description="the non-IID runs' Dirichlet alpha")
     seeds: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="unset: the experiment's seeds")
@@ -64,12 +71,22 @@ def study_points(exp: ExperimentConfig) -> dict[str, list[str]]:
     rob = exp.robustness
     if rob is not None:
         axes = [(b, 0.0) for b in rob.batch_sizes] + [(exp.batch_size, float(n)) for n in rob.noise]
-        out["robustness"] = [f"{d}/a{float(a)}/{m}/b{b}-n{n}" for d in exp.datasets for a in exp.alphas
-                             for m in rob.methods for b, n in dict.fromkeys(axes)]  # fmt: skip
+        out["robustness"] = [
+            f"{d}/a{float(a)}/{m}/b{b}-n{n}"
+            for d in exp.datasets
+            for a in exp.alphas
+            for m in rob.methods
+            for b, n in dict.fromkeys(axes)
+        ]
     case = exp.case_study
     if case is not None:
-        out["case_study"] = [f"{d}/{f}-{i}-{m}" for d in exp.datasets for f in case.families
-                             for i in ("iid", "noniid") for m in ("homo", "hetero")]  # fmt: skip
+        out["case_study"] = [
+            f"{d}/{f}-{i}-{m}"
+            for d in exp.datasets
+            for f in case.families
+            for i in ("iid", "noniid")
+            for m in ("homo", "hetero")
+        ]
     return out
 
 
@@ -84,8 +101,14 @@ def study_run(exp: ExperimentConfig, study: str, point: str, seed: int) -> RunCo
         p = ROBUSTNESS.fullmatch(point)
         if p is None:
             raise ValueError(f"robustness: {point!r} is not a robustness point")
-        return exp.run_config(p["dataset"], float(p["alpha"]), p["method"], seed, batch_size=int(p["batch"]),
-                              update_noise=float(p["noise"]))  # fmt: skip
+        return exp.run_config(
+            p["dataset"],
+            float(p["alpha"]),
+            p["method"],
+            seed,
+            batch_size=int(p["batch"]),
+            update_noise=float(p["noise"]),
+        )
     p = CASE.fullmatch(point)
     case = exp.case_study
     if p is None or case is None or p["family"] not in case.families:

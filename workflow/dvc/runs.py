@@ -59,8 +59,12 @@ def _config(root: str, method: str) -> str:
 def command(summary: dict[str, Any], root: str) -> tuple[str, dict[str, Any]]:
     """The run's config file and its --set settings (point first), checked against the summary."""
     recorded = summary["config"]
-    point = {"dataset": summary["dataset"], "alpha": summary["alpha"], "method": summary["method"],
-             "seed": summary["seed"]}  # fmt: skip
+    point = {
+        "dataset": summary["dataset"],
+        "alpha": summary["alpha"],
+        "method": summary["method"],
+        "seed": summary["seed"],
+    }
     config = _config(root, point["method"])
     given = load_run_config(config, dict(point)).model_dump()
     sets = {k: v for k, v in recorded.items() if k not in NOT_SETTINGS and given.get(k, v) != v}

@@ -64,9 +64,14 @@ def figure(bars: list[tuple[str, float, float, int]]) -> Figure:
     for ax in (left, right):
         ax.axhline(10, color="k", ls="--", lw=0.8, label="chance (10 classes)")
     right.legend(loc="upper left", fontsize=8)
-    fig.text(0.5, -0.04, "Bars: mean final test accuracy; error bars: ± 1 standard deviation (paper: its Table 2's; "
-             "ours: over the n seeds above each bar). Hatched: our runs of each hypothesis for the collapse.",
-             ha="center", fontsize=8)  # fmt: skip
+    fig.text(
+        0.5,
+        -0.04,
+        "Bars: mean final test accuracy; error bars: ± 1 standard deviation (paper: its Table 2's; "
+        "ours: over the n seeds above each bar). Hatched: our runs of each hypothesis for the collapse.",
+        ha="center",
+        fontsize=8,
+    )
     return fig
 
 

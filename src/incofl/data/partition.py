@@ -235,8 +235,12 @@ def _differs(key: str, made: object, ours: object) -> str:
 def check_provenance(part: Partition, cfg: RunConfig, labels: np.ndarray, path: str) -> Partition:
     """Refuse a partition artifact made for another run: data set, its labels, client count,
     kind, alpha, shard_classes, seed or min_size (each checked where the artifact records it)."""
-    want: dict[str, object] = {"dataset": cfg.dataset, "clients": cfg.clients, "kind": cfg.partition,
-                               "labels_sha256": labels_hash(labels)}  # fmt: skip
+    want: dict[str, object] = {
+        "dataset": cfg.dataset,
+        "clients": cfg.clients,
+        "kind": cfg.partition,
+        "labels_sha256": labels_hash(labels),
+    }
     if cfg.partition not in ("iid", "iid_draw", "shards"):
         want["alpha"] = float(cfg.alpha)
     if cfg.partition == "iid_draw":

@@ -58,8 +58,9 @@ class SiteClient:
         with torch.random.fork_rng(devices=[]):
             self.engine = Engine(cfg, data, partition, resolve_device(cfg.device))
 
-    def train(self, round_: int, plan: ClientPlan, start: State, broadcast: State,
-              blob: bytes | None) -> tuple[ClientUpdate, bytes, str]:  # fmt: skip
+    def train(
+        self, round_: int, plan: ClientPlan, start: State, broadcast: State, blob: bytes | None
+    ) -> tuple[ClientUpdate, bytes, str]:
         """One planned round from the server's start weights and its objective's broadcast: the
         update, the client's new state and the hash of what it keeps (never sent itself)."""
         if plan.client != self.client:

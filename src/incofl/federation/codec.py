@@ -37,16 +37,27 @@ def _names(names: frozenset[str] | None) -> list[str]:
 def plan_records(plan: ClientPlan) -> tuple[ConfigRecord, ArrayRecord]:
     """A plan's fields, and its view's index tensors keyed `name#dim` (dims that take all: none)."""
     config: dict[str, Any] = {
-        "client": plan.client, "group": plan.group, "federation": plan.federation,
-        "federation_size": plan.federation_size, "trainable": _names(plan.trainable),
-        "all_trainable": plan.trainable is None, "upload": _names(plan.upload), "all_upload": plan.upload is None,
-        "keep": _names(plan.keep), "last_grad": plan.last_grad, "view": plan.view is not None,
-    }  # fmt: skip
+        "client": plan.client,
+        "group": plan.group,
+        "federation": plan.federation,
+        "federation_size": plan.federation_size,
+        "trainable": _names(plan.trainable),
+        "all_trainable": plan.trainable is None,
+        "upload": _names(plan.upload),
+        "all_upload": plan.upload is None,
+        "keep": _names(plan.keep),
+        "last_grad": plan.last_grad,
+        "view": plan.view is not None,
+    }
     arrays = ArrayRecord()
     if plan.view is not None:
         view = plan.view
-        config |= {"view_group": view.group, "cost": float(view.cost), "view_names": list(view.index),
-                   "view_dims": [len(index) for index in view.index.values()]}  # fmt: skip
+        config |= {
+            "view_group": view.group,
+            "cost": float(view.cost),
+            "view_names": list(view.index),
+            "view_dims": [len(index) for index in view.index.values()],
+        }
         for name, index in view.index.items():
             for dim, positions in enumerate(index):
                 if positions is not None:
@@ -62,21 +73,37 @@ def read_plan(config: ConfigRecord, arrays: ArrayRecord) -> ClientPlan:
     if config["view"]:
         index: dict[str, Index] = {}
         for name, dims in zip(config["view_names"], config["view_dims"], strict=True):
-            index[name] = tuple(torch.from_numpy(arrays[f"{name}#{d}"].numpy().copy()) if f"{name}#{d}" in arrays
-                                else None for d in range(int(dims)))  # fmt: skip
+            index[name] = tuple(
+                torch.from_numpy(arrays[f"{name}#{d}"].numpy().copy()) if f"{name}#{d}" in arrays else None
+                for d in range(int(dims))
+            )
         view = View(int(config["view_group"]), index, float(config["cost"]))
-    return ClientPlan(int(config["client"]), int(config["group"]), int(config["federation"]),
-                      int(config["federation_size"]), trainable=names("trainable", "all_trainable"),
-                      upload=names("upload", "all_upload"), keep=frozenset(config["keep"]),
-                      last_grad=bool(config["last_grad"]), view=view)  # fmt: skip
+    return ClientPlan(
+        int(config["client"]),
+        int(config["group"]),
+        int(config["federation"]),
+        int(config["federation_size"]),
+        trainable=names("trainable", "all_trainable"),
+        upload=names("upload", "all_upload"),
+        keep=frozenset(config["keep"]),
+        last_grad=bool(config["last_grad"]),
+        view=view,
+    )
 
 
 def train_content(round_: int, plan: ClientPlan, start: State, broadcast: State) -> RecordDict:
     """A planned client's instructions: the round, its plan, its start weights and what the
     server's objective sends (SCAFFOLD's c)."""
     config, view = plan_records(plan)
-    return RecordDict({"round": ConfigRecord({"round": round_}), "plan": config, "view": view,
-                       "start": to_arrays(start), "broadcast": to_arrays(broadcast)})  # fmt: skip
+    return RecordDict(
+        {
+            "round": ConfigRecord({"round": round_}),
+            "plan": config,
+            "view": view,
+            "start": to_arrays(start),
+            "broadcast": to_arrays(broadcast),
+        }
+    )
 
 
 def read_train(content: RecordDict, device: torch.device) -> tuple[int, ClientPlan, State, State]:
@@ -92,11 +119,23 @@ def read_train(content: RecordDict, device: torch.device) -> tuple[int, ClientPl
 def update_content(update: ClientUpdate, kept_sha256: str) -> RecordDict:
     """A trained client's reply: its deltas, its `extra` states, the classes it holds, its
     counts, and the hash of what it keeps (which never leaves it)."""
-    metrics = MetricRecord({"client": update.client, "group": update.group, "federation": update.federation,
-                            "num_samples": update.num_samples, "steps": update.steps, "loss": float(update.loss),
-                            "full": int(update.full), "upload_params": update.upload_params})  # fmt: skip
-    records: dict[str, Any] = {"delta": to_arrays(update.delta), "metrics": metrics,
-                               "kept": ConfigRecord({"sha256": kept_sha256})}  # fmt: skip
+    metrics = MetricRecord(
+        {
+            "client": update.client,
+            "group": update.group,
+            "federation": update.federation,
+            "num_samples": update.num_samples,
+            "steps": update.steps,
+            "loss": float(update.loss),
+            "full": int(update.full),
+            "upload_params": update.upload_params,
+        }
+    )
+    records: dict[str, Any] = {
+        "delta": to_arrays(update.delta),
+        "metrics": metrics,
+        "kept": ConfigRecord({"sha256": kept_sha256}),
+    }
     for key, value in update.extra.items():
         if not isinstance(value, dict):
             raise CodecError(f"extra[{key!r}] of client {update.client}'s update is not a state (name -> tensor)")
@@ -110,13 +149,25 @@ def read_update(content: RecordDict, device: torch.device) -> tuple[ClientUpdate
     """A reply's update (view: none; the server sets its own plan's) and its kept entries' hash."""
     try:
         m = content.metric_records["metrics"]
-        extra = {name[len(EXTRA) :]: from_arrays(r, device) for name, r in content.array_records.items()
-                 if name.startswith(EXTRA)}  # fmt: skip
+        extra = {
+            name[len(EXTRA) :]: from_arrays(r, device)
+            for name, r in content.array_records.items()
+            if name.startswith(EXTRA)
+        }
         classes = from_arrays(content.array_records["classes"], device)["classes"] if "classes" in content else None
-        update = ClientUpdate(int(m["client"]), int(m["group"]), from_arrays(content.array_records["delta"], device),
-                              int(m["num_samples"]), int(m["steps"]), federation=int(m["federation"]), extra=extra,
-                              loss=float(m["loss"]), full=bool(m["full"]), upload_params=int(m["upload_params"]),
-                              classes=classes)  # fmt: skip
+        update = ClientUpdate(
+            int(m["client"]),
+            int(m["group"]),
+            from_arrays(content.array_records["delta"], device),
+            int(m["num_samples"]),
+            int(m["steps"]),
+            federation=int(m["federation"]),
+            extra=extra,
+            loss=float(m["loss"]),
+            full=bool(m["full"]),
+            upload_params=int(m["upload_params"]),
+            classes=classes,
+        )
         return update, str(content.config_records["kept"]["sha256"])
     except (KeyError, TypeError, ValueError) as err:
         raise CodecError(f"malformed update: {err!r}") from err

@@ -26,11 +26,14 @@ class InProcessGrid(Grid):
     (a test's faulty node). A ClientApp that raises answers with an error reply, as a SuperNode does.
     The process takes the identity of a ServerApp task of run `run_id` (Flower's messages read it)."""
 
-    def __init__(self, node_configs: list[dict[str, int | str]], apps: dict[int, NodeApp] | None = None,
-                 run_id: int = 1):  # fmt: skip
+    def __init__(
+        self, node_configs: list[dict[str, int | str]], apps: dict[int, NodeApp] | None = None, run_id: int = 1
+    ):
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
-        self.contexts = {FIRST_NODE + i: Context(run_id, FIRST_NODE + i, dict(config), RecordDict(), {})
-                         for i, config in enumerate(node_configs)}  # fmt: skip
+        self.contexts = {
+            FIRST_NODE + i: Context(run_id, FIRST_NODE + i, dict(config), RecordDict(), {})
+            for i, config in enumerate(node_configs)
+        }
         self.apps = apps or {}
         self.replies: dict[str, Message] = {}
         self._run = None
@@ -42,8 +45,9 @@ class InProcessGrid(Grid):
     def run(self):  # noqa: ANN201
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:  # fmt: skip
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:

@@ -42,9 +42,11 @@ class MissingClients(RuntimeError):
     def __init__(self, round_: int, clients: list[int], why: dict[int, str]):
         self.round, self.clients = round_, clients
         reasons = "; ".join(f"client {c}: {why[c]}" for c in clients)
-        super().__init__(f"round {round_}: no accepted reply from client(s) {', '.join(map(str, clients))} "
-                         f"({reasons}); rerun to resume from the last checkpoint, or set allow-missing=true "
-                         "to go on without them")  # fmt: skip
+        super().__init__(
+            f"round {round_}: no accepted reply from client(s) {', '.join(map(str, clients))} "
+            f"({reasons}); rerun to resume from the last checkpoint, or set allow-missing=true "
+            "to go on without them"
+        )
 
 
 @dataclass
@@ -67,8 +69,10 @@ def check_update(plan: ClientPlan, start: State, update: ClientUpdate) -> str:
     """Why a reply cannot be averaged in ('' if it can): it must be the planned client's, with
     exactly the planned uploaded entries in their shapes, and finite."""
     if (update.client, update.group, update.federation) != (plan.client, plan.group, plan.federation):
-        return (f"reply for client {update.client} (group {update.group}, federation {update.federation}), "
-                f"planned client {plan.client} (group {plan.group}, federation {plan.federation})")  # fmt: skip
+        return (
+            f"reply for client {update.client} (group {update.group}, federation {update.federation}), "
+            f"planned client {plan.client} (group {plan.group}, federation {plan.federation})"
+        )
     expected = {k: v.shape for k, v in start.items() if v.is_floating_point() and plan.uploads(k)}
     got = {k: v.shape for k, v in update.delta.items()}
     if set(got) != set(expected):
@@ -96,8 +100,9 @@ class RemoteTrainer:
     missing: list[int] = field(default_factory=list)  # this round's planned clients without an accepted reply
     kept: dict[int, str] = field(default_factory=dict)  # client -> hash of what it keeps (its last reply's)
 
-    def train(self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State],
-              objective: Objective) -> list[ClientUpdate]:  # fmt: skip
+    def train(
+        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
+    ) -> list[ClientUpdate]:
         """The accepted updates of the round's planned clients, in the plans' order."""
         jobs = [(plan, start_of(plan), objective.broadcast(plan.federation)) for plan in plans]
         replies = self.exchange(round_, jobs)

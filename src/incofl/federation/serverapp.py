@@ -66,9 +66,14 @@ class AppSettings:
         if not run_config.get("out"):
             raise ConfigError("run config: out: set the run directory")
         overrides = parse_overrides(shlex.split(str(run_config.get("set", ""))))
-        return cls(str(run_config.get("config", "")) or None, overrides, Path(str(run_config["out"])),
-                   float(run_config.get("round-timeout", 600.0)), float(run_config.get("join-timeout", 120.0)),
-                   bool(run_config.get("allow-missing", False)))  # fmt: skip
+        return cls(
+            str(run_config.get("config", "")) or None,
+            overrides,
+            Path(str(run_config["out"])),
+            float(run_config.get("round-timeout", 600.0)),
+            float(run_config.get("join-timeout", 120.0)),
+            bool(run_config.get("allow-missing", False)),
+        )
 
 
 def identify(grid: Grid, cfg: RunConfig, timeout: float) -> dict[int, int]:
@@ -97,8 +102,9 @@ def identify(grid: Grid, cfg: RunConfig, timeout: float) -> dict[int, int]:
             time.sleep(0.2)
     missing = sorted(set(range(cfg.clients)) - set(nodes))
     if missing:
-        raise ConfigError(f"no node joined for client(s) {', '.join(map(str, missing))} within {timeout:.0f} s "
-                          "(join-timeout)")  # fmt: skip
+        raise ConfigError(
+            f"no node joined for client(s) {', '.join(map(str, missing))} within {timeout:.0f} s (join-timeout)"
+        )
     return nodes
 
 
@@ -125,8 +131,9 @@ class IncoflStrategy(Strategy):
         self.aggregate_train(round_ + 1, replies)
         return self.replies
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:  # fmt: skip
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         messages = []
         for plan, start, broadcast in self.jobs:
             if plan.client in self.nodes:
@@ -145,9 +152,15 @@ class IncoflStrategy(Strategy):
             reply = by_node.get(node)
             self.replies.append(self.read(node, reply))
             if reply is not None and reply.has_content():
-                self.traffic.append({"round": server_round, "client": plan.client, "node": node,
-                                     "down_bytes": self.down[plan.client],
-                                     "up_bytes": message_bytes(reply.content)})  # fmt: skip
+                self.traffic.append(
+                    {
+                        "round": server_round,
+                        "client": plan.client,
+                        "node": node,
+                        "down_bytes": self.down[plan.client],
+                        "up_bytes": message_bytes(reply.content),
+                    }
+                )
         with atomic_path(self.out / "federation.csv") as tmp:
             pd.DataFrame(self.traffic).to_csv(tmp, index=False)
         return None, MetricRecord({"replies": len(by_node)})
@@ -164,8 +177,9 @@ class IncoflStrategy(Strategy):
             return Reply(error=str(err), node=node)
         return Reply(update, kept, node=node)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:  # fmt: skip
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -189,9 +203,14 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     engine.federate(trainer)
     with claimed(settings.out):
         summary = Run(cfg, engine, settings.out).execute()
-    write_json(settings.out / "federation.json", {"nodes": {str(c): n for c, n in sorted(nodes.items())},
-                                                  "kept_sha256": {str(c): h for c, h in sorted(trainer.kept.items())},
-                                                  "state_sha256": summary.get("state_sha256")})  # fmt: skip
+    write_json(
+        settings.out / "federation.json",
+        {
+            "nodes": {str(c): n for c, n in sorted(nodes.items())},
+            "kept_sha256": {str(c): h for c, h in sorted(trainer.kept.items())},
+            "state_sha256": summary.get("state_sha256"),
+        },
+    )
     return summary
 
 

@@ -24,8 +24,18 @@ from incofl.data.partition import Partition
 from incofl.data.tensors import normalisation
 
 # The settings a client's share of the data depends on (a node checks them against the run's config).
-PARTITION_KEYS = ("dataset", "partition", "alpha", "clients", "partition_seed", "client_samples", "shard_classes",
-                  "pool_test", "fmnist_partition", "normalize")  # fmt: skip
+PARTITION_KEYS = (
+    "dataset",
+    "partition",
+    "alpha",
+    "clients",
+    "partition_seed",
+    "client_samples",
+    "shard_classes",
+    "pool_test",
+    "fmnist_partition",
+    "normalize",
+)
 
 
 @dataclass(frozen=True)
@@ -57,9 +67,19 @@ def export_client(cfg: RunConfig, data: ImageDataset, partition: Partition, clie
     order = np.sort(part)
     mean, std = normalisation(data, cfg.normalize)
     with atomic_path(out) as tmp, open(tmp, "wb") as fh:
-        np.savez(fh, x=data.x_train[order], y=data.y_train[order], part=np.searchsorted(order, part),
-                 mean=mean, std=std, classes=data.num_classes, client=client, x_test=data.x_test[:0],
-                 y_test=data.y_test[:0], settings=json.dumps(partition_settings(cfg)))  # fmt: skip
+        np.savez(
+            fh,
+            x=data.x_train[order],
+            y=data.y_train[order],
+            part=np.searchsorted(order, part),
+            mean=mean,
+            std=std,
+            classes=data.num_classes,
+            client=client,
+            x_test=data.x_test[:0],
+            y_test=data.y_test[:0],
+            settings=json.dumps(partition_settings(cfg)),
+        )
     return len(part)
 
 
@@ -79,8 +99,17 @@ def load_site(path: str | Path, cfg: RunConfig, client: int) -> tuple[SiteDatase
     for key, value in partition_settings(cfg).items():
         if saved.get(key) != value:
             raise ConfigError(f"data-path {path}: exported with {key}={saved.get(key)!r}, the run has {key}={value!r}")
-    data = SiteDataset(cfg.dataset, site["x"], site["y"], site["x_test"], site["y_test"], order="unknown",
-                       classes=int(site["classes"]), mean=site["mean"], std=site["std"])  # fmt: skip
+    data = SiteDataset(
+        cfg.dataset,
+        site["x"],
+        site["y"],
+        site["x_test"],
+        site["y_test"],
+        order="unknown",
+        classes=int(site["classes"]),
+        mean=site["mean"],
+        std=site["std"],
+    )
     parts = [np.zeros(0, dtype=np.int64) for _ in range(cfg.clients)]
     parts[client] = site["part"].astype(np.int64)
     histogram = np.zeros((cfg.clients, data.num_classes), dtype=np.int64)

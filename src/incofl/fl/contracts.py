@@ -151,7 +151,17 @@ class RoundReport:
     @classmethod
     def of(cls, round_: int, updates: list[ClientUpdate], epochs: int, diagnostics: dict) -> RoundReport:
         passes = [epochs * u.num_samples for u in updates]
-        units = round(sum(n * (FULL_UNITS if u.full else PARTIAL_UNITS) * (u.view.cost if u.view else 1.0)
-                          for n, u in zip(passes, updates, strict=True)))  # fmt: skip
-        return cls(round_, sum(passes), BYTES_PER_PARAM * sum(u.upload_params for u in updates), units,
-                   {u.client: u.loss for u in updates}, diagnostics)  # fmt: skip
+        units = round(
+            sum(
+                n * (FULL_UNITS if u.full else PARTIAL_UNITS) * (u.view.cost if u.view else 1.0)
+                for n, u in zip(passes, updates, strict=True)
+            )
+        )
+        return cls(
+            round_,
+            sum(passes),
+            BYTES_PER_PARAM * sum(u.upload_params for u in updates),
+            units,
+            {u.client: u.loss for u in updates},
+            diagnostics,
+        )

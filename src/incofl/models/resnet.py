@@ -66,8 +66,10 @@ class FamilyResNet(Projectable, ResNet):
         widths = [max(1, round(scale * w)) for w in WIDTHS]
         self.inplanes = widths[0]
         self.bn1 = nn.BatchNorm2d(widths[0])
-        stages = [self._make_layer(BasicBlock, w, n, stride=1 if i == 0 else 2)
-                  for i, (w, n) in enumerate(zip(widths, [*blocks, 1][:4], strict=True))]  # fmt: skip
+        stages = [
+            self._make_layer(BasicBlock, w, n, stride=1 if i == 0 else 2)
+            for i, (w, n) in enumerate(zip(widths, [*blocks, 1][:4], strict=True))
+        ]
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.fc = nn.Linear(widths[3], self.fc.out_features)
         for m in self.modules():

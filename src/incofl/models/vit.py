@@ -70,15 +70,23 @@ def _pretrained_state(path: str | os.PathLike, model: FamilyViT) -> dict[str, to
     fresh = ("head.", "proj.")  # the classifier and MOON's projection: always new
     ours = {k: v for k, v in model.state_dict().items() if not k.startswith(fresh)}
     deeper = re.compile(r"blocks\.(\d+)\.")
-    unexpected = [k for k in state if k not in ours and not k.startswith(fresh)
-                  and not ((m := deeper.match(k)) and int(m.group(1)) >= len(model.blocks))]  # fmt: skip
+    unexpected = [
+        k
+        for k in state
+        if k not in ours
+        and not k.startswith(fresh)
+        and not ((m := deeper.match(k)) and int(m.group(1)) >= len(model.blocks))
+    ]
     problems = {
         "missing": [k for k in ours if k not in state],
         "unexpected": unexpected,
         "of another shape": [k for k in ours if k in state and state[k].shape != ours[k].shape],
     }
-    found = [f"{len(keys)} {what} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
-             for what, keys in problems.items() if keys]  # fmt: skip
+    found = [
+        f"{len(keys)} {what} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
+        for what, keys in problems.items()
+        if keys
+    ]
     if found:
         raise ConfigError(f"pretrained: {path}: not weights of this ViT, keys: {'; '.join(found)}")
     return {k: v for k, v in state.items() if k in ours}

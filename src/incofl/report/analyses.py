@@ -36,8 +36,9 @@ class NoRuns(FileNotFoundError):
     """No finished run under the root has the file an analysis reads."""
 
 
-def runs_with(root: str | os.PathLike, filename: str | None, grid: dict[str, list] | None = None,
-              cells: bool = False) -> Runs:  # fmt: skip
+def runs_with(
+    root: str | os.PathLike, filename: str | None, grid: dict[str, list] | None = None, cells: bool = False
+) -> Runs:
     """Finished runs under `root` (in the grid's values, if given) that have `filename`; a run
     without it is named on stderr and skipped. A run from before `status` counts as completed
     (as in report/runs.py). Runs of several (dataset, alpha) cells are refused unless `cells`
@@ -58,15 +59,19 @@ def runs_with(root: str | os.PathLike, filename: str | None, grid: dict[str, lis
     found = sorted({(s["dataset"], float(s["alpha"])) for s, _ in runs})
     if len(found) > 1 and not cells:
         names = ", ".join(f"{d} a{a}" for d, a in found)
-        raise ConfigError(f"runs under {root} span {len(found)} (dataset, alpha) cells ({names}): "
-                          "pass --config with one dataset and alpha, or a --runs folder of one cell")  # fmt: skip
+        raise ConfigError(
+            f"runs under {root} span {len(found)} (dataset, alpha) cells ({names}): "
+            "pass --config with one dataset and alpha, or a --runs folder of one cell"
+        )
     return runs
 
 
 def frame(runs: Runs, filename: str) -> pd.DataFrame:
     """One CSV of every run, with the run's method, seed, dataset and alpha."""
-    parts = [read_csv(path / filename).assign(method=s["method"], seed=s["seed"], dataset=s["dataset"],
-                                                   alpha=s["alpha"]) for s, path in runs]  # fmt: skip
+    parts = [
+        read_csv(path / filename).assign(method=s["method"], seed=s["seed"], dataset=s["dataset"], alpha=s["alpha"])
+        for s, path in runs
+    ]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -190,8 +195,14 @@ def cka_heatmaps(last: pd.DataFrame, methods: Sequence[str], models: dict[tuple[
     return fig
 
 
-def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | os.PathLike,
-             methods: Sequence[str], models: dict[tuple[str, int], list[str]]) -> list[Path]:  # fmt: skip
+def plot_cka(
+    cka: pd.DataFrame,
+    similarity: pd.DataFrame,
+    metrics: pd.DataFrame,
+    out_dir: str | os.PathLike,
+    methods: Sequence[str],
+    models: dict[tuple[str, int], list[str]],
+) -> list[Path]:
     colors = {m: matplotlib.colormaps["tab10"](i % 10) for i, m in enumerate(methods)}
     last = last_probe(cka)
     paths = []
@@ -207,12 +218,21 @@ def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame,
             s = stats[stats["method"] == method].set_index("layer").reindex(names)
             x = np.arange(len(names))
             ax.plot(x, s["mean"], marker="o", ms=3, color=colors[method], label=method)
-            ax.fill_between(x, s["mean"] - s["std"].fillna(0), s["mean"] + s["std"].fillna(0), color=colors[method],
-                            alpha=0.15, lw=0)  # fmt: skip
+            ax.fill_between(
+                x,
+                s["mean"] - s["std"].fillna(0),
+                s["mean"] + s["std"].fillna(0),
+                color=colors[method],
+                alpha=0.15,
+                lw=0,
+            )
         ax.set_xticks(np.arange(len(names)), names, rotation=90 if kind == "block" else 0, fontsize=7)
         n = seeds_text(stats.groupby("method")["count"].max())
-        ax.set(ylabel="linear CKA between clients", ylim=(0, 1.02),
-               title=f"{kind} outputs, last probed round\nmean over client pairs; band ± 1 std over {n}")  # fmt: skip
+        ax.set(
+            ylabel="linear CKA between clients",
+            ylim=(0, 1.02),
+            title=f"{kind} outputs, last probed round\nmean over client pairs; band ± 1 std over {n}",
+        )
     next(ax for ax in axes[0] if ax.axison).legend(loc="lower left")
     paths += _save(fig, out_dir, "cka_layers")
 
@@ -244,15 +264,19 @@ def plot_cka(cka: pd.DataFrame, similarity: pd.DataFrame, metrics: pd.DataFrame,
             label = "same model group" if same else "different groups"
             ax.plot(np.arange(len(names)), mean.to_numpy(), ls=style, marker=".", label=label)
         n = seeds_text(pd.Series([rows["seed"].nunique()]))
-        ax.set(xlabel="layer (network order)", ylabel="cosine of two clients' updates",
-               title=f"{method}\nmean over client pairs and {n}")  # fmt: skip
+        ax.set(
+            xlabel="layer (network order)",
+            ylabel="cosine of two clients' updates",
+            title=f"{method}\nmean over client pairs and {n}",
+        )
     axes[0, 0].legend()
     paths += _save(fig, out_dir, "update_similarity")
     return paths
 
 
-def cka_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
-                 grid: dict | None = None) -> list[Path]:  # fmt: skip
+def cka_analysis(
+    root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None, grid: dict | None = None
+) -> list[Path]:
     runs = runs_with(root, "cka.csv", grid)
     cka = frame(runs, "cka.csv")
     metrics = frame(runs, "metrics.csv")
@@ -262,8 +286,10 @@ def cka_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: S
     similarity = frame(cosines, "update_similarity.csv") if cosines else pd.DataFrame()
     methods = ordered(cka["method"], methods)
     paths = plot_cka(cka, similarity, metrics, out_dir, methods, group_models(runs))
-    text = ("Linear CKA between the sampled clients' models at each stage output, last probed round "
-            "(mean over client pairs, then mean ± std over seeds).\n\n")  # fmt: skip
+    text = (
+        "Linear CKA between the sampled clients' models at each stage output, last probed round "
+        "(mean over client pairs, then mean ± std over seeds).\n\n"
+    )
     return [*paths, _write(out_dir, "cka.md", text + _markdown(cka_table(cka, methods)))]
 
 
@@ -308,8 +334,9 @@ def gradients_figure(hist: pd.DataFrame, methods: Sequence[str]) -> Figure:
     return fig
 
 
-def gradients_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
-                       grid: dict | None = None) -> list[Path]:  # fmt: skip
+def gradients_analysis(
+    root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None, grid: dict | None = None
+) -> list[Path]:
     """The first conv's and the deepest block conv's histogram at each run's last histogrammed
     round (of its largest federation: FedAvg's is its ResNet26 group), before and after the
     server's transforms; gradients.md: std and excess kurtosis per layer."""
@@ -326,8 +353,10 @@ def gradients_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, meth
     table = moments.groupby(["method", "layer", "which"], sort=False)[["std", "kurtosis"]].mean().reset_index()
     table["method"] = pd.Categorical(table["method"], methods)
     table = table.sort_values(["method", "layer"], key=lambda c: c.map(depth) if c.name == "layer" else c)
-    text = ("Std and excess kurtosis of the averaged update per layer (bin centres), last histogrammed "
-            "round, mean over seeds; `applied` is after the server's transforms (InCo's step).\n\n")  # fmt: skip
+    text = (
+        "Std and excess kurtosis of the averaged update per layer (bin centres), last histogrammed "
+        "round, mean over seeds; `applied` is after the server's transforms (InCo's step).\n\n"
+    )
     return [*paths, _write(out_dir, "gradients.md", text + table.to_markdown(index=False, floatfmt=".4g") + "\n")]
 
 
@@ -387,9 +416,14 @@ def theta_beta_figure(inco: pd.DataFrame, methods: Sequence[str], layers: Sequen
     return fig
 
 
-def theta_beta_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
-                        grid: dict | None = None, layers: Sequence[int] | None = None,
-                        paper_names: dict[str, str] | None = None) -> list[Path]:  # fmt: skip
+def theta_beta_analysis(
+    root: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    methods: Sequence[str] | None = None,
+    grid: dict | None = None,
+    layers: Sequence[int] | None = None,
+    paper_names: dict[str, str] | None = None,
+) -> list[Path]:
     """`layers` (1-based InCo targets): default the paper's 11 and 13, or the two deepest targets
     of a model with fewer (ResNet26 has 16)."""
     inco = frame(runs_with(root, "inco.csv", grid), "inco.csv")
@@ -401,8 +435,10 @@ def theta_beta_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, met
     table = table3(inco, methods, layers, names)
     fig = theta_beta_figure(inco, methods, layers)
     paths = _save(fig, out_dir, "theta_beta")
-    text = (f"Share of kernel slices with beta > 0 (%) of InCo target layers {', '.join(map(str, layers))} "
-            "(1-based, in inco.csv order), mean over rounds, mean ± std over seeds; paper: Table 3.\n\n")  # fmt: skip
+    text = (
+        f"Share of kernel slices with beta > 0 (%) of InCo target layers {', '.join(map(str, layers))} "
+        "(1-based, in inco.csv order), mean over rounds, mean ± std over seeds; paper: Table 3.\n\n"
+    )
     return [*paths, _write(out_dir, "table3.md", text + _markdown(table))]
 
 
@@ -413,8 +449,12 @@ def separation(points: pd.DataFrame) -> pd.Series:
     paper's Fig. 9d-f reads by eye whether clients' features cluster by class or by client. NaN
     where the label has one value (a map of one client) or a value per point."""
     xy = points[["x", "y"]].to_numpy()
-    return pd.Series({by: float(silhouette_score(xy, points[column])) if 1 < points[column].nunique() < len(xy)
-                      else math.nan for by, column in (("class", "label"), ("client", "client"))})  # fmt: skip
+    return pd.Series(
+        {
+            by: float(silhouette_score(xy, points[column])) if 1 < points[column].nunique() < len(xy) else math.nan
+            for by, column in (("class", "label"), ("client", "client"))
+        }
+    )
 
 
 def tsne_figure(points: pd.DataFrame, methods: Sequence[str], models: dict[tuple[str, int], list[str]]) -> Figure:
@@ -426,10 +466,21 @@ def tsne_figure(points: pd.DataFrame, methods: Sequence[str], models: dict[tuple
         run = first_seed(points, method)
         names = models[(method, int(run["seed"].iloc[0]))]
         for k, (client, rows) in enumerate(run.groupby("client", sort=False)):
-            ax.scatter(rows["x"], rows["y"], c=[colour(c % 10) for c in rows["label"]],
-                       marker=markers[k % len(markers)], s=9, alpha=0.8)  # fmt: skip
-            ax.scatter([], [], c="grey", marker=markers[k % len(markers)],
-                       label=f"client {client} ({names[rows['group'].iloc[0]]})")  # fmt: skip
+            ax.scatter(
+                rows["x"],
+                rows["y"],
+                c=[colour(c % 10) for c in rows["label"]],
+                marker=markers[k % len(markers)],
+                s=9,
+                alpha=0.8,
+            )
+            ax.scatter(
+                [],
+                [],
+                c="grey",
+                marker=markers[k % len(markers)],
+                label=f"client {client} ({names[rows['group'].iloc[0]]})",
+            )
         for c in sorted(run["label"].unique()):
             ax.scatter([], [], c=[colour(c % 10)], marker="o", label=f"class {c}")
         ax.set(title=f"{method} (seed {run['seed'].iloc[0]}, round {run['round'].iloc[0]})", xticks=[], yticks=[])
@@ -437,8 +488,9 @@ def tsne_figure(points: pd.DataFrame, methods: Sequence[str], models: dict[tuple
     return fig
 
 
-def tsne_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
-                  grid: dict | None = None) -> list[Path]:  # fmt: skip
+def tsne_analysis(
+    root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None, grid: dict | None = None
+) -> list[Path]:
     runs = runs_with(root, "tsne.csv", grid)
     points = frame(runs, "tsne.csv")
     points = points[points["round"] == points.groupby(["method", "seed"])["round"].transform("max")]
@@ -446,8 +498,9 @@ def tsne_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: 
     fig = tsne_figure(points, methods, group_models(runs))
     paths = _save(fig, out_dir, "tsne")
     scores = points.groupby(["method", "seed"])[["x", "y", "label", "client"]].apply(separation).reset_index()
-    table = scores.groupby("method").agg(seeds=("seed", "size"), **{
-        f"silhouette by {by}": (by, lambda v: mean_std(v, 3)) for by in ("class", "client")})  # fmt: skip
+    table = scores.groupby("method").agg(
+        seeds=("seed", "size"), **{f"silhouette by {by}": (by, lambda v: mean_std(v, 3)) for by in ("class", "client")}
+    )
     text = (
         "Silhouette of the t-SNE map (last mapped round) by class and by client: higher means the points "
         "cluster by that label; mean ± std over seeds.\n\n"
@@ -455,8 +508,9 @@ def tsne_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: 
     return [*paths, _write(out_dir, "tsne.md", text + _markdown(table.reindex(methods).reset_index()))]
 
 
-def groups_analysis(root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None,
-                    grid: dict | None = None) -> list[Path]:  # fmt: skip
+def groups_analysis(
+    root: str | os.PathLike, out_dir: str | os.PathLike, methods: Sequence[str] | None = None, grid: dict | None = None
+) -> list[Path]:
     runs = runs_with(root, None, grid)
     rows = [(s["method"], s["seed"], g, acc) for s, _ in runs for g, acc in enumerate(s["group_final_acc"])]
     acc = pd.DataFrame(rows, columns=["method", "seed", "group", "acc"])
@@ -486,10 +540,20 @@ def robustness_frame(root: str | os.PathLike) -> pd.DataFrame:
     config without update_noise predates it: 0). `line` names a curve: the method, with its
     (dataset, alpha) cell when the study ran at several."""
     runs = runs_with(root, None, cells=True)
-    frame = pd.DataFrame([{"method": s["method"], "seed": s["seed"], "dataset": s["dataset"],
-                           "alpha": float(s["alpha"]), "batch_size": s["config"]["batch_size"],
-                           "noise": s["config"].get("update_noise") or 0.0, "acc": s["final_acc"]}
-                          for s, _ in runs])  # fmt: skip
+    frame = pd.DataFrame(
+        [
+            {
+                "method": s["method"],
+                "seed": s["seed"],
+                "dataset": s["dataset"],
+                "alpha": float(s["alpha"]),
+                "batch_size": s["config"]["batch_size"],
+                "noise": s["config"].get("update_noise") or 0.0,
+                "acc": s["final_acc"],
+            }
+            for s, _ in runs
+        ]
+    )
     several = frame[["dataset", "alpha"]].drop_duplicates().shape[0] > 1
     cell = frame["dataset"].map(dataset_label) + " α=" + frame["alpha"].astype(str)
     return frame.assign(line=frame["method"] + (", " + cell if several else ""))
@@ -502,8 +566,10 @@ def robustness_figure(runs: pd.DataFrame) -> Figure:
     methods = ordered(runs["line"], None)
     noisy = runs[runs["noise"] > 0]
     batch = int(noisy["batch_size"].mode().iloc[0]) if len(noisy) else int(runs["batch_size"].mode().iloc[0])
-    axes_data = {"batch size (no noise)": (runs[runs["noise"] == 0], "batch_size"),
-                 f"update noise (batch {batch})": (runs[runs["batch_size"] == batch], "noise")}  # fmt: skip
+    axes_data = {
+        "batch size (no noise)": (runs[runs["noise"] == 0], "batch_size"),
+        f"update noise (batch {batch})": (runs[runs["batch_size"] == batch], "noise"),
+    }
     fig, axes = _figure(1, 2, 3.8)
     for ax, (label, (data, key)) in zip(axes[0], axes_data.items(), strict=True):
         for method in methods:
@@ -546,8 +612,10 @@ def case_study_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> 
     a run), columns homogeneous / heterogeneous, the paper's number beside (CIFAR-10 only; "n/a"
     where the paper gives none); table1.csv: the tidy numbers."""
     runs = runs_with(root, None, cells=True)
-    acc = pd.DataFrame([(s["dataset"], *case_setting(s["config"]), s["final_acc"]) for s, _ in runs],
-                       columns=["dataset", "family", "partition", "models", "acc"])  # fmt: skip
+    acc = pd.DataFrame(
+        [(s["dataset"], *case_setting(s["config"]), s["final_acc"]) for s, _ in runs],
+        columns=["dataset", "family", "partition", "models", "acc"],
+    )
     rows = []
     cells = acc[["dataset", "family"]].drop_duplicates().itertuples(index=False)
     for dataset, family in cells:
@@ -566,11 +634,18 @@ def case_study_analysis(root: str | os.PathLike, out_dir: str | os.PathLike) -> 
     csv.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(csv) as tmp:
         tidy.to_csv(tmp, index=False)
-    text = ("Case study (paper Table 1): final test accuracy (%), mean ± std over seeds; homogeneous: every "
-            "client the family's largest model; the paper's numbers where it gives them.\n\n")  # fmt: skip
+    text = (
+        "Case study (paper Table 1): final test accuracy (%), mean ± std over seeds; homogeneous: every "
+        "client the family's largest model; the paper's numbers where it gives them.\n\n"
+    )
     return [_write(out_dir, "table1.md", text + _markdown(table)), csv]
 
 
-ANALYSES = {"cka": cka_analysis, "gradients": gradients_analysis, "theta_beta": theta_beta_analysis,
-            "tsne": tsne_analysis, "groups": groups_analysis}  # fmt: skip
+ANALYSES = {
+    "cka": cka_analysis,
+    "gradients": gradients_analysis,
+    "theta_beta": theta_beta_analysis,
+    "tsne": tsne_analysis,
+    "groups": groups_analysis,
+}
 STUDIES = {"robustness": robustness_analysis, "case_study": case_study_analysis}

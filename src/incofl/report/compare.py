@@ -35,8 +35,19 @@ from incofl.report.runs import RunFileError, collect_summaries, completed, datas
 CELL = ["dataset", "alpha", "method"]
 # run settings that do not change what a run computes on one machine: they may differ between a
 # rerun and the committed runs (paths, the thread count the job was given, checkpoint cadence)
-NOT_SETTINGS = frozenset({"seed", "threads", "progress", "cache_dir", "data_dir", "partition_file", "device",
-                          "checkpoint_every", "keep_checkpoint"})  # fmt: skip
+NOT_SETTINGS = frozenset(
+    {
+        "seed",
+        "threads",
+        "progress",
+        "cache_dir",
+        "data_dir",
+        "partition_file",
+        "device",
+        "checkpoint_every",
+        "keep_checkpoint",
+    }
+)
 
 
 def welch_interval(rerun: np.ndarray, committed: np.ndarray) -> tuple[float, float, float]:
@@ -82,8 +93,10 @@ def check_same_experiment(rerun: pd.DataFrame, committed: pd.DataFrame) -> None:
         ours, other = _settings(runs.iloc[0]), _settings(theirs[key])
         for name in sorted(set(ours) & set(other)):
             if ours[name] != other[name]:
-                raise RunFileError(f"{_label(key)}: the rerun was trained with {name}={other[name]!r}, the "
-                                   f"committed runs with {name}={ours[name]!r}: not the same experiment")  # fmt: skip
+                raise RunFileError(
+                    f"{_label(key)}: the rerun was trained with {name}={other[name]!r}, the "
+                    f"committed runs with {name}={ours[name]!r}: not the same experiment"
+                )
 
 
 def _label(key: tuple) -> str:
@@ -107,8 +120,15 @@ def compare(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, tol: floa
             diff, low, high = welch_interval(a, b)
             cell_tol = tol if tol is not None else tolerance(committed, metric, len(keys), len(a))
             holds = not math.isnan(low) and low <= 0 <= high
-            row |= {"rerun": a.mean(), "committed": b.mean(), "difference": diff, "low": low, "high": high,
-                    "tolerance": cell_tol, "reproduced": holds or abs(diff) <= cell_tol}  # fmt: skip
+            row |= {
+                "rerun": a.mean(),
+                "committed": b.mean(),
+                "difference": diff,
+                "low": low,
+                "high": high,
+                "tolerance": cell_tol,
+                "reproduced": holds or abs(diff) <= cell_tol,
+            }
         else:
             row |= {"reproduced": False}
         rows.append(row)
@@ -135,11 +155,16 @@ def _cell_text(r: Any) -> str:
 
 def to_markdown(table: pd.DataFrame, metric: str) -> str:
     """The per-cell table and the overall verdict line."""
-    lines = [f"**Reproduction** of {metric} (points): rerun - committed, 95% Welch interval; a cell reproduced "
-             "when the interval holds 0 or |difference| <= tol.", "",
-             "| cell | seeds rerun / committed | rerun | committed | difference | 95% interval | reproduced |",
-             "| :--- | :---: | :---: | :---: | :---: | :---: | :--- |",
-             *(_cell_text(r) for r in table.itertuples()), "", verdict(table)]  # fmt: skip
+    lines = [
+        f"**Reproduction** of {metric} (points): rerun - committed, 95% Welch interval; a cell reproduced "
+        "when the interval holds 0 or |difference| <= tol.",
+        "",
+        "| cell | seeds rerun / committed | rerun | committed | difference | 95% interval | reproduced |",
+        "| :--- | :---: | :---: | :---: | :---: | :---: | :--- |",
+        *(_cell_text(r) for r in table.itertuples()),
+        "",
+        verdict(table),
+    ]
     return "\n".join(lines) + "\n"
 
 

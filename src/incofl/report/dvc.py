@@ -49,17 +49,25 @@ def paired_metrics(tables: dict[str, pd.DataFrame]) -> dict:
     for pair, table in tables.items():
         for r in table.itertuples():
             cell = out.setdefault(pair, {}).setdefault(r.dataset, {}).setdefault(alpha_tag(r.alpha), {})
-            cell[r.metric] = {"n": int(r.n), "mean_diff": _number(r.mean_diff), "se": _number(r.se),
-                              "wins": int(r.wins), "losses": int(r.losses), "sign_p": float(r.sign_p)}  # fmt: skip
+            cell[r.metric] = {
+                "n": int(r.n),
+                "mean_diff": _number(r.mean_diff),
+                "se": _number(r.se),
+                "wins": int(r.wins),
+                "losses": int(r.losses),
+                "sign_p": float(r.sign_p),
+            }
     return out
 
 
 def paired_rows(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per pair, data set, alpha, statistic and seed: the difference (points)."""
-    rows = [{"pair": pair, "dataset": r.dataset, "alpha": r.alpha, "statistic": r.metric, "seed": seed,
-             "difference": diff}
-            for pair, table in tables.items() for r in table.itertuples()
-            for seed, diff in zip(r.seeds, r.diffs, strict=True)]  # fmt: skip
+    rows = [
+        {"pair": pair, "dataset": r.dataset, "alpha": r.alpha, "statistic": r.metric, "seed": seed, "difference": diff}
+        for pair, table in tables.items()
+        for r in table.itertuples()
+        for seed, diff in zip(r.seeds, r.diffs, strict=True)
+    ]
     return pd.DataFrame(rows, columns=["pair", "dataset", "alpha", "statistic", "seed", "difference"])
 
 

@@ -82,8 +82,9 @@ def read_runs(
         rounds = path.with_name("rounds.csv")
         metrics = read_csv(path.with_name("metrics.csv"))
         per_round = read_csv(rounds) if rounds.exists() else pd.DataFrame()
-        runs.append(RunFiles(s["method"], s["config"]["method"], **point, config=s["config"], metrics=metrics,
-                             rounds=per_round))  # fmt: skip
+        runs.append(
+            RunFiles(s["method"], s["config"]["method"], **point, config=s["config"], metrics=metrics, rounds=per_round)
+        )
     return runs
 
 

@@ -100,8 +100,16 @@ def _curve_figure(cell: pd.DataFrame, colors: dict[str, tuple], title: str) -> F
             ax.plot(s.index, s["mean"], color=color, lw=1.4, marker="o", ms=3, label=label)
             ax.fill_between(s.index, s["mean"] - s["std"], s["mean"] + s["std"], color=color, alpha=0.18, lw=0)
         for i, (_, run) in enumerate(diverged.groupby("seed")):  # dotted up to the divergence, x where it ended
-            ax.plot(run["round"], run["mean_acc"], color=color, ls=":", lw=1.0, marker="x", markevery=[-1],
-                    label=label if done.empty and i == 0 else None)  # fmt: skip
+            ax.plot(
+                run["round"],
+                run["mean_acc"],
+                color=color,
+                ls=":",
+                lw=1.0,
+                marker="x",
+                markevery=[-1],
+                label=label if done.empty and i == 0 else None,
+            )
     ax.set(xlabel="Communication rounds", ylabel=ACC_LABEL, title=title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), title=BAND_TITLE, alignment="left")
@@ -135,8 +143,14 @@ def _setting_of(name: str) -> str | None:
         return None
     m = METHODS[name]
     stages = (m.objective, m.aggregator, m.pre, m.post, m.planner)
-    return next((f.name for f in METHODS.values() if name.startswith(f.name + "-")
-                 and (f.objective, f.aggregator, f.pre, f.post, f.planner) == stages), None)  # fmt: skip
+    return next(
+        (
+            f.name
+            for f in METHODS.values()
+            if name.startswith(f.name + "-") and (f.objective, f.aggregator, f.pre, f.post, f.planner) == stages
+        ),
+        None,
+    )
 
 
 def _without_step(method: str) -> str | None:
@@ -146,16 +160,24 @@ def _without_step(method: str) -> str | None:
     if m is None or not m.post:
         return None
     rest = (m.objective, m.aggregator, m.pre, m.planner, m.defaults)
-    return next((o.name for o in METHODS.values() if not o.post
-                 and (o.objective, o.aggregator, o.pre, o.planner, o.defaults) == rest), None)  # fmt: skip
+    return next(
+        (
+            o.name
+            for o in METHODS.values()
+            if not o.post and (o.objective, o.aggregator, o.pre, o.planner, o.defaults) == rest
+        ),
+        None,
+    )
 
 
 def registered_methods(summaries: pd.DataFrame) -> dict[str, str]:
     """Name shown -> the registered method its runs ran (a variant's method; from each run's
     config), the name itself for runs whose summary has no config."""
     configs = summaries["config"] if "config" in summaries else [None] * len(summaries)
-    return {name: config.get("method", name) if isinstance(config, dict) else name
-            for name, config in zip(summaries["method"], configs, strict=True)}  # fmt: skip
+    return {
+        name: config.get("method", name) if isinstance(config, dict) else name
+        for name, config in zip(summaries["method"], configs, strict=True)
+    }
 
 
 def ablation_methods(names: Sequence[str], method_of: Callable[[str], str | None]) -> list[str]:

@@ -64,25 +64,39 @@ def paired(summaries: pd.DataFrame, method: str, base: str, metrics: list[str]) 
                 continue
             d = (wide[(metric, method)] - wide[(metric, base)]).dropna().groupby(level="seed").mean()
             n = len(d)
-            rows.append({"dataset": dataset, "alpha": alpha, "metric": metric, "n": n,
-                         "mean_diff": float(d.mean()) if n else np.nan,
-                         "se": float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else np.nan,
-                         "wins": int((d > 0).sum()), "losses": int((d < 0).sum()),
-                         "sign_p": sign_test(list(d)), "diffs": [round(float(x), 2) for x in d],
-                         "seeds": [int(s) for s in d.index]})  # fmt: skip
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "alpha": alpha,
+                    "metric": metric,
+                    "n": n,
+                    "mean_diff": float(d.mean()) if n else np.nan,
+                    "se": float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else np.nan,
+                    "wins": int((d > 0).sum()),
+                    "losses": int((d < 0).sum()),
+                    "sign_p": sign_test(list(d)),
+                    "diffs": [round(float(x), 2) for x in d],
+                    "seeds": [int(s) for s in d.index],
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def to_markdown(table: pd.DataFrame, method: str, base: str) -> str:
-    lines = [f"**{method} - {base}**, paired by seed: mean difference ± standard error (points), "
-             "wins/losses, sign test p (two-sided), per-seed differences.", "",
-             "| Data set | alpha | statistic | n | difference | wins/losses | sign p | per seed |",
-             "| :--- | :---: | :--- | :---: | :---: | :---: | :---: | :--- |"]  # fmt: skip
+    lines = [
+        f"**{method} - {base}**, paired by seed: mean difference ± standard error (points), "
+        "wins/losses, sign test p (two-sided), per-seed differences.",
+        "",
+        "| Data set | alpha | statistic | n | difference | wins/losses | sign p | per seed |",
+        "| :--- | :---: | :--- | :---: | :---: | :---: | :---: | :--- |",
+    ]
     for r in table.itertuples():
         se = f" ± {r.se:.2f}" if not math.isnan(r.se) else ""
         diffs = ", ".join(f"{x:+.2f}" for x in r.diffs)
-        lines.append(f"| {r.dataset} | {r.alpha} | {r.metric} | {r.n} | {r.mean_diff:+.2f}{se} | "
-                     f"{r.wins}/{r.losses} | {r.sign_p:.3f} | {diffs} |")  # fmt: skip
+        lines.append(
+            f"| {r.dataset} | {r.alpha} | {r.metric} | {r.n} | {r.mean_diff:+.2f}{se} | "
+            f"{r.wins}/{r.losses} | {r.sign_p:.3f} | {diffs} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -114,8 +128,15 @@ def paired_figure(differences: pd.DataFrame) -> Figure:
     for ax, stat in zip(axes, stats, strict=True):
         for c in cells[cells["statistic"] == stat].itertuples():
             y = labels.index(c.label)
-            ax.plot(c.difference, [y] * len(c.difference), "o", ms=4, color="tab:gray", alpha=0.7,
-                    label="one seed's difference")  # fmt: skip
+            ax.plot(
+                c.difference,
+                [y] * len(c.difference),
+                "o",
+                ms=4,
+                color="tab:gray",
+                alpha=0.7,
+                label="one seed's difference",
+            )
             ax.plot(interval95(c.difference), [y, y], color="black", lw=1.5, label="95% t-interval of the mean")
             ax.plot([np.mean(c.difference)], [y], "D", ms=6, color="tab:blue", label="mean difference")
         ax.axvline(0, color="tab:red", lw=0.8, ls="--", label="no difference")

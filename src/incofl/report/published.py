@@ -44,5 +44,8 @@ def is_resnet_family(summaries: pd.DataFrame) -> bool:
 # (ResNet, CIFAR-10); and its Table 1, the case study (CIFAR-10, 10 clients, 50 rounds, ResNets;
 # the paper gives these three cells only).
 PAPER_TABLE3 = {"InCoAvg": {11: 83.8, 13: 74.4}, "w/o optimisation": {11: 53.5, 13: 50.2}}
-PAPER_TABLE1 = {("ResNet", "IID", "homogeneous"): 81.0, ("ResNet", "non-IID", "homogeneous"): 62.3,
-                ("ResNet", "non-IID", "heterogeneous"): 52.3}  # fmt: skip
+PAPER_TABLE1 = {
+    ("ResNet", "IID", "homogeneous"): 81.0,
+    ("ResNet", "non-IID", "homogeneous"): 62.3,
+    ("ResNet", "non-IID", "heterogeneous"): 52.3,
+}

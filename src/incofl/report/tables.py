@@ -155,8 +155,10 @@ def to_html(table: pd.DataFrame, *, metric: str, caption_extra: str = "", paper:
     wide, caption = _shown(table, metric, caption_extra, paper)
     body = wide.rename_axis("Method").reset_index().to_html(index=False, border=0, justify="center")
     style = "body{font-family:sans-serif}td,th{padding:2px 10px;text-align:center}td:first-child,th{text-align:left}"
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><style>{style}</style></head><body>\n"
-            f"<p><b>Table 2.</b> {html.escape(caption)}</p>\n{body}\n</body></html>\n")  # fmt: skip
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><style>{style}</style></head><body>\n'
+        f"<p><b>Table 2.</b> {html.escape(caption)}</p>\n{body}\n</body></html>\n"
+    )
 
 
 def _esc(text: str) -> str:

@@ -33,10 +33,20 @@ NON_SEMANTIC = {
 # Settings added after runs were written, with the value a file without them was made with: a
 # checkpoint or summary.json from before one is the run it would be with that value. `label` is
 # semantic otherwise: it is the name summary.json records.
-ADDED = {"label": None, "client_samples": None, "bn_stats": "averaged", "shard_classes": 2, "width_rates": None,
-         "exits": None, "rate_assignment": "fixed", "model_scale": 1.0, "eval_bn": None,
-         "static_bn_samples": None, "update_noise": 0.0,
-         "analyses": Analyses().model_dump()}  # fmt: skip
+ADDED = {
+    "label": None,
+    "client_samples": None,
+    "bn_stats": "averaged",
+    "shard_classes": 2,
+    "width_rates": None,
+    "exits": None,
+    "rate_assignment": "fixed",
+    "model_scale": 1.0,
+    "eval_bn": None,
+    "static_bn_samples": None,
+    "update_noise": 0.0,
+    "analyses": Analyses().model_dump(),
+}
 
 
 class CheckpointMismatch(RuntimeError):

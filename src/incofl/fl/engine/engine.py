@@ -83,9 +83,17 @@ class Engine:
         cfg, device = self.cfg, self.device
 
         def build(name: str, **model_args: Any) -> nn.Module:
-            model = build_model(name, data.num_classes, data.channels, stem=cfg.stem, pretrained=cfg.pretrained,
-                                image_size=self.size, scale=cfg.model_scale, **model_args,
-                                **model_kwargs).to(device)  # fmt: skip
+            model = build_model(
+                name,
+                data.num_classes,
+                data.channels,
+                stem=cfg.stem,
+                pretrained=cfg.pretrained,
+                image_size=self.size,
+                scale=cfg.model_scale,
+                **model_args,
+                **model_kwargs,
+            ).to(device)
             return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
         groups = [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)]
@@ -121,10 +129,14 @@ class Engine:
     def components(self) -> list[tuple[str, Stateful]]:
         """Every stage component by its role: what a checkpoint holds the state of."""
         listed = [("pre", self.pre), ("post", self.post)]
-        return [("objective", self.objective), ("aggregator", self.aggregator),
-                *((f"{stage}.{i}", c) for stage, components in listed for i, c in enumerate(components)),
-                ("planner", self.planner), *((f"observers.{i}", o) for i, o in enumerate(self.observers)),
-                ("layout", self.layout)]  # fmt: skip
+        return [
+            ("objective", self.objective),
+            ("aggregator", self.aggregator),
+            *((f"{stage}.{i}", c) for stage, components in listed for i, c in enumerate(components)),
+            ("planner", self.planner),
+            *((f"observers.{i}", o) for i, o in enumerate(self.observers)),
+            ("layout", self.layout),
+        ]
 
     def sub_state(self, group: int) -> dict[str, torch.Tensor]:
         """The global weights a group's model trains from and is evaluated with."""
@@ -220,8 +232,10 @@ class Engine:
         if theirs != ours:
             role = next(r for r in [*ours, *theirs] if ours.get(r) != theirs.get(r))
             had, have = theirs.get(role, "absent"), ours.get(role, "absent")
-            raise CheckpointMismatch(f"components: the checkpoint's {role} is {had}, this run's {have}; "
-                                     "delete the checkpoint or use another --out")  # fmt: skip
+            raise CheckpointMismatch(
+                f"components: the checkpoint's {role} is {had}, this run's {have}; "
+                "delete the checkpoint or use another --out"
+            )
         for state, saved in zip(self.states, payload["states"], strict=True):
             for k, v in saved.items():
                 state[k].copy_(v)

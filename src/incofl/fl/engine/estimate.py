@@ -50,8 +50,10 @@ class Work:
         return sum(self.round_passes)
 
     def line(self) -> str:
-        return (f"work: {self.passes:,} training sample-passes in {len(self.round_passes)} rounds, "
-                f"{_si(self.flops, 'FLOP')} (largest model {_si(self.largest, 'FLOP')} a sample)")  # fmt: skip
+        return (
+            f"work: {self.passes:,} training sample-passes in {len(self.round_passes)} rounds, "
+            f"{_si(self.flops, 'FLOP')} (largest model {_si(self.largest, 'FLOP')} a sample)"
+        )
 
     def time_line(self, first_round_seconds: float) -> str:
         """The remaining rounds at the speed of the first one (which is often slower: warm-up)."""

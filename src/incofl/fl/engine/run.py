@@ -204,8 +204,12 @@ class Run:
             self.ckpt.unlink(missing_ok=True)
             shutil.rmtree(self.clientstate, ignore_errors=True)
         if diverged is None:
-            self.log.info("done: final %.2f%% best %.2f%% last10 %.2f%%",
-                          summary["final_acc"], summary["best_acc"], summary["last10_acc"])  # fmt: skip
+            self.log.info(
+                "done: final %.2f%% best %.2f%% last10 %.2f%%",
+                summary["final_acc"],
+                summary["best_acc"],
+                summary["last10_acc"],
+            )
         else:
             self.log.error("%s", diverged)
         return summary

@@ -84,11 +84,15 @@ def _take_over_if_stale(lock: Path) -> None:
         return
     out = lock.parent
     if len(holder) != 2 or not holder[1].isdigit():
-        raise RunDirError(f"--out {out}: unreadable lock file {lock} (no flock on this file system); delete it "
-                          "if no incofl train is writing this run")  # fmt: skip
+        raise RunDirError(
+            f"--out {out}: unreadable lock file {lock} (no flock on this file system); delete it "
+            "if no incofl train is writing this run"
+        )
     host, pid = holder[0], int(holder[1])
     if host == socket.gethostname() and not alive(pid):
         lock.unlink(missing_ok=True)
         return
-    raise RunDirError(f"--out {out}: another incofl train (pid {pid} on {host}) is writing this run ({lock}; no "
-                      "flock on this file system); wait, or delete the file if that process is gone")  # fmt: skip
+    raise RunDirError(
+        f"--out {out}: another incofl train (pid {pid} on {host}) is writing this run ({lock}; no "
+        "flock on this file system); wait, or delete the file if that process is gone"
+    )

@@ -32,8 +32,15 @@ class ClientRunner:
     """Trains planned clients (module docstring): `train` one, `train_round` a round's (the
     batched trainer's clients side by side)."""
 
-    def __init__(self, cfg: RunConfig, objective: Objective, models: list[nn.Module], data: TensorSplit,
-                 parts: Parts, store: ClientStore):  # fmt: skip
+    def __init__(
+        self,
+        cfg: RunConfig,
+        objective: Objective,
+        models: list[nn.Module],
+        data: TensorSplit,
+        parts: Parts,
+        store: ClientStore,
+    ):
         autocast = cfg.bf16 and data.x.device.type == "cuda"
         trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
         self.trainer, self.objective = trainer(cfg, models, data, parts, autocast), objective
@@ -48,8 +55,9 @@ class ClientRunner:
         """One planned client from the server's start weights."""
         return self.train_round(round_, [plan], lambda _: start)[0]
 
-    def train_round(self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
-                    ) -> list[ClientUpdate]:  # fmt: skip
+    def train_round(
+        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
+    ) -> list[ClientUpdate]:
         """A round's planned clients, in the plans' order, with the run's trainer (serial or batched)."""
         updates = self.trainer.train(round_, plans, lambda plan: self.own_start(plan, start_of(plan)), self.objective)
         self.keep(updates)

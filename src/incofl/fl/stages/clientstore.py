@@ -105,8 +105,10 @@ class ClientStore:
                 path.unlink()
         missing = sorted(e.file for e in self.entries.values() if e.file and not (folder / e.file).exists())
         if missing:
-            raise FileNotFoundError(f"{folder / missing[0]}: a client state the checkpoint names is missing "
-                                    "(a checkpoint is ckpt.pt with its clientstate/ folder)")  # fmt: skip
+            raise FileNotFoundError(
+                f"{folder / missing[0]}: a client state the checkpoint names is missing "
+                "(a checkpoint is ckpt.pt with its clientstate/ folder)"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """The states in memory themselves and the names of the spilled ones' files (without a

@@ -51,8 +51,9 @@ def mixed_order(order: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def score(model: nn.Module, data: TensorSplit, batch_size: int, drop_last: bool = False,
-          indices: torch.Tensor | None = None) -> Scores:  # fmt: skip
+def score(
+    model: nn.Module, data: TensorSplit, batch_size: int, drop_last: bool = False, indices: torch.Tensor | None = None
+) -> Scores:
     """The model on a split, or on `indices` of it; with `drop_last` on its full batches only
     (as released: 9,728 of CIFAR-10's 10,000 test images in batches of 512). A model that
     normalises with each batch's own statistics scores the samples in a fixed shuffled order
@@ -88,8 +89,11 @@ class GroupEvaluator:
             scores = score(model, self.test, self.batch_size, self.drop_last)
             accs.append(scores.accuracy())
             losses.append(scores.mean_loss())
-        return {"mean_acc": float(np.mean(accs)), "mean_loss": float(np.mean(losses)),
-                **{f"acc_g{g}": a for g, a in enumerate(accs)}}  # fmt: skip
+        return {
+            "mean_acc": float(np.mean(accs)),
+            "mean_loss": float(np.mean(losses)),
+            **{f"acc_g{g}": a for g, a in enumerate(accs)},
+        }
 
 
 class PersonalEvaluator:
@@ -98,8 +102,9 @@ class PersonalEvaluator:
     broadcast: accuracy micro-averaged over clients (`personal_acc`), the population std of
     the per-client accuracies (`personal_acc_std`), and per model group."""
 
-    def __init__(self, models: list[nn.Module], data: TensorSplit, held_out: list[np.ndarray], groups: list[int],
-                 batch_size: int):  # fmt: skip
+    def __init__(
+        self, models: list[nn.Module], data: TensorSplit, held_out: list[np.ndarray], groups: list[int], batch_size: int
+    ):
         self.models, self.data, self.held_out, self.groups, self.batch_size = models, data, held_out, groups, batch_size
 
     def __call__(self, client_state: Callable[[int, int], State]) -> dict[str, float]:
@@ -114,5 +119,9 @@ class PersonalEvaluator:
             accs.append(100.0 * correct / n)
             by_group[group] += (correct, loss, n)
         correct, loss, n = by_group.sum(0)
-        return {"personal_acc": 100.0 * correct / n, "personal_acc_std": float(np.std(accs)), "personal_loss": loss / n,
-                **{f"personal_g{g}": 100.0 * c / m for g, (c, _, m) in enumerate(by_group) if m}}  # fmt: skip
+        return {
+            "personal_acc": 100.0 * correct / n,
+            "personal_acc_std": float(np.std(accs)),
+            "personal_loss": loss / n,
+            **{f"personal_g{g}": 100.0 * c / m for g, (c, _, m) in enumerate(by_group) if m},
+        }

@@ -78,8 +78,11 @@ class GroupLayout(Layout):
         self.server_model = self.models[check_nested(self.models)]
         self.evaluator = GroupEvaluator(self.models, inputs.test, cfg.eval_batch_size, cfg.drop_last)
         self.first = [inputs.groups.index(g) for g in range(cfg.groups)]  # each model group's first client
-        self.personal = None if inputs.held_out is None else PersonalEvaluator(
-            self.models, inputs.train, inputs.held_out, inputs.groups, cfg.eval_batch_size)  # fmt: skip
+        self.personal = (
+            None
+            if inputs.held_out is None
+            else PersonalEvaluator(self.models, inputs.train, inputs.held_out, inputs.groups, cfg.eval_batch_size)
+        )
         self.pooled = len(inputs.test) == 0  # pool_test: no global test set
 
     def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:
@@ -96,5 +99,8 @@ class GroupLayout(Layout):
         if "personal_acc" not in rows[-1]:
             return {}
         accs = [r["personal_acc"] for r in rows]
-        return {"personal_acc": accs[-1], "personal_acc_std": rows[-1]["personal_acc_std"],
-                "best_personal_acc": max(accs)}  # fmt: skip
+        return {
+            "personal_acc": accs[-1],
+            "personal_acc_std": rows[-1]["personal_acc_std"],
+            "best_personal_acc": max(accs),
+        }

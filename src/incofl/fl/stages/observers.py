@@ -76,9 +76,16 @@ class CostLog(Observer):
     filename = "rounds.csv"
 
     def observe(self, report: RoundReport) -> None:
-        self.rows.append({"round": report.round, "seconds": round(report.seconds, 3), "samples": report.samples,
-                          "upload_bytes": report.upload_bytes, "compute_units": report.compute_units,
-                          "train_loss": mean_trained(report.losses.values())})  # fmt: skip
+        self.rows.append(
+            {
+                "round": report.round,
+                "seconds": round(report.seconds, 3),
+                "samples": report.samples,
+                "upload_bytes": report.upload_bytes,
+                "compute_units": report.compute_units,
+                "train_loss": mean_trained(report.losses.values()),
+            }
+        )
 
     def totals(self) -> dict[str, int]:
         return {key: int(sum(r[key] for r in self.rows)) for key in ("upload_bytes", "compute_units")}

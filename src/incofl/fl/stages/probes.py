@@ -105,13 +105,23 @@ class CKAProbe(ModelProbe):
         grams = [self.grams(t) for t in trained]
         for (a, ka), (b, kb) in combinations(zip(trained, grams, strict=True), 2):
             pair = {"round": round_, "client_a": a.client, "client_b": b.client, "group_a": a.group, "group_b": b.group}
-            self.rows += [{**pair, "layer": name, "kind": kind, "cka": cka(ka[name], kb[name]),
-                           "cka_debiased": cka(ka[name], kb[name], debiased=True)}
-                          for name, kind in self.points[a.group].items() if name in kb]  # fmt: skip
+            self.rows += [
+                {
+                    **pair,
+                    "layer": name,
+                    "kind": kind,
+                    "cka": cka(ka[name], kb[name]),
+                    "cka_debiased": cka(ka[name], kb[name], debiased=True),
+                }
+                for name, kind in self.points[a.group].items()
+                if name in kb
+            ]
             if a.view is None and b.view is None:  # width levels' equal shapes may sit in other places
-                self.similarity += [{**pair, "layer": k, "cosine": cosine(a.delta[k], b.delta[k])}
-                                    for k, v in a.delta.items() if v.dim() > 1 and k in b.delta
-                                    and b.delta[k].shape == v.shape]  # fmt: skip
+                self.similarity += [
+                    {**pair, "layer": k, "cosine": cosine(a.delta[k], b.delta[k])}
+                    for k, v in a.delta.items()
+                    if v.dim() > 1 and k in b.delta and b.delta[k].shape == v.shape
+                ]
 
     @torch.inference_mode()
     def grams(self, client: Trained) -> dict[str, torch.Tensor]:
@@ -145,8 +155,9 @@ class FeatureMap(ModelProbe):
         missing = [c for c in a.tsne_classes if c not in set(labels.tolist())]
         if missing:
             raise ConfigError(f"analyses.tsne_classes: class {missing[0]} has no test images")
-        self.images = torch.from_numpy(np.concatenate([np.flatnonzero(labels == c)[: a.tsne_per_class]
-                                                       for c in a.tsne_classes]))  # fmt: skip
+        self.images = torch.from_numpy(
+            np.concatenate([np.flatnonzero(labels == c)[: a.tsne_per_class] for c in a.tsne_classes])
+        )
         if not all(hasattr(m, "features") for m in models):
             raise ConfigError(f"analyses.tsne_rounds: {cfg.models[0]} has no penultimate features to map")
 
@@ -175,8 +186,17 @@ class FeatureMap(ModelProbe):
         labels = y.cpu().numpy()
         for i, t in enumerate(picked):
             block = xy[i * len(labels) : (i + 1) * len(labels)]
-            self.rows += [{"round": round_, "client": t.client, "group": t.group, "label": int(c), "x": float(p[0]),
-                           "y": float(p[1])} for c, p in zip(labels, block, strict=True)]  # fmt: skip
+            self.rows += [
+                {
+                    "round": round_,
+                    "client": t.client,
+                    "group": t.group,
+                    "label": int(c),
+                    "x": float(p[0]),
+                    "y": float(p[1]),
+                }
+                for c, p in zip(labels, block, strict=True)
+            ]
 
     @torch.inference_mode()
     def features(self, client: Trained, x: torch.Tensor) -> np.ndarray:
@@ -204,9 +224,18 @@ class UpdateHistogram(Observer):
             edges = np.linspace(-edge, edge, self.bins + 1)
             for which, values in (("aggregated", before), ("applied", after)):
                 counts = torch.histc(values.float().cpu(), self.bins, -edge, edge).long().tolist()
-                self.rows += [{"round": round_, "federation": federation, "layer": name, "which": which,
-                               "bin_left": edges[i], "bin_right": edges[i + 1], "count": n}
-                              for i, n in enumerate(counts)]  # fmt: skip
+                self.rows += [
+                    {
+                        "round": round_,
+                        "federation": federation,
+                        "layer": name,
+                        "which": which,
+                        "bin_left": edges[i],
+                        "bin_right": edges[i + 1],
+                        "count": n,
+                    }
+                    for i, n in enumerate(counts)
+                ]
 
 
 def analyses_for(cfg: RunConfig, models: list[nn.Module], test: TensorSplit) -> list[Observer]:

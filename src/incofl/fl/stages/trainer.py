@@ -36,8 +36,11 @@ def set_trainable(model: nn.Module, trainable: frozenset[str] | None) -> list[nn
 
 def last_gradients(model: nn.Module) -> State:
     """Every trained parameter's gradient of the last local mini-batch (zero if it had none)."""
-    return {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
-            for name, p in model.named_parameters() if p.requires_grad}  # fmt: skip
+    return {
+        name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    }
 
 
 class Trainer:
@@ -60,18 +63,37 @@ class Trainer:
         gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, client))
         return client_batches(self.data, self.parts[client], cfg.local_epochs, cfg.batch_size, gen, cfg.drop_last)
 
-    def assemble(self, plan: ClientPlan, start: State, final: State, params: set[str], steps: int, loss: float,
-                 last_grad: State | None) -> ClientUpdate:  # fmt: skip
+    def assemble(
+        self,
+        plan: ClientPlan,
+        start: State,
+        final: State,
+        params: set[str],
+        steps: int,
+        loss: float,
+        last_grad: State | None,
+    ) -> ClientUpdate:
         """A trained client's update, for every trainer: the delta of each uploaded
         floating-point entry from its `final` state (in state order), the entries it keeps, and
         with a `last_grad` plan its last mini-batch gradients. `params`: the model's parameter names."""
         delta = {k: v.detach() - start[k] for k, v in final.items() if v.is_floating_point() and plan.uploads(k)}
         uploaded = sum(v.numel() for k, v in delta.items() if k in params)  # parameters, not buffers
         kept = {k: v.detach().clone() for k, v in final.items() if k in plan.keep}
-        return ClientUpdate(plan.client, plan.group, delta, len(self.parts[plan.client]), steps,
-                            federation=plan.federation, loss=loss, full=plan.full, upload_params=uploaded, kept=kept,
-                            extra={"last_grad": last_grad} if plan.last_grad else {}, view=plan.view,
-                            classes=self.classes(plan.client))  # fmt: skip
+        return ClientUpdate(
+            plan.client,
+            plan.group,
+            delta,
+            len(self.parts[plan.client]),
+            steps,
+            federation=plan.federation,
+            loss=loss,
+            full=plan.full,
+            upload_params=uploaded,
+            kept=kept,
+            extra={"last_grad": last_grad} if plan.last_grad else {},
+            view=plan.view,
+            classes=self.classes(plan.client),
+        )
 
 
 class SerialTrainer(Trainer):
@@ -85,9 +107,18 @@ class SerialTrainer(Trainer):
         model.load_state_dict(start)  # copies: `start` stays the untouched global weights
         params = set_trainable(model, plan.trainable)
         optimizer = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
-        ctx = ClientContext(plan.client, plan.group, round_, model, start, cfg.lr, federation=plan.federation,
-                            federation_size=plan.federation_size, rounds=cfg.rounds,
-                            classes=self.classes(plan.client))  # fmt: skip
+        ctx = ClientContext(
+            plan.client,
+            plan.group,
+            round_,
+            model,
+            start,
+            cfg.lr,
+            federation=plan.federation,
+            federation_size=plan.federation_size,
+            rounds=cfg.rounds,
+            classes=self.classes(plan.client),
+        )
         model.train()
         session = objective.session(ctx)
         loss = local_train(session, optimizer, self.batches(round_, plan.client), self.autocast)

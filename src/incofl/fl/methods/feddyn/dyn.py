@@ -38,8 +38,11 @@ class DynSession(Session):
     def __init__(self, objective: DynObjective, ctx: ClientContext):
         super().__init__(objective, ctx)
         g = objective.clients.get(SPACE, ctx.client) or {}  # absent: zero (never trained)
-        self.terms = [(name, p, ctx.global_state[name], g[name].to(p.device) if name in g else None)
-                      for name, p in ctx.model.named_parameters() if p.requires_grad]  # fmt: skip
+        self.terms = [
+            (name, p, ctx.global_state[name], g[name].to(p.device) if name in g else None)
+            for name, p in ctx.model.named_parameters()
+            if p.requires_grad
+        ]
 
     @torch.no_grad()
     def after_backward(self) -> None:

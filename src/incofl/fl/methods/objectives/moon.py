@@ -91,8 +91,9 @@ class MoonSession(Session):
 
     def end(self, update: ClientUpdate) -> ClientUpdate:
         # a real copy: on the CPU, state_dict() shares storage with the model trained next
-        model = {k: v.detach().to("cpu", copy=True) for k, v in self.ctx.model.state_dict().items()
-                 if v.is_floating_point()}  # fmt: skip
+        model = {
+            k: v.detach().to("cpu", copy=True) for k, v in self.ctx.model.state_dict().items() if v.is_floating_point()
+        }
         pool = [*self.previous, model][-int(self.objective.hp.pool_size) :]
         self.objective.clients.put(SPACE, self.ctx.client, pack(pool))
         self.objective.spare[self.ctx.group].append(self.frozen)

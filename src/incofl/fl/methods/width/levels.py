@@ -122,8 +122,15 @@ class WidthEvaluator:
     """The global model and every level's sub-model on the test set (module docstring); with
     `static`, each in a copy with running statistics, gathered before each evaluation."""
 
-    def __init__(self, widths: Widths, models: list[nn.Module], server: nn.Module, test: TensorSplit,
-                 batch_size: int, static: StaticBN | None):  # fmt: skip
+    def __init__(
+        self,
+        widths: Widths,
+        models: list[nn.Module],
+        server: nn.Module,
+        test: TensorSplit,
+        batch_size: int,
+        static: StaticBN | None,
+    ):
         self.widths, self.models, self.server, self.test, self.batch_size = widths, models, server, test, batch_size
         self.static = static
         if static is not None:
@@ -163,10 +170,12 @@ class WidthLayout(Layout):
         if cfg.bn_at_eval == "static":
             levels = [*cfg.levels, (1.0, None)]  # [-1]: the full model
             indices = statistics_indices(inputs.parts, cfg.static_bn_samples, cfg.seed)
-            static = StaticBN(inputs.train, indices, lambda g: build(name, rate=levels[g][0], exits=levels[g][1],
-                                                                     track_stats=True))  # fmt: skip
-        self.evaluator = WidthEvaluator(self.widths, self.models, self.server_model, inputs.test,
-                                        cfg.eval_batch_size, static)  # fmt: skip
+            static = StaticBN(
+                inputs.train, indices, lambda g: build(name, rate=levels[g][0], exits=levels[g][1], track_stats=True)
+            )
+        self.evaluator = WidthEvaluator(
+            self.widths, self.models, self.server_model, inputs.test, cfg.eval_batch_size, static
+        )
 
     def start(self, plan: ClientPlan, states: list[State], sub_state: SubState) -> State:
         """The client's block of the global model (its view); a whole-model method's client (its
