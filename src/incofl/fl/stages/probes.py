@@ -230,8 +230,8 @@ class UpdateHistogram(Observer):
                         "federation": federation,
                         "layer": name,
                         "which": which,
-                        "bin_left": edges[i],
-                        "bin_right": edges[i + 1],
+                        "bin_left": float(edges[i]),
+                        "bin_right": float(edges[i + 1]),
                         "count": n,
                     }
                     for i, n in enumerate(counts)
