@@ -118,10 +118,10 @@ class PersonalEvaluator:
             correct, loss, n = scores.correct[-1], scores.loss[-1], scores.n
             accs.append(100.0 * correct / n)
             by_group[group] += (correct, loss, n)
-        correct, loss, n = by_group.sum(0)
+        correct, loss, n = by_group.sum(0).tolist()  # plain floats: the metrics rows go into the checkpoint
         return {
             "personal_acc": 100.0 * correct / n,
             "personal_acc_std": float(np.std(accs)),
             "personal_loss": loss / n,
-            **{f"personal_g{g}": 100.0 * c / m for g, (c, _, m) in enumerate(by_group) if m},
+            **{f"personal_g{g}": 100.0 * c / m for g, (c, _, m) in enumerate(by_group.tolist()) if m},
         }
