@@ -145,8 +145,7 @@ class Engine:
 
     def client_state(self, client: int, group: int) -> dict[str, torch.Tensor]:
         """The weights of a client's model: its group's global sub-state with what it keeps."""
-        kept = self.clients.get(KEPT, client) or {}
-        return {**self.sub_state(group), **{k: v.to(self.device) for k, v in kept.items()}}
+        return self.client.overlay(client, self.sub_state(group))
 
     def plan(self, round_: int) -> list[ClientPlan]:
         """The round's sampled clients (the seeded schedule), each with its planner's plan."""

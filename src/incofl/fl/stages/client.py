@@ -48,8 +48,12 @@ class ClientRunner:
 
     def own_start(self, plan: ClientPlan, start: State) -> State:
         """The weights the client trains from: the server's, with what the client keeps over them."""
-        kept = self.store.get(KEPT, plan.client) or {}
-        return {**start, **{k: v.to(self.device) for k, v in kept.items()}}
+        return self.overlay(plan.client, start)
+
+    def overlay(self, client: int, state: State) -> State:
+        """`state` with what `client` keeps for itself over it, on the training device."""
+        kept = self.store.get(KEPT, client) or {}
+        return {**state, **{k: v.to(self.device) for k, v in kept.items()}}
 
     def train(self, round_: int, plan: ClientPlan, start: State) -> ClientUpdate:
         """One planned client from the server's start weights."""
