@@ -43,7 +43,8 @@ def write_config(folder: Path, **settings: Any) -> Path:
 
 
 def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
-    """Every client's data file; the node configs that point at them."""
+    """Every client's data file (with the test split where the run needs it); the node configs that point at them."""
+    from incofl.federation.server import test_clients
     from incofl.federation.sitedata import export_client
 
     data = dataset_for(cfg)
@@ -51,7 +52,7 @@ def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
     nodes = []
     for client in range(cfg.clients):
         path = folder / f"site{client}.npz"
-        export_client(cfg, data, partition, client, path)
+        export_client(cfg, data, partition, client, path, test=client in test_clients(cfg))
         nodes.append({"client": client, "data-path": str(path)})
     return nodes
 

@@ -16,6 +16,8 @@ if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fail
 from federation_helpers import TINY, export_sites, metrics, run_both, write_config  # noqa: E402
 
 from incofl.config import ConfigError, RunConfig, load_run_config  # noqa: E402
+from incofl.data.partition import partition_for  # noqa: E402
+from incofl.data.sources import dataset_for  # noqa: E402
 from incofl.fl.contracts import ClientPlan, ClientUpdate, View  # noqa: E402
 
 # width models: colour images (digits are grey), batch BN at evaluation (static gathers it from every client's data)
@@ -36,6 +38,8 @@ FAMILIES = {
     "FedNova": {},
     "MOON": {},
     "FedPart": {"models": ["resnet10"], "rounds": 3},
+    "FedLAG": {"holdout": 0.2},  # personal layers kept on the nodes, scored there on the held-out share
+    "FedPer": {"holdout": 0.2, "bn_stats": "local"},  # and each group's first client's model on the test split
     "HeteroFL": WIDTH,
     "FedRolex": WIDTH,
     "ScaleFL": {**WIDTH, "models": ["resnet110"], "width_rates": [0.5, 1.0], "exits": [2, 4]},
@@ -85,21 +89,32 @@ def test_flower_path_equals_the_simulator(tmp_path, method):
     assert (fed / "federation.csv").exists()
 
 
-def test_unsupported_configs_are_refused_by_name(tmp_path):
+def test_static_bn_of_the_width_models_is_refused_by_name():
     from incofl.federation.server import check_federated
 
-    refused = [
-        ({"method": "FedLAG", "holdout": 0.2}, "keeps"),
-        ({"method": "FedPer", "holdout": 0.2}, "keeps"),
-        ({"holdout": 0.2}, "holdout"),
-        ({"bn_stats": "local"}, "bn_stats"),
-        ({"method": "HeteroFL", "models": ["preresnet18"]}, "eval_bn"),
-    ]
-    for settings, why in refused:
-        settings = {"dataset": "digits", "method": "FedAvg", **settings}
-        with pytest.raises(ConfigError, match=f"method {settings['method']} cannot run .*{why}"):
-            check_federated(RunConfig(**settings))
-    check_federated(RunConfig(dataset="digits", method="InCoAvg"))  # no refusal
+    with pytest.raises(ConfigError, match="method HeteroFL cannot run .*eval_bn: static gathers BN statistics"):
+        check_federated(RunConfig(dataset="digits", method="HeteroFL", models=["preresnet18"]))
+    for method in ("InCoAvg", "FedPer", "Local", "FedLAG"):  # no refusal
+        check_federated(RunConfig(dataset="digits", method=method, holdout=0.2, bn_stats="local"))
+
+
+@pytest.mark.slow
+def test_a_node_without_the_test_split_its_model_is_scored_on_is_refused_before_the_first_round(tmp_path):
+    """FedPer scores client 0's model (its personal layers are on its node) on the test split:
+    a node whose file lacks it is refused by name before any round."""
+    from incofl.federation.inprocess import InProcessGrid
+    from incofl.federation.serverapp import AppSettings, serve
+    from incofl.federation.sitedata import export_client
+
+    config = write_config(tmp_path, methods=["FedPer"], holdout=0.2)
+    cfg = load_run_config(config)
+    nodes = export_sites(cfg, tmp_path)
+    data = dataset_for(cfg)
+    export_client(cfg, data, partition_for(cfg, data), 0, nodes[0]["data-path"])  # without the test split
+    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0)
+    with pytest.raises(ConfigError, match=r"\(client 0\): its data file lacks the test split .* export it with --test"):
+        serve(InProcessGrid(nodes), settings)
+    assert not (tmp_path / "federation" / "metrics.csv").exists()
 
 
 def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):
@@ -171,25 +186,47 @@ def _impostor(update):
 
 
 @pytest.mark.slow
-def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path):
+@pytest.mark.parametrize("method,settings", [("SCAFFOLD", {}), ("FedPer", {"holdout": 0.2})])
+def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, method, settings):
     """Round 2's first client never answers: the run stops naming it, after round 1's checkpoint;
-    with its node back, the same command resumes and ends with the simulator's weights."""
+    with its node back, the same command resumes and ends with the simulator's weights, though
+    the other nodes' clients (SCAFFOLD's c_i, FedPer's personal layers) had trained round 2 already."""
     from incofl.federation.inprocess import InProcessGrid
     from incofl.federation.server import MissingClients
     from incofl.federation.serverapp import AppSettings, serve
 
     lost = _scheduled(1)[0]
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, methods=[method], **settings)
     cfg = load_run_config(config)
     nodes = export_sites(cfg, tmp_path)
     settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0)
     with pytest.raises(MissingClients, match=f"round 2: no accepted reply from client\\(s\\) {lost} "):
         serve(InProcessGrid(nodes, apps={_node_of(lost): _silent_from(2)}), settings)
     assert (tmp_path / "federation" / "ckpt.pt").exists() and not (tmp_path / "federation" / "summary.json").exists()
+    ahead = [c for c in _scheduled(1) if c != lost]  # trained round 2 before the stop
+    assert all(list((tmp_path / f"site{c}.state").rglob("after-round-2.pt")) for c in ahead)
     resumed = serve(InProcessGrid(nodes, run_id=2), settings)
     from incofl.fl.engine.run import train
 
     assert resumed["state_sha256"] == train(cfg, tmp_path / "simulator")["state_sha256"]
+    assert metrics(tmp_path / "federation").equals(metrics(tmp_path / "simulator"))
+
+
+def test_a_node_keeps_the_states_a_checkpoint_of_the_server_can_resume_from(tmp_path):
+    """Saved after rounds 1, 2, 4, 5 with checkpoints every 2 rounds: the state after round 2
+    (the checkpoint at 4 resumes from it for a client that did not train in 3 or 4) is kept
+    until one at or before a later checkpoint replaces it; a resumed round reads the last state before it."""
+    from incofl.federation.client import NodeState
+
+    states = NodeState(tmp_path / "client0", checkpoint_every=2)
+    for round_ in (1, 2, 4, 5):
+        states.save(round_, {"round": torch.tensor(round_)})
+    assert states.rounds() == [4, 5]  # the checkpoint before round 5 is round 4's
+    states = NodeState(tmp_path / "client1", checkpoint_every=2)
+    for round_ in (1, 2, 3):
+        states.save(round_, {"round": torch.tensor(round_)})
+    assert states.rounds() == [2, 3]  # round 3's checkpoint to resume from is round 2's
+    assert int(states.at(2)["round"]) == 2 and int(states.at(7)["round"]) == 3 and states.at(1) is None
 
 
 @pytest.mark.slow

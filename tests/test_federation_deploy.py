@@ -1,8 +1,9 @@
-"""A real deployment on 127.0.0.1 (docs/federation.md): flower-superlink and one flower-supernode
-per client, TLS on every API (a CA and server certificate made here), node authentication
-(each node's key registered with `flwr supernode register`), then `flwr run` of the app in
-flower-app/ on a short digits InCoAvg run. Each node reads only its own data file; the run's
-summary equals the simulator's. Every process is stopped by the fixture's finalizer."""
+"""A real deployment on 127.0.0.1 (docs/federation.md), started as a user starts one: site data
+files, `incofl federation up` with TLS (a CA and server certificate made here) and node
+authentication (a key per node, registered), which runs flower-superlink and one
+flower-supernode per client, then `flwr run` of the app in flower-app/ on a short digits
+InCoAvg run. Each node reads only its own data file; the run's summary equals the simulator's.
+The fixture's finalizer stops `incofl federation up`, which stops every process it started."""
 
 from __future__ import annotations
 
@@ -32,14 +33,24 @@ BIN = Path(sys.executable).parent
 DEPLOYED = {"clients": 2, "ratio": 1.0, "rounds": 2}  # two nodes, both training every round
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+def _free_port(n: int) -> int:
+    """The first of `n` consecutive free ports (the SuperLink's, then its nodes')."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = s.getsockname()[1]
+        if first + n < 65536 and all(_free(first + i) for i in range(n)):
+            return first
+    raise RuntimeError("no free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _certificates(folder: Path) -> tuple[Path, Path, Path]:
@@ -79,133 +90,77 @@ def _certificates(folder: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def _node_key(folder: Path, client: int) -> tuple[Path, Path]:
-    """A node's P-384 key pair in OpenSSH format (what SuperNode authentication reads)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP384R1())
-    private, public = folder / f"node{client}", folder / f"node{client}.pub"
-    private.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
-    )
-    public.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    )
-    return private, public
-
-
-class Processes:
-    """Started processes, each in its own process group; `stop` ends them all (the finalizer)."""
-
-    def __init__(self, folder: Path, env: dict[str, str]):
-        self.folder, self.env, self.procs = folder, env, []
-
-    def start(self, name: str, *args: str | Path) -> subprocess.Popen:
-        log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen(
-            [str(a) for a in args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            cwd=self.folder,
-            start_new_session=True,
-        )
-        self.procs.append((proc, log))
-        return proc
-
-    def run(self, *args: str | Path, timeout: float = 60) -> str:
-        done = subprocess.run(
-            [str(a) for a in args], capture_output=True, text=True, env=self.env, cwd=self.folder, timeout=timeout
-        )
-        assert done.returncode == 0, f"{args[:3]}: {done.stdout[-2000:]} {done.stderr[-2000:]}"
-        return done.stdout
-
-    def stop(self) -> None:
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc, log in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
-
-
 @pytest.fixture
-def processes(tmp_path):
+def federation(tmp_path):
+    """`incofl federation up`'s process (its own process group) and its environment; stopped by SIGTERM."""
     home = tmp_path / "flwr-home"
     home.mkdir()
-    # Flower starts its own helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH
     env = {
         **os.environ,
         "FLWR_HOME": str(home),
         "PYTHONPATH": str(REPO / "src"),
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
     }
-    procs = Processes(tmp_path, env)
-    yield procs
-    procs.stop()
+    started: list[subprocess.Popen] = []
+
+    def up(*args: str | Path) -> subprocess.Popen:
+        log = open(tmp_path / "up.log", "w")  # noqa: SIM115 (closed with the process)
+        argv = [sys.executable, "-m", "incofl.cli", "federation", "up", *map(str, args)]
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        started.append(proc)
+        return proc
+
+    yield up, env
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # up stops its SuperLink and SuperNodes
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
-def _wait_for(path: Path, procs: Processes, timeout: float) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen, logs: Path, timeout: float, text: str = "") -> None:
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            logs = {p.name: p.read_text()[-1500:] for p in procs.folder.glob("*.log")}
-            pytest.fail(f"{path.name} not written within {timeout:.0f} s; logs: {json.dumps(logs, indent=1)}")
+    while not path.exists() or text not in path.read_text():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            tails = {p.name: p.read_text()[-1500:] for p in logs.rglob("*.log")}
+            pytest.fail(f"{path.name} not written within {timeout:.0f} s; logs: {json.dumps(tails, indent=1)}")
         time.sleep(0.5)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_localhost_deployment_with_tls_and_node_authentication_equals_the_simulator(tmp_path, processes):
+def test_a_localhost_deployment_with_tls_and_node_authentication_equals_the_simulator(tmp_path, federation):
+    up, env = federation
     config = write_config(tmp_path, **DEPLOYED)
     cfg = load_run_config(config)
-    sites = export_sites(cfg, tmp_path)
-    ca, cert, key = _certificates(tmp_path)
-    link, *node_ports = _free_ports(1 + cfg.clients)  # the SuperLink's APIs share one port (HTTP, 1.42)
-    tls = ["--ssl-ca-certfile", ca, "--ssl-certfile", cert, "--ssl-keyfile", key]
-    processes.start(
-        "superlink",
-        BIN / "flower-superlink",
-        *tls,
-        "--enable-supernode-auth",
-        "--disable-runtime-dependency-installation",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        link,
-    )
-    (processes.folder / "flwr-home" / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link}"\n'
-        f'root-certificates = "{ca}"\n'
-    )
-    time.sleep(3)  # the SuperLink's APIs up
-    for site, port in zip(sites, node_ports, strict=True):
-        private, public = _node_key(tmp_path, int(site["client"]))
-        processes.run(BIN / "flwr", "supernode", "register", public, "local")
-        processes.start(
-            f"supernode{site['client']}",
-            BIN / "flower-supernode",
-            "--superlink",
-            f"127.0.0.1:{link}",
-            "--root-certificates",
-            ca,
-            "--auth-supernode-private-key",
-            private,
-            "--port",
-            port,
-            "--node-config",
-            f'client={site["client"]} data-path="{site["data-path"]}"',
-        )
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    for site in export_sites(cfg, sites):
+        assert Path(site["data-path"]).parent == sites
+    certificates = tmp_path / "certificates"
+    certificates.mkdir()
+    _certificates(certificates)
+    port = _free_port(1 + cfg.clients)
+    proc = up("--sites", sites, "--port", port, "--certificates", certificates, "--auth", "--connection", "tls")
+    _wait_for(tmp_path / "up.log", proc, tmp_path, timeout=120, text="federation up:")
+    toml = (tmp_path / "flwr-home" / "config.toml").read_text()
+    assert "[superlink.tls]" in toml and "root-certificates" in toml and "insecure" not in toml
     out = tmp_path / "deployed"
     run_config = f'config="{config}" out="{out}" round-timeout=120 join-timeout=60'
-    processes.run(BIN / "flwr", "run", REPO / "flower-app", "local", "--run-config", run_config, timeout=120)
-    _wait_for(out / "summary.json", processes, timeout=400)
+    done = subprocess.run(
+        [BIN / "flwr", "run", REPO / "flower-app", "tls", "--run-config", run_config],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    _wait_for(out / "summary.json", proc, tmp_path, timeout=400)
     deployed = json.loads((out / "summary.json").read_text())
     simulated = train(cfg, tmp_path / "simulator")
     assert deployed["state_sha256"] == simulated["state_sha256"]
     assert deployed["final_acc"] == simulated["final_acc"]
+    assert sorted(p.name for p in (sites / "keys").glob("*.pub")) == ["node0.pub", "node1.pub"]  # registered

@@ -97,13 +97,43 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_federation_export(args: argparse.Namespace) -> int:
     from incofl.data.partition import partition_for
     from incofl.data.sources import dataset_for
+    from incofl.federation.server import test_clients
     from incofl.federation.sitedata import export_client
 
     cfg = load_run_config(args.config, parse_overrides(args.set))
     data = dataset_for(cfg)
-    samples = export_client(cfg, data, partition_for(cfg, data), args.client, args.out)
-    print(f"{args.out}: client {args.client} of {cfg.clients} ({cfg.dataset} alpha={cfg.alpha}), {samples} samples")
+    partition = partition_for(cfg, data)
+    clients = range(cfg.clients) if args.client is None else [args.client]
+    tested = set(test_clients(cfg))  # the clients this config's evaluation scores on the test split
+    if args.client is None:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    for client in clients:
+        out = Path(args.out) / f"site{client}.npz" if args.client is None else Path(args.out)
+        test = args.test or client in tested
+        samples = export_client(cfg, data, partition, client, out, test=test)
+        print(
+            f"{out}: client {client} of {cfg.clients} ({cfg.dataset} alpha={cfg.alpha}), {samples} samples"
+            f"{', and the test split' if test else ''}"
+        )
     return 0
+
+
+def cmd_federation_up(args: argparse.Namespace) -> int:
+    from incofl.federation.local import LocalFederation, up
+
+    fed = LocalFederation(
+        Path(args.sites),
+        args.port,
+        args.connection,
+        Path(args.certificates) if args.certificates else None,
+        args.auth,
+        Path(args.logs) if args.logs else None,
+    )
+    try:
+        return up(fed)
+    except RuntimeError as err:  # a Flower process that failed to start
+        print(f"incofl federation up: {err}", file=sys.stderr)
+        return 1
 
 
 def _in_grid(runs: Any, exp: Any, root: str | os.PathLike) -> Any:
@@ -364,11 +394,32 @@ def build_parser() -> argparse.ArgumentParser:
     actions = p.add_subparsers(
         dest="action", required=True, metavar="ACTION", help="what to do (incofl federation ACTION --help: its flags)"
     )
-    p = actions.add_parser("export", help="write one client's data file for its site's node (only its samples)")
+    p = actions.add_parser("export", help="write each client's data file for its site's node (only its samples)")
     _add_run_config(p)
-    p.add_argument("--client", type=int, required=True, help="the client (0-based) whose samples are written")
-    p.add_argument("--out", required=True, help="the data file to write (.npz), the node's data-path")
+    p.add_argument(
+        "--client", type=int, help="the client (0-based) whose samples are written; without it, every client's"
+    )
+    p.add_argument(
+        "--out", required=True, help="the data file to write (.npz), the node's data-path; without --client, a folder"
+    )
+    p.add_argument(
+        "--test",
+        action="store_true",
+        help="add the test split (added anyway to the files of clients whose models the config scores on it)",
+    )
     p.set_defaults(func=cmd_federation_export)
+    p = actions.add_parser(
+        "up", help="a federation on this machine: a SuperLink and one SuperNode per site file, until interrupted"
+    )
+    p.add_argument("--sites", required=True, help="the folder of the site data files (incofl federation export)")
+    p.add_argument(
+        "--port", type=int, default=9092, help="the SuperLink's port; the nodes listen on the ports after it"
+    )
+    p.add_argument("--connection", default="incofl-local", help="the connection added to Flower's config for flwr run")
+    p.add_argument("--certificates", help="TLS: a folder with ca.pem, server.pem, server.key (for 127.0.0.1)")
+    p.add_argument("--auth", action="store_true", help="node authentication: a key pair per node, registered")
+    p.add_argument("--logs", help="the folder of each process's log (default: SITES/logs)")
+    p.set_defaults(func=cmd_federation_up)
     p = sub.add_parser("train", help="run (or resume) one federated training run")
     _add_run_config(p)
     p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, train.log, ckpt.pt)")

@@ -1,30 +1,30 @@
 """The Flower ClientApp: one incofl client on a SuperNode.
 
 Node config (`flower-supernode --node-config "client=3 data-path=/site/site3.npz"`): which
-client the node is and its data file (`incofl federation export`), which holds only that
-client's samples. Messages:
+client the node is, its data file (`incofl federation export`), which holds only that client's
+samples, and optionally `state-dir`, where the client's states are saved after each round it
+trains (client.py; default: beside the data file, `site3.state/`). Messages:
 
 - `query.identify`: the server's first message, with the run's config; the node answers
-  with its client id (the ServerApp cannot read node config) after checking its data file
-  against the config;
-- `train`: one planned round (codec.py); the reply is the client's update.
-
-What the client keeps across rounds (client.py's blob of the engine's ClientStore: kept entries,
-SCAFFOLD's c_i, MOON's previous models) lives in Flower's `Context.state` of the node, for the run.
+  with its client id (the ServerApp cannot read node config) and the hash of its test split
+  (if its file holds one) after checking its data file against the config;
+- `train`: one planned round (codec.py); the reply is the client's update;
+- `evaluate`: the client's model scored on its held-out share or the test split; the reply is the scores.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from incofl.config import RunConfig
 from incofl.federation.client import SiteClient
-from incofl.federation.codec import read_train, update_content
+from incofl.federation.codec import read_evaluate, read_train, scores_content, update_content
 
-STATE = "incofl"  # the node's Context.state record: the run's config and the client's state blob
+STATE = "incofl"  # the node's Context.state record: the run's config
 app = ClientApp()
 _sites: dict[tuple[int, int, str, str], SiteClient] = {}  # (run, node, config, data) -> its client, built once
 
@@ -33,13 +33,19 @@ def node_client(context: Context) -> int:
     return int(context.node_config["client"])
 
 
+def state_dir(context: Context) -> Path:
+    data = Path(str(context.node_config["data-path"]))
+    return Path(str(context.node_config.get("state-dir", data.with_suffix(".state"))))
+
+
 def site(context: Context) -> SiteClient:
     """This node's client for the run (its config from the identify query, kept in Context.state)."""
     config = str(context.state.config_records[STATE]["config"])
-    key = (context.run_id, context.node_id, config, str(context.node_config["data-path"]))
+    data = str(context.node_config["data-path"])
+    key = (context.run_id, context.node_id, config, data)
     if key not in _sites:
         cfg = RunConfig(**json.loads(config))
-        _sites[key] = SiteClient(cfg, node_client(context), str(context.node_config["data-path"]))
+        _sites[key] = SiteClient(cfg, node_client(context), data, state_dir(context))
     return _sites[key]
 
 
@@ -47,16 +53,22 @@ def site(context: Context) -> SiteClient:
 def identify(message: Message, context: Context) -> Message:
     config = str(message.content.config_records["run"]["config"])
     context.state[STATE] = ConfigRecord({"config": config})
-    site(context)  # the data file checked against the run's config now, before any round
-    return Message(RecordDict({"node": ConfigRecord({"client": node_client(context)})}), reply_to=message)
+    client = site(context)  # the data file checked against the run's config now, before any round
+    reply = ConfigRecord({"client": node_client(context), "test_sha256": client.test_sha256})
+    return Message(RecordDict({"node": reply}), reply_to=message)
 
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
     client = site(context)
     round_, plan, start, broadcast = read_train(message.content, client.engine.device)
-    record = context.state.config_records[STATE]
-    blob = record.get("state")
-    update, blob, kept = client.train(round_, plan, start, broadcast, bytes(blob) if blob else None)
-    record["state"] = blob
+    update, kept = client.train(round_, plan, start, broadcast)
     return Message(update_content(update, kept), reply_to=message)
+
+
+@app.evaluate()
+def evaluate(message: Message, context: Context) -> Message:
+    client = site(context)
+    round_, job = read_evaluate(message.content, client.engine.device)
+    scores = client.evaluate(round_, job)
+    return Message(scores_content(job.client, job.splits, scores), reply_to=message)

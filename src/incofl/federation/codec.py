@@ -3,7 +3,8 @@
 `ClientPlan` as a `ConfigRecord` (its width view's index tensors in an `ArrayRecord`), and a
 `ClientUpdate` as a `RecordDict` (its deltas, what it leaves for the server in `extra`, the
 classes it holds and its counts as metrics). The round's messages: `train_content` (server to
-client) and `update_content` (client to server), read back by `read_train` and `read_update`.
+client) and `update_content` (client to server), read back by `read_train` and `read_update`;
+an evaluation's: `evaluate_content` and `scores_content` (`read_evaluate`, `read_scores`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from incofl.federation.server import EvalJob
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Index, State, View
+from incofl.fl.stages.evaluation import Scores
 
 EXTRA = "extra."  # record names of an update's `extra` states
 
@@ -176,3 +179,41 @@ def read_update(content: RecordDict, device: torch.device) -> tuple[ClientUpdate
 def message_bytes(content: RecordDict) -> int:
     """The bytes of a message's arrays (what travels, less the small config and metric records)."""
     return sum(record.count_bytes() for record in content.array_records.values())
+
+
+def evaluate_content(round_: int, job: EvalJob) -> RecordDict:
+    """A client's models to score: the round, the client, its group, the splits and its group's global weights."""
+    config = {"round": round_, "client": job.client, "group": job.group, "splits": list(job.splits)}
+    return RecordDict({"job": ConfigRecord(config), "start": to_arrays(job.start)})
+
+
+def read_evaluate(content: RecordDict, device: torch.device) -> tuple[int, EvalJob]:
+    try:
+        job = content.config_records["job"]
+        start = from_arrays(content.array_records["start"], device)
+        return int(job["round"]), EvalJob(int(job["client"]), int(job["group"]), tuple(map(str, job["splits"])), start)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CodecError(f"malformed evaluate message: {err!r}") from err
+
+
+def scores_content(client: int, splits: tuple[str, ...], scores: list[Scores]) -> RecordDict:
+    """A node's scores of its client's models, by split: correct predictions and summed loss per exit, samples."""
+    metrics: dict[str, Any] = {"client": client}
+    for split, s in zip(splits, scores, strict=True):
+        metrics |= {f"{split}.correct": list(s.correct), f"{split}.loss": list(s.loss), f"{split}.n": s.n}
+    return RecordDict({"scores": MetricRecord(metrics)})
+
+
+def read_scores(content: RecordDict, splits: tuple[str, ...]) -> tuple[int, list[Scores]]:
+    """The client a reply names and its scores on `splits` (the splits asked)."""
+    try:
+        m = content.metric_records["scores"]
+        scores = [
+            Scores(
+                [int(c) for c in m[f"{split}.correct"]], [float(x) for x in m[f"{split}.loss"]], int(m[f"{split}.n"])
+            )
+            for split in splits
+        ]
+        return int(m["client"]), scores
+    except (KeyError, TypeError, ValueError) as err:
+        raise CodecError(f"malformed scores: {err!r}") from err

@@ -14,8 +14,10 @@ the server), every node is asked which client it is (`query.identify`, with the 
 then incofl's `Run` drives the rounds with the strategy as its train stage: incofl's seeded
 schedule and planner choose the clients, `configure_train` sends each its plan and start
 weights, `aggregate_train` checks the replies, and the engine aggregates, evaluates and
-checkpoints exactly as in the simulator. Restarted with the same `out`, the run resumes from its
-last checkpoint.
+checkpoints exactly as in the simulator. Client models the evaluation scores on the clients'
+nodes (server.py) go out through `configure_evaluate` and come back through
+`aggregate_evaluate`. Restarted with the same `out`, the run resumes from its last checkpoint
+(and each node from its client's state at that round: client.py).
 """
 
 from __future__ import annotations
@@ -39,8 +41,24 @@ from incofl.atomic import atomic_path, write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
 from incofl.data.partition import partition_for
 from incofl.data.sources import dataset_for
-from incofl.federation.codec import CodecError, message_bytes, read_update, train_content
-from incofl.federation.server import FederatedEngine, RemoteTrainer, Reply, check_federated
+from incofl.federation.codec import (
+    CodecError,
+    evaluate_content,
+    message_bytes,
+    read_scores,
+    read_update,
+    train_content,
+)
+from incofl.federation.server import (
+    EvalJob,
+    EvalReply,
+    FederatedEngine,
+    RemoteTrainer,
+    Reply,
+    check_federated,
+    test_clients,
+)
+from incofl.federation.sitedata import test_sha256
 from incofl.fl.contracts import ClientPlan, State
 from incofl.fl.engine.engine import resolve_device
 from incofl.fl.engine.run import Run
@@ -76,10 +94,11 @@ class AppSettings:
         )
 
 
-def identify(grid: Grid, cfg: RunConfig, timeout: float) -> dict[int, int]:
+def identify(grid: Grid, cfg: RunConfig, timeout: float, test: dict[int, str]) -> dict[int, int]:
     """client -> node: every node that joins within `timeout` is asked which client it is (with
     the run's config, which it checks its data against); stops with one line naming the
-    clients whose node did not join, or the node that failed its check."""
+    clients whose node did not join, the node that failed its check, or a client whose node
+    lacks the test split `test` asks of it (client -> its hash)."""
     content = RecordDict({"run": ConfigRecord({"config": json.dumps(cfg.model_dump())})})
     nodes: dict[int, int] = {}
     asked: set[int] = set()
@@ -97,6 +116,12 @@ def identify(grid: Grid, cfg: RunConfig, timeout: float) -> dict[int, int]:
                 raise ConfigError(f"node {node} says it is client {client}, as node {nodes[client]} does")
             if not 0 <= client < cfg.clients:
                 raise ConfigError(f"node {node} says it is client {client}: the run has clients 0..{cfg.clients - 1}")
+            if client in test and reply.content.config_records["node"]["test_sha256"] != test[client]:
+                raise ConfigError(
+                    f"node {node} (client {client}): its data file lacks the test split (or holds another), on "
+                    f"which this run scores client {client}'s model with what it keeps ({cfg.method}"
+                    f"{', bn_stats: local' if cfg.bn_stats == 'local' else ''}); export it with --test"
+                )
             nodes[client] = node
         if len(nodes) < cfg.clients:
             time.sleep(0.2)
@@ -110,9 +135,10 @@ def identify(grid: Grid, cfg: RunConfig, timeout: float) -> dict[int, int]:
 
 @dataclass
 class IncoflStrategy(Strategy):
-    """incofl's round as a Flower strategy: one message per planned client (its own plan and
-    start weights, so clients may hold different architectures), replies checked and handed to
-    the engine; evaluation runs on the server (the engine's), so the evaluate pair sends nothing."""
+    """incofl's round as a Flower strategy (server.Exchange): one message per planned client
+    (its own plan and start weights, so clients may hold different architectures), replies
+    decoded and handed to the engine, which checks them; the same for the client models an
+    evaluation scores on their nodes."""
 
     grid: Grid
     nodes: dict[int, int]  # client -> node
@@ -120,16 +146,26 @@ class IncoflStrategy(Strategy):
     out: Path
     jobs: list[tuple[ClientPlan, State, State]] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
+    eval_jobs: list[EvalJob] = field(default_factory=list)
+    scores: list[EvalReply] = field(default_factory=list)
     traffic: list[dict[str, int]] = field(default_factory=list)
     down: dict[int, int] = field(default_factory=dict)  # client -> bytes sent this round
 
-    def __call__(self, round_: int, jobs: list[tuple[ClientPlan, State, State]]) -> list[Reply]:
-        """The train stage's exchange (server.Exchange): configure, send and receive, aggregate."""
+    def train(self, round_: int, jobs: list[tuple[ClientPlan, State, State]]) -> list[Reply]:
+        """A round's training: configure, send and receive, aggregate (decode)."""
         self.jobs = jobs
         messages = list(self.configure_train(round_ + 1, ArrayRecord(), ConfigRecord(), self.grid))
         replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
         self.aggregate_train(round_ + 1, replies)
         return self.replies
+
+    def evaluate(self, round_: int, jobs: list[EvalJob]) -> list[EvalReply]:
+        """An evaluation's client models: configure, send and receive, aggregate (decode)."""
+        self.eval_jobs = jobs
+        messages = list(self.configure_evaluate(round_, ArrayRecord(), ConfigRecord(), self.grid))
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        self.aggregate_evaluate(round_, replies)
+        return self.scores
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -180,10 +216,29 @@ class IncoflStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        return []
+        return [
+            Message(evaluate_content(server_round, job), self.nodes[job.client], "evaluate", group_id=str(server_round))
+            for job in self.eval_jobs
+        ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return None
+        """Each job's scores decoded (or why there are none); the engine checks them."""
+        by_node = {reply.metadata.src_node_id: reply for reply in replies}
+        self.scores = []
+        for job in self.eval_jobs:
+            node = self.nodes[job.client]
+            reply = by_node.get(node)
+            if reply is None:
+                self.scores.append(EvalReply(error="no reply within round-timeout (node gone?)", node=node))
+            elif reply.has_error():
+                self.scores.append(EvalReply(error=f"the node's ClientApp failed: {reply.error.reason}", node=node))
+            else:
+                try:
+                    client, scores = read_scores(reply.content, job.splits)
+                    self.scores.append(EvalReply(client, scores, node=node))
+                except CodecError as err:
+                    self.scores.append(EvalReply(error=str(err), node=node))
+        return MetricRecord({"replies": len(by_node)})
 
     def summary(self) -> None:
         log.info("incofl strategy: %d clients on nodes %s", len(self.nodes), self.nodes)
@@ -197,7 +252,8 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     data = dataset_for(cfg)
     engine = FederatedEngine(cfg, data, partition_for(cfg, data), resolve_device(cfg.device))
-    nodes = identify(grid, cfg, settings.join_timeout)
+    test = {client: test_sha256(data) for client in test_clients(cfg)}
+    nodes = identify(grid, cfg, settings.join_timeout, test)
     strategy = IncoflStrategy(grid, nodes, settings.round_timeout, settings.out)
     trainer = RemoteTrainer(strategy, settings.allow_missing)
     engine.federate(trainer)

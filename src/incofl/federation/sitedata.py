@@ -6,11 +6,15 @@ The file holds the client's images in the order of their index in the training s
 positions of its partition entry among them (so local training draws the simulator's batches,
 and `holdout` holds out the same samples), the data set's class count and normalisation (the
 whole training set's, which a node cannot compute from its share) and the settings its
-partition was drawn with: a node refuses a run whose config would partition otherwise.
+partition was drawn with: a node refuses a run whose config would partition otherwise. With
+`test`, it also holds the data set's test split, on which the node of a client that keeps
+entries of its model scores that model when the run's evaluation asks (each model group's first
+client's, as the simulator reports it); the server checks its hash (`test_sha256`) against its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +63,20 @@ def partition_settings(cfg: RunConfig) -> dict[str, object]:
     return {key: getattr(cfg, key) for key in PARTITION_KEYS}
 
 
-def export_client(cfg: RunConfig, data: ImageDataset, partition: Partition, client: int, out: str | Path) -> int:
-    """Write `client`'s share of `data` to `out` (.npz, atomically); returns its sample count."""
+def test_sha256(data: ImageDataset) -> str:
+    """SHA-256 of a data set's test images and labels ('' without a test split)."""
+    if not len(data.y_test):
+        return ""
+    digest = hashlib.sha256(np.ascontiguousarray(data.x_test).tobytes())
+    digest.update(np.ascontiguousarray(data.y_test).astype(np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def export_client(
+    cfg: RunConfig, data: ImageDataset, partition: Partition, client: int, out: str | Path, test: bool = False
+) -> int:
+    """Write `client`'s share of `data` to `out` (.npz, atomically), with `test` the test split
+    too (module docstring); returns its sample count."""
     if not 0 <= client < cfg.clients:
         raise ConfigError(f"--client {client}: the config has clients 0..{cfg.clients - 1}")
     part = partition.parts[client]
@@ -76,8 +92,8 @@ def export_client(cfg: RunConfig, data: ImageDataset, partition: Partition, clie
             std=std,
             classes=data.num_classes,
             client=client,
-            x_test=data.x_test[:0],
-            y_test=data.y_test[:0],
+            x_test=data.x_test if test else data.x_test[:0],
+            y_test=data.y_test if test else data.y_test[:0],
             settings=json.dumps(partition_settings(cfg)),
         )
     return len(part)

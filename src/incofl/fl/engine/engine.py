@@ -14,7 +14,6 @@ model family or model: a test greps it.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import numpy as np
@@ -29,11 +28,13 @@ from incofl.data.tensors import to_device
 from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundContext, RoundReport, Setup, Trained
 from incofl.fl.engine.checkpoint import CheckpointMismatch
 from incofl.fl.engine.divergence import check_states, check_updates
+from incofl.fl.engine.fingerprint import run_fingerprint, state_sha256
 from incofl.fl.stages.aggregate import apply_update
 from incofl.fl.stages.client import KEPT, ClientRunner
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.component import Stateful
-from incofl.fl.stages.layout import Layout, LayoutInputs
+from incofl.fl.stages.evaluation import Scores
+from incofl.fl.stages.layout import ClientEval, Layout, LayoutInputs
 from incofl.fl.stages.observers import CostLog
 from incofl.fl.stages.probes import analyses_for
 from incofl.fl.stages.sampling import group_of, sample_schedule
@@ -200,20 +201,21 @@ class Engine:
             observer.observe(report)
 
     def evaluate(self) -> dict[str, float]:
-        """The metrics of an evaluated round (the layout scores the server states)."""
-        return self.layout.evaluate(self.states, self.client_state)
+        """The metrics of an evaluated round (the layout scores the server states and the client
+        models it lists, which this engine holds: `score_clients`)."""
+        return self.layout.evaluate(self.states, self.score_clients)
+
+    def score_clients(self, jobs: list[ClientEval]) -> list[Scores]:
+        """Each listed client model's scores, its weights its group's global weights with what it keeps."""
+        return [self.layout.score(job, self.client_state(job.client, job.group)) for job in jobs]
 
     def fingerprint(self) -> str:
-        """SHA-256 of every server state entry, then of what clients keep (name and bytes, in
-        order): equal iff the weights are."""
-        entries = [(name, t) for state in self.states for name, t in state.items()]
-        kept = self.clients
-        entries += [(f"{c}.{name}", t) for c in kept.clients(KEPT) for name, t in kept.get(KEPT, c).items()]
-        digest = hashlib.sha256()
-        for name, tensor in entries:
-            digest.update(name.encode())
-            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-        return digest.hexdigest()
+        """The run's weights as one SHA-256 (fingerprint.py): the server states and what clients keep."""
+        return run_fingerprint(self.states, self.kept_sha256())
+
+    def kept_sha256(self) -> dict[int, str]:
+        """Each client that keeps entries -> their SHA-256."""
+        return {c: state_sha256(self.clients.get(KEPT, c)) for c in self.clients.clients(KEPT)}
 
     def state_dict(self) -> dict[str, Any]:
         """The server states, every component's state by its role, and what clients keep."""

@@ -4,7 +4,6 @@ one loop over a split that every evaluator (the width levels' too) scores with."
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,20 +77,24 @@ def score(
 
 
 class GroupEvaluator:
+    """Each model group's model on the global test set."""
+
     def __init__(self, models: list[nn.Module], test: TensorSplit, batch_size: int, drop_last: bool = False):
         self.models, self.test, self.batch_size, self.drop_last = models, test, batch_size, drop_last
 
-    def __call__(self, sub_state: Callable[[int], State]) -> dict[str, float]:
-        """mean_acc, mean_loss (unweighted over groups) and acc_g{g} per group."""
-        accs, losses = [], []
-        for group, model in enumerate(self.models):
-            model.load_state_dict(sub_state(group))
-            scores = score(model, self.test, self.batch_size, self.drop_last)
-            accs.append(scores.accuracy())
-            losses.append(scores.mean_loss())
+    def score_group(self, group: int, state: State) -> Scores:
+        """Group `group`'s model with `state` on the test set."""
+        model = self.models[group]
+        model.load_state_dict(state)
+        return score(model, self.test, self.batch_size, self.drop_last)
+
+    @staticmethod
+    def combine(scores: list[Scores]) -> dict[str, float]:
+        """mean_acc, mean_loss (unweighted over groups) and acc_g{g}, from each group's scores in order."""
+        accs = [s.accuracy() for s in scores]
         return {
             "mean_acc": float(np.mean(accs)),
-            "mean_loss": float(np.mean(losses)),
+            "mean_loss": float(np.mean([s.mean_loss() for s in scores])),
             **{f"acc_g{g}": a for g, a in enumerate(accs)},
         }
 
@@ -107,17 +110,23 @@ class PersonalEvaluator:
     ):
         self.models, self.data, self.held_out, self.groups, self.batch_size = models, data, held_out, groups, batch_size
 
-    def __call__(self, client_state: Callable[[int, int], State]) -> dict[str, float]:
+    def scored(self) -> list[int]:
+        """The clients scored: those that hold data out."""
+        return [client for client, indices in enumerate(self.held_out) if len(indices)]
+
+    def score_client(self, client: int, state: State) -> Scores:
+        """Client `client`'s model with `state` on its held-out samples."""
+        model = self.models[self.groups[client]]
+        model.load_state_dict(state)
+        return score(model, self.data, self.batch_size, indices=torch.from_numpy(self.held_out[client]))
+
+    def combine(self, scores: dict[int, Scores]) -> dict[str, float]:
+        """The metrics from each scored client's scores (a client missing from `scores` is left out)."""
         accs, by_group = [], np.zeros((len(self.models), 3))  # per group: correct, loss, samples
-        for client, indices in enumerate(self.held_out):
-            if len(indices) == 0:
-                continue
-            group, model = self.groups[client], self.models[self.groups[client]]
-            model.load_state_dict(client_state(client, group))
-            scores = score(model, self.data, self.batch_size, indices=torch.from_numpy(indices))
-            correct, loss, n = scores.correct[-1], scores.loss[-1], scores.n
+        for client, s in sorted(scores.items()):  # in client order: the sums' rounding is fixed
+            correct, loss, n = s.correct[-1], s.loss[-1], s.n
             accs.append(100.0 * correct / n)
-            by_group[group] += (correct, loss, n)
+            by_group[self.groups[client]] += (correct, loss, n)
         correct, loss, n = by_group.sum(0).tolist()  # plain floats: the metrics rows go into the checkpoint
         return {
             "personal_acc": 100.0 * correct / n,

@@ -26,11 +26,26 @@ from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, State
 from incofl.fl.stages.component import Stateful
-from incofl.fl.stages.evaluation import GroupEvaluator, PersonalEvaluator
+from incofl.fl.stages.evaluation import GroupEvaluator, PersonalEvaluator, Scores
 from incofl.models.family import check_nested
 
 SubState = Callable[[int], State]  # group -> its global sub-state (the server's weights a group's model holds)
-ClientState = Callable[[int, int], State]  # (client, group) -> its group's global weights with what it keeps
+TEST, HELD_OUT = "test", "held_out"  # the splits a client's model is scored on
+
+
+@dataclass(frozen=True)
+class ClientEval:
+    """One client model an evaluation scores: client `client`'s (its group's global weights with
+    what it keeps) on `split`: the global test set, or the client's held-out share of its data."""
+
+    client: int
+    group: int
+    split: str
+
+
+# Scores of client models, in order: where the clients keep their entries (a simulator's engine
+# scores them itself, a real federation's server asks the clients' nodes)
+ClientScores = Callable[[list[ClientEval]], list[Scores]]
 
 
 @dataclass(frozen=True)
@@ -51,7 +66,8 @@ class LayoutInputs:
 
 class Layout(Stateful):
     """The interface: `models` (one per model group), `server_model` (the server state's
-    shapes), `start`, `evaluate` and `summary`."""
+    shapes), `start`, `evaluate` (with `client_evals` and `score`, the client models it scores)
+    and `summary`."""
 
     models: list[nn.Module]
     server_model: nn.Module
@@ -60,8 +76,17 @@ class Layout(Stateful):
         """The server's weights a planned client trains from (the client adds what it keeps)."""
         return sub_state(plan.group)
 
-    def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:
-        """The metrics row of an evaluated round: mean_acc, mean_loss and acc_g{g} at least."""
+    def evaluate(self, states: list[State], client_scores: ClientScores) -> dict[str, float]:
+        """The metrics row of an evaluated round: mean_acc, mean_loss and acc_g{g} at least;
+        `client_scores` scores the client models `client_evals` lists."""
+        raise NotImplementedError
+
+    def client_evals(self) -> list[ClientEval]:
+        """The client models an evaluation scores (none: the layout scores the server states only)."""
+        return []
+
+    def score(self, job: ClientEval, state: State) -> Scores:
+        """A listed client model's scores, `state` its weights (where the client's entries are)."""
         raise NotImplementedError
 
     def summary(self, rows: list[dict[str, float]]) -> dict[str, Any]:
@@ -77,6 +102,7 @@ class GroupLayout(Layout):
         self.models = [inputs.build(name) for name in cfg.models]
         self.server_model = self.models[check_nested(self.models)]
         self.evaluator = GroupEvaluator(self.models, inputs.test, cfg.eval_batch_size, cfg.drop_last)
+        self.groups = inputs.groups
         self.first = [inputs.groups.index(g) for g in range(cfg.groups)]  # each model group's first client
         self.personal = (
             None
@@ -85,14 +111,33 @@ class GroupLayout(Layout):
         )
         self.pooled = len(inputs.test) == 0  # pool_test: no global test set
 
-    def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:
+    def client_evals(self) -> list[ClientEval]:
+        """With `holdout`, every client's model that holds data out on it; without `pool_test`,
+        each model group's first client's model on the test set."""
+        personal = [] if self.personal is None else self.personal.scored()
+        jobs = [ClientEval(client, self.groups[client], HELD_OUT) for client in personal]
+        if not self.pooled:
+            jobs += [ClientEval(client, group, TEST) for group, client in enumerate(self.first)]
+        return jobs
+
+    def score(self, job: ClientEval, state: State) -> Scores:
+        if job.split == TEST:
+            return self.evaluator.score_group(job.group, state)
+        assert self.personal is not None
+        return self.personal.score_client(job.client, state)
+
+    def evaluate(self, states: list[State], client_scores: ClientScores) -> dict[str, float]:
         """mean_acc, mean_loss and acc_g{g}; with `holdout` also personal_acc(_std)."""
-        personal = {} if self.personal is None else self.personal(client_state)
+        jobs = self.client_evals()
+        scores = dict(zip(jobs, client_scores(jobs), strict=True))
+        held = {job.client: s for job, s in scores.items() if job.split == HELD_OUT}
+        personal = {} if self.personal is None else self.personal.combine(held)
         shown = {k: personal[k] for k in ("personal_acc", "personal_acc_std") if k in personal}
         if self.pooled:  # the personal accuracy is the run's
             groups = {f"acc_g{g}": personal[f"personal_g{g}"] for g in range(len(self.models))}
             return {"mean_acc": personal["personal_acc"], "mean_loss": personal["personal_loss"], **groups, **shown}
-        return self.evaluator(lambda group: client_state(self.first[group], group)) | shown
+        tested = [s for job, s in scores.items() if job.split == TEST]  # in group order
+        return self.evaluator.combine(tested) | shown
 
     def summary(self, rows: list[dict[str, float]]) -> dict[str, Any]:
         """With `holdout`: the final personal accuracy, its std over clients, and the best (the release's)."""

@@ -30,7 +30,7 @@ from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, Setup, State, View
 from incofl.fl.methods.width.slicing import extract, index_map
 from incofl.fl.stages.evaluation import score
-from incofl.fl.stages.layout import ClientState, Layout, LayoutInputs, SubState
+from incofl.fl.stages.layout import ClientScores, Layout, LayoutInputs, SubState
 from incofl.fl.stages.plan import FullPlanner
 from incofl.models.flops import forward_flops
 from incofl.streams import Stream, generator
@@ -184,7 +184,7 @@ class WidthLayout(Layout):
             return sub_state(plan.group)
         return extract(states[plan.federation], plan.view.index)
 
-    def evaluate(self, states: list[State], client_state: ClientState) -> dict[str, float]:
+    def evaluate(self, states: list[State], client_scores: ClientScores) -> dict[str, float]:
         return self.evaluator(states[0])
 
     def summary(self, rows: list[dict[str, float]]) -> dict[str, Any]:
