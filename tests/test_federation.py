@@ -6,6 +6,7 @@ name, and what cannot run federated is refused before anything starts."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,6 +38,7 @@ FAMILIES = {
     "SCAFFOLD": {},  # the server's c broadcast, each client's c_i in its node's Context.state
     "FedNova": {},
     "MOON": {},
+    "FedDyn": {},  # each client's g_k on its node, the server's h in its post transform
     "FedPart": {"models": ["resnet10"], "rounds": 3},
     "FedLAG": {"holdout": 0.2},  # personal layers kept on the nodes, scored there on the held-out share
     "FedPer": {"holdout": 0.2, "bn_stats": "local"},  # and each group's first client's model on the test split
@@ -264,3 +266,41 @@ def test_export_writes_one_clients_samples_and_refuses_a_client_out_of_range(tmp
     assert len(partition.parts[1]) == len(data.y_train) and data.num_classes == 10
     argv = ["federation", "export", "--config", str(config), "--client", "4", "--out", str(tmp_path / "x.npz")]
     assert run(argv) == 2 and "--client 4: the config has clients 0..3" in capsys.readouterr().err
+
+
+def test_export_without_client_writes_every_clients_file_with_the_test_split_where_the_run_needs_it(tmp_path):
+    from incofl.cli import run
+    from incofl.federation.server import test_clients
+    from incofl.federation.sitedata import load_site
+
+    config = write_config(tmp_path, methods=["FedPer"], holdout=0.2)
+    assert run(["federation", "export", "--config", str(config), "--out", str(tmp_path / "sites")]) == 0
+    cfg = load_run_config(config)
+    tests = [len(load_site(tmp_path / "sites" / f"site{c}.npz", cfg, c)[0].y_test) for c in range(cfg.clients)]
+    first = test_clients(cfg)  # each model group's first client: its model is scored on the test split
+    assert len(first) == len(cfg.models) == 2
+    assert tests == [len(dataset_for(cfg).y_test) if c in first else 0 for c in range(cfg.clients)]
+
+
+def test_federation_up_refuses_bad_input_in_one_line_before_starting_anything(tmp_path, monkeypatch, capsys):
+    from incofl.cli import run
+    from incofl.federation.local import add_connection
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    (tmp_path / "empty").mkdir()
+    assert run(["federation", "up", "--sites", str(tmp_path / "empty")]) == 2
+    assert "no site data files (*.npz)" in capsys.readouterr().err
+    nodes = export_sites(load_run_config(write_config(tmp_path)), tmp_path)
+    (tmp_path / "copy.npz").write_bytes(Path(nodes[0]["data-path"]).read_bytes())
+    assert run(["federation", "up", "--sites", str(tmp_path)]) == 2
+    assert "both hold client 0's data" in capsys.readouterr().err
+    argv = ["federation", "up", "--sites", str(tmp_path / "sites"), "--certificates", str(tmp_path)]
+    (tmp_path / "sites").mkdir()
+    (tmp_path / "sites" / "site1.npz").write_bytes(Path(nodes[1]["data-path"]).read_bytes())
+    assert run(argv) == 2 and "no ca.pem, server.pem, server.key" in capsys.readouterr().err
+    # the connection: appended once, kept as written, another entry of that name never overwritten
+    config = add_connection("mine", "127.0.0.1:9092", None)
+    assert add_connection("mine", "127.0.0.1:9092", None) == config
+    assert config.read_text().count("[superlink.mine]") == 1
+    with pytest.raises(ConfigError, match="connection mine exists with other settings"):
+        add_connection("mine", "127.0.0.1:9999", None)

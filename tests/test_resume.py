@@ -145,7 +145,8 @@ def test_a_checkpoint_of_other_components_is_refused_naming_the_role(data, tmp_p
         train(cfg, tmp_path / "run", data=data)
 
 
-KILLED = random.Random(0).sample(sorted(METHODS), 2)  # a seeded sample: the test names the methods it drew
+# a seeded draw of one method (the test names it); InCoAvg is killed at random moments in test_reliability
+KILLED = random.Random(0).sample(sorted(set(METHODS) - {"InCoAvg"}), 1)
 
 
 def experiment(name: str, tmp_path: Path) -> Path:
