@@ -24,7 +24,8 @@ def main(folder: Path, deployed: Path | None) -> None:
     for name, run in runs.items():
         seconds = pd.read_csv(run / "rounds.csv")["seconds"].tolist()
         print(f"{name}: seconds per round {', '.join(f'{s:.2f}' for s in seconds)}")
-    traffic = pd.read_csv(fed / "federation.csv").groupby("round")[["down_bytes", "up_bytes"]].sum()
+    traffic = pd.read_csv(fed / "federation.csv").query("stage == 'train'")
+    traffic = traffic.groupby("round")[["down_bytes", "up_bytes"]].sum()
     costs = pd.read_csv(sim / "rounds.csv").set_index("round")["upload_bytes"]
     print(traffic.assign(cost_accounting_upload=costs).to_string())
 

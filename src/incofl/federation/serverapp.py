@@ -3,10 +3,10 @@
 Run config (the app's pyproject.toml, or `flwr run ... --run-config`): `config` (the run's
 YAML, read as `incofl train --config` reads it), `set` (its `--set` overrides, space-separated
 key=value), `out` (the run directory: metrics.csv, rounds.csv, summary.json, ckpt.pt, as
-`incofl train` writes them, and federation.csv: the bytes each round sent to and received from
-each client), `round-timeout` (seconds a round waits for its replies), `join-timeout` (seconds
-the run waits for every client's node to join) and `allow-missing` (go on without clients that
-did not reply in time or whose reply was refused; rounds.csv names them).
+`incofl train` writes them, and federation.csv: the bytes each round's training and evaluation
+sent to and received from each client), `round-timeout` (seconds a round waits for its replies),
+`join-timeout` (seconds the run waits for every client's node to join) and `allow-missing` (go
+on without clients that did not reply in time or whose reply was refused; rounds.csv names them).
 
 The run: the config is validated and refused if it cannot run federated (server.py), the
 server's engine is built as `incofl train` builds it (the data set's test split is scored on
@@ -149,7 +149,7 @@ class IncoflStrategy(Strategy):
     eval_jobs: list[EvalJob] = field(default_factory=list)
     scores: list[EvalReply] = field(default_factory=list)
     traffic: list[dict[str, int]] = field(default_factory=list)
-    down: dict[int, int] = field(default_factory=dict)  # client -> bytes sent this round
+    down: dict[int, int] = field(default_factory=dict)  # client -> bytes sent it by the last exchange
 
     def train(self, round_: int, jobs: list[tuple[ClientPlan, State, State]]) -> list[Reply]:
         """A round's training: configure, send and receive, aggregate (decode)."""
@@ -187,19 +187,28 @@ class IncoflStrategy(Strategy):
             node = self.nodes.get(plan.client, -1)
             reply = by_node.get(node)
             self.replies.append(self.read(node, reply))
-            if reply is not None and reply.has_content():
-                self.traffic.append(
-                    {
-                        "round": server_round,
-                        "client": plan.client,
-                        "node": node,
-                        "down_bytes": self.down[plan.client],
-                        "up_bytes": message_bytes(reply.content),
-                    }
-                )
+            self.count("train", server_round, plan.client, node, reply)
+        self.write_traffic()
+        return None, MetricRecord({"replies": len(by_node)})
+
+    def count(self, stage: str, server_round: int, client: int, node: int, reply: Message | None) -> None:
+        """A message's bytes each way, for federation.csv (a client without a reply: none)."""
+        if reply is not None and reply.has_content():
+            down, up = self.down[client], message_bytes(reply.content)
+            self.traffic.append(
+                {
+                    "round": server_round,
+                    "stage": stage,
+                    "client": client,
+                    "node": node,
+                    "down_bytes": down,
+                    "up_bytes": up,
+                }
+            )
+
+    def write_traffic(self) -> None:
         with atomic_path(self.out / "federation.csv") as tmp:
             pd.DataFrame(self.traffic).to_csv(tmp, index=False)
-        return None, MetricRecord({"replies": len(by_node)})
 
     @staticmethod
     def read(node: int, reply: Message | None) -> Reply:
@@ -216,10 +225,12 @@ class IncoflStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        return [
-            Message(evaluate_content(server_round, job), self.nodes[job.client], "evaluate", group_id=str(server_round))
-            for job in self.eval_jobs
-        ]
+        messages = []
+        for job in self.eval_jobs:
+            content = evaluate_content(server_round, job)
+            self.down[job.client] = message_bytes(content)
+            messages.append(Message(content, self.nodes[job.client], "evaluate", group_id=str(server_round)))
+        return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Each job's scores decoded (or why there are none); the engine checks them."""
@@ -238,6 +249,8 @@ class IncoflStrategy(Strategy):
                     self.scores.append(EvalReply(client, scores, node=node))
                 except CodecError as err:
                     self.scores.append(EvalReply(error=str(err), node=node))
+            self.count("evaluate", server_round, job.client, node, reply)
+        self.write_traffic()
         return MetricRecord({"replies": len(by_node)})
 
     def summary(self) -> None:
