@@ -51,6 +51,7 @@ FAMILIES = {
 
 def test_codec_round_trip_is_exact():
     from incofl.federation.codec import read_train, read_update, train_content, update_content
+    from incofl.federation.server import TrainJob
 
     gen = torch.Generator().manual_seed(0)
     start = {"w": torch.randn(3, 4, generator=gen), "n": torch.tensor(7)}
@@ -58,8 +59,13 @@ def test_codec_round_trip_is_exact():
     plan = ClientPlan(
         3, 1, 0, 4, trainable=frozenset({"w"}), keep=frozenset({"n"}), last_grad=True, view=View(1, index, 0.25)
     )
-    round_, back, got, broadcast = read_train(train_content(5, plan, start, {"c": start["w"] * 2}), "cpu")
-    assert round_ == 5 and (back.client, back.group, back.federation, back.federation_size) == (3, 1, 0, 4)
+    round_, job = read_train(train_content(5, TrainJob(plan, start, {"c": start["w"] * 2}, "ab12")), "cpu")
+    back, got, broadcast = job.plan, job.start, job.broadcast
+    assert (
+        round_ == 5
+        and job.state_sha256 == "ab12"
+        and (back.client, back.group, back.federation, back.federation_size) == (3, 1, 0, 4)
+    )
     assert (back.trainable, back.upload, back.keep, back.last_grad) == ({"w"}, None, {"n"}, True)
     assert back.view.group == 1 and back.view.cost == 0.25 and back.view.index["w"][1] is None
     assert torch.equal(back.view.index["w"][0], index["w"][0]) and back.view.index["n"] == ()
@@ -76,8 +82,8 @@ def test_codec_round_trip_is_exact():
         upload_params=12,
         classes=torch.tensor([1, 4]),
     )
-    decoded, kept = read_update(update_content(update, "abc"), "cpu")
-    assert kept == "abc" and torch.equal(decoded.delta["w"], update.delta["w"])
+    decoded, kept, state = read_update(update_content(update, "abc", "def"), "cpu")
+    assert (kept, state) == ("abc", "def") and torch.equal(decoded.delta["w"], update.delta["w"])
     assert torch.equal(decoded.extra["last_grad"]["w"], start["w"]) and torch.equal(decoded.classes, update.classes)
     assert (decoded.num_samples, decoded.steps, decoded.loss, decoded.upload_params) == (17, 5, 0.5, 12)
 
@@ -169,9 +175,9 @@ def _corrupting(change):
         reply = app(message, context)
         if message.metadata.message_type != "train":
             return reply
-        update, kept = read_update(reply.content, "cpu")
+        update, kept, state = read_update(reply.content, "cpu")
         change(update)
-        return Message(update_content(update, kept), reply_to=message)
+        return Message(update_content(update, kept, state), reply_to=message)
 
     return node
 
@@ -214,6 +220,34 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
 
     assert resumed["state_sha256"] == train(cfg, tmp_path / "simulator")["state_sha256"]
     assert metrics(tmp_path / "federation").equals(metrics(tmp_path / "simulator"))
+
+
+@pytest.mark.slow
+def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from_scratch(tmp_path, caplog):
+    """SCAFFOLD: after round 1, one trained client's node loses its state files (its c_i); in the
+    round it trains next, its node refuses to start from a fresh state, and the run stops naming it."""
+    import shutil
+
+    from incofl.federation.inprocess import InProcessGrid
+    from incofl.federation.server import MissingClients
+    from incofl.federation.serverapp import AppSettings, serve
+
+    config = write_config(tmp_path, methods=["SCAFFOLD"], rounds=4)
+    cfg = load_run_config(config)
+    nodes = export_sites(cfg, tmp_path)
+    first = set(_scheduled(0))
+    wiped = next(c for r in range(1, 4) for c in _scheduled(r) if c in first)  # trains in round 1 and again
+    from incofl.federation.clientapp import app
+
+    def forgetful(message, context):  # the node's state folder deleted after its first round
+        reply = app(message, context)
+        if message.metadata.message_type == "train" and message.metadata.group_id == "1":
+            shutil.rmtree(tmp_path / f"site{wiped}.state")
+        return reply
+
+    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0)
+    with pytest.raises(MissingClients, match=f"client\\(s\\) {wiped} .*is not the one it reported"):
+        serve(InProcessGrid(nodes, apps={_node_of(wiped): forgetful}), settings)
 
 
 def test_a_node_keeps_the_states_a_checkpoint_of_the_server_can_resume_from(tmp_path):

@@ -12,7 +12,10 @@ What the client keeps across rounds (the engine's ClientStore: its kept entries,
 c_i, MOON's previous models) is saved on the node after every round it trains, one file per
 round in `state_dir/<run key>/` (`NodeState`): a round starts from the client's state after the
 last round before it, so a restarted server resuming from its checkpoint finds each client as
-it was then, and the run goes on as if never stopped.
+it was then, and the run goes on as if never stopped. The node reports the hash of that state
+(never the state) and the server sends it back with the client's next message: a node whose
+restored state is another (its files moved or deleted) refuses to go on (`StaleState`) rather
+than train from a fresh one.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ import torch
 
 from incofl.atomic import atomic_path
 from incofl.config import RunConfig
-from incofl.federation.server import EvalJob
+from incofl.federation.server import EvalJob, TrainJob
 from incofl.federation.sitedata import load_site, test_sha256
-from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.contracts import ClientUpdate
+from incofl.fl.engine.checkpoint import semantic_config
 from incofl.fl.engine.engine import Engine, resolve_device
 from incofl.fl.engine.fingerprint import state_sha256
 from incofl.fl.stages.client import KEPT
@@ -45,9 +49,10 @@ class NodeState:
 
     def __init__(self, folder: Path, checkpoint_every: int):
         self.folder, self.every = folder, checkpoint_every
-        folder.mkdir(parents=True, exist_ok=True)
 
     def rounds(self) -> list[int]:
+        if not self.folder.is_dir():  # none saved (or the folder deleted: the caller's hash check tells)
+            return []
         return sorted(int(m[1]) for p in self.folder.iterdir() if (m := self.FILE.fullmatch(p.name)))
 
     def at(self, round_: int) -> dict[str, Any] | None:
@@ -60,6 +65,7 @@ class NodeState:
     def save(self, round_: int, state: dict[str, Any]) -> None:
         """The state after round `round_`; states no checkpoint of the server can resume from are dropped:
         older than the last one at or before the server's last checkpoint."""
+        self.folder.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.folder / f"after-round-{round_}.pt") as tmp:
             torch.save(state, tmp)
         checkpoint = (round_ - 1) // self.every * self.every
@@ -70,8 +76,22 @@ class NodeState:
 
 
 def run_key(cfg: RunConfig) -> str:
-    """The folder name of a run's node states: its config's hash (a resumed run's is the same)."""
-    return hashlib.sha256(json.dumps(cfg.model_dump(), sort_keys=True).encode()).hexdigest()[:16]
+    """The folder name of a run's node states: the hash of its config's settings that change the
+    numbers (a resumed run's, whose threads or progress may differ, is the same)."""
+    semantic = semantic_config(cfg.model_dump())
+    return hashlib.sha256(json.dumps(semantic, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def store_sha256(state: dict[str, Any]) -> str:
+    """SHA-256 of a client store's `state_dict` (its states in memory: a node spills none), by key."""
+    digest = hashlib.sha256()
+    for key in sorted(state["states"], key=str):
+        digest.update(f"{key} {state_sha256(state['states'][key])}".encode())
+    return digest.hexdigest()
+
+
+class StaleState(RuntimeError):
+    """The state a node restored is not the one its client last reported to the server."""
 
 
 class SiteClient:
@@ -90,29 +110,38 @@ class SiteClient:
         self.states = NodeState(Path(state_dir) / run_key(cfg) / f"client{client}", cfg.checkpoint_every)
         self.fresh = self.engine.clients.state_dict()  # a client before its first round: it keeps nothing
 
-    def restore(self, round_: int) -> None:
-        """What the client kept after round `round_` (1-based; none before its first round)."""
+    def restore(self, round_: int, expected: str) -> None:
+        """What the client kept after round `round_` (1-based; none before its first round),
+        which must be the state whose hash it last reported (`expected`; '' before any)."""
         state = self.states.at(round_)
-        self.engine.clients.load_state_dict(state if state is not None else self.fresh)
+        state = state if state is not None else self.fresh
+        if expected and store_sha256(state) != expected:
+            raise StaleState(
+                f"client {self.client}: its state after round {round_} in {self.states.folder} is not the one "
+                "it reported to the server (the node's state-dir moved, deleted or another node's?)"
+            )
+        self.engine.clients.load_state_dict(state)
 
-    def train(self, round_: int, plan: ClientPlan, start: State, broadcast: State) -> tuple[ClientUpdate, str]:
+    def train(self, round_: int, job: TrainJob) -> tuple[ClientUpdate, str, str]:
         """One planned round (0-based `round_`) from the server's start weights and its
-        objective's broadcast: the update, and the hash of what the client keeps (never sent
-        itself; '' if it keeps nothing)."""
+        objective's broadcast: the update, the hash of what the client keeps ('' if nothing)
+        and of its whole state, saved (neither state is ever sent)."""
+        plan = job.plan
         if plan.client != self.client:
             raise ValueError(f"a plan for client {plan.client} sent to client {self.client}'s node")
         engine = self.engine
-        self.restore(round_)
-        engine.objective.receive(plan.federation, broadcast)
-        update = engine.client.train(round_, plan, start)
-        self.states.save(round_ + 1, engine.clients.state_dict())
+        self.restore(round_, job.state_sha256)
+        engine.objective.receive(plan.federation, job.broadcast)
+        update = engine.client.train(round_, plan, job.start)
+        state = engine.clients.state_dict()
+        self.states.save(round_ + 1, state)
         kept = engine.clients.get(KEPT, self.client)
-        return update, "" if kept is None else state_sha256(kept)
+        return update, "" if kept is None else state_sha256(kept), store_sha256(state)
 
     def evaluate(self, round_: int, job: EvalJob) -> list[Scores]:
         """The client's model after round `round_` (1-based) scored on each of the job's splits."""
         if job.client != self.client:
             raise ValueError(f"an evaluation of client {job.client} sent to client {self.client}'s node")
-        self.restore(round_)
+        self.restore(round_, job.state_sha256)
         state = self.engine.client.overlay(self.client, job.start)
         return [self.engine.layout.score(ClientEval(self.client, job.group, split), state) for split in job.splits]

@@ -61,9 +61,9 @@ def identify(message: Message, context: Context) -> Message:
 @app.train()
 def train(message: Message, context: Context) -> Message:
     client = site(context)
-    round_, plan, start, broadcast = read_train(message.content, client.engine.device)
-    update, kept = client.train(round_, plan, start, broadcast)
-    return Message(update_content(update, kept), reply_to=message)
+    round_, job = read_train(message.content, client.engine.device)
+    update, kept, state = client.train(round_, job)
+    return Message(update_content(update, kept, state), reply_to=message)
 
 
 @app.evaluate()

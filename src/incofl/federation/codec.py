@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from incofl.federation.server import EvalJob
+from incofl.federation.server import EvalJob, TrainJob
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Index, State, View
 from incofl.fl.stages.evaluation import Scores
 
@@ -94,34 +94,34 @@ def read_plan(config: ConfigRecord, arrays: ArrayRecord) -> ClientPlan:
     )
 
 
-def train_content(round_: int, plan: ClientPlan, start: State, broadcast: State) -> RecordDict:
-    """A planned client's instructions: the round, its plan, its start weights and what the
-    server's objective sends (SCAFFOLD's c)."""
-    config, view = plan_records(plan)
+def train_content(round_: int, job: TrainJob) -> RecordDict:
+    """A planned client's instructions: the round, its plan, its start weights, what the
+    server's objective sends (SCAFFOLD's c) and the hash of the state it should resume from."""
+    config, view = plan_records(job.plan)
     return RecordDict(
         {
-            "round": ConfigRecord({"round": round_}),
+            "round": ConfigRecord({"round": round_, "state_sha256": job.state_sha256}),
             "plan": config,
             "view": view,
-            "start": to_arrays(start),
-            "broadcast": to_arrays(broadcast),
+            "start": to_arrays(job.start),
+            "broadcast": to_arrays(job.broadcast),
         }
     )
 
 
-def read_train(content: RecordDict, device: torch.device) -> tuple[int, ClientPlan, State, State]:
+def read_train(content: RecordDict, device: torch.device) -> tuple[int, TrainJob]:
     try:
         plan = read_plan(content.config_records["plan"], content.array_records["view"])
-        arrays = content.array_records
-        round_ = int(content.config_records["round"]["round"])
-        return round_, plan, from_arrays(arrays["start"], device), from_arrays(arrays["broadcast"], device)
+        arrays, head = content.array_records, content.config_records["round"]
+        start, broadcast = from_arrays(arrays["start"], device), from_arrays(arrays["broadcast"], device)
+        return int(head["round"]), TrainJob(plan, start, broadcast, str(head["state_sha256"]))
     except (KeyError, TypeError, ValueError) as err:
         raise CodecError(f"malformed train message: {err!r}") from err
 
 
-def update_content(update: ClientUpdate, kept_sha256: str) -> RecordDict:
+def update_content(update: ClientUpdate, kept_sha256: str, state_sha256: str) -> RecordDict:
     """A trained client's reply: its deltas, its `extra` states, the classes it holds, its
-    counts, and the hash of what it keeps (which never leaves it)."""
+    counts, and the hashes of what it keeps and of its whole state (which never leave it)."""
     metrics = MetricRecord(
         {
             "client": update.client,
@@ -137,7 +137,7 @@ def update_content(update: ClientUpdate, kept_sha256: str) -> RecordDict:
     records: dict[str, Any] = {
         "delta": to_arrays(update.delta),
         "metrics": metrics,
-        "kept": ConfigRecord({"sha256": kept_sha256}),
+        "kept": ConfigRecord({"sha256": kept_sha256, "state_sha256": state_sha256}),
     }
     for key, value in update.extra.items():
         if not isinstance(value, dict):
@@ -148,8 +148,8 @@ def update_content(update: ClientUpdate, kept_sha256: str) -> RecordDict:
     return RecordDict(records)
 
 
-def read_update(content: RecordDict, device: torch.device) -> tuple[ClientUpdate, str]:
-    """A reply's update (view: none; the server sets its own plan's) and its kept entries' hash."""
+def read_update(content: RecordDict, device: torch.device) -> tuple[ClientUpdate, str, str]:
+    """A reply's update (view: none; the server sets its own plan's), its kept entries' hash and its state's."""
     try:
         m = content.metric_records["metrics"]
         extra = {
@@ -171,7 +171,8 @@ def read_update(content: RecordDict, device: torch.device) -> tuple[ClientUpdate
             upload_params=int(m["upload_params"]),
             classes=classes,
         )
-        return update, str(content.config_records["kept"]["sha256"])
+        hashes = content.config_records["kept"]
+        return update, str(hashes["sha256"]), str(hashes["state_sha256"])
     except (KeyError, TypeError, ValueError) as err:
         raise CodecError(f"malformed update: {err!r}") from err
 
@@ -183,7 +184,13 @@ def message_bytes(content: RecordDict) -> int:
 
 def evaluate_content(round_: int, job: EvalJob) -> RecordDict:
     """A client's models to score: the round, the client, its group, the splits and its group's global weights."""
-    config = {"round": round_, "client": job.client, "group": job.group, "splits": list(job.splits)}
+    config = {
+        "round": round_,
+        "client": job.client,
+        "group": job.group,
+        "splits": list(job.splits),
+        "state_sha256": job.state_sha256,
+    }
     return RecordDict({"job": ConfigRecord(config), "start": to_arrays(job.start)})
 
 
@@ -191,7 +198,8 @@ def read_evaluate(content: RecordDict, device: torch.device) -> tuple[int, EvalJ
     try:
         job = content.config_records["job"]
         start = from_arrays(content.array_records["start"], device)
-        return int(job["round"]), EvalJob(int(job["client"]), int(job["group"]), tuple(map(str, job["splits"])), start)
+        client, group, splits = int(job["client"]), int(job["group"]), tuple(map(str, job["splits"]))
+        return int(job["round"]), EvalJob(client, group, splits, start, str(job["state_sha256"]))
     except (KeyError, TypeError, ValueError) as err:
         raise CodecError(f"malformed evaluate message: {err!r}") from err
 

@@ -60,24 +60,40 @@ class MissingClients(RuntimeError):
         )
 
 
+@dataclass(frozen=True)
+class TrainJob:
+    """One planned client's round: its plan, the server's start weights, the objective's
+    broadcast, and the hash of the client's state after its last accepted round ('' before any):
+    the node checks the state it restores against it."""
+
+    plan: ClientPlan
+    start: State
+    broadcast: State
+    state_sha256: str = ""
+
+
 @dataclass
 class Reply:
-    """What came back for one planned client: its update, or why there is none."""
+    """What came back for one planned client: its update and the hashes of what it keeps and of
+    its whole state after the round, or why there is none."""
 
     update: ClientUpdate | None = None
     kept_sha256: str = ""
+    state_sha256: str = ""
     error: str = ""
     node: int = 0
 
 
 @dataclass(frozen=True)
 class EvalJob:
-    """One client's models to score on its node: on `splits`, with its group's global weights."""
+    """One client's models to score on its node: on `splits`, with its group's global weights
+    (`state_sha256` as in TrainJob)."""
 
     client: int
     group: int
     splits: tuple[str, ...]
     start: State
+    state_sha256: str = ""
 
 
 @dataclass
@@ -91,8 +107,8 @@ class EvalReply:
 
 
 class Exchange(Protocol):
-    def train(self, round_: int, jobs: list[tuple[ClientPlan, State, State]]) -> list[Reply]:
-        """Send each (plan, start, broadcast) to its client's node; one Reply per job, in order."""
+    def train(self, round_: int, jobs: list[TrainJob]) -> list[Reply]:
+        """Send each job to its client's node; one Reply per job, in order."""
         ...
 
     def evaluate(self, round_: int, jobs: list[EvalJob]) -> list[EvalReply]:
@@ -147,19 +163,25 @@ class RemoteTrainer:
     allow_missing: bool = False
     missing: list[int] = field(default_factory=list)  # this round's planned clients without an accepted reply
     kept: dict[int, str] = field(default_factory=dict)  # client -> hash of what it keeps (its last reply's; '' none)
+    states: dict[int, str] = field(default_factory=dict)  # client -> hash of its whole state (its last reply's)
 
     def train(
         self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
     ) -> list[ClientUpdate]:
         """The accepted updates of the round's planned clients, in the plans' order."""
-        jobs = [(plan, start_of(plan), objective.broadcast(plan.federation)) for plan in plans]
+        jobs = [
+            TrainJob(plan, start_of(plan), objective.broadcast(plan.federation), self.states.get(plan.client, ""))
+            for plan in plans
+        ]
         replies = self.exchange.train(round_, jobs)
         updates, why = [], {}
-        for (plan, start, _), reply in zip(jobs, replies, strict=True):
+        for job, reply in zip(jobs, replies, strict=True):
+            plan = job.plan
             if reply.update is None:
                 problem = reply.error or "no reply"
             else:
-                problem = reply.error or check_update(plan, start, reply.update)
+                self.states[plan.client] = reply.state_sha256  # the node saved it, whether or not it is averaged
+                problem = reply.error or check_update(plan, job.start, reply.update)
             if problem:
                 log.warning("round %d: node %d, client %d: refused: %s", round_ + 1, reply.node, plan.client, problem)
                 why[plan.client] = problem
@@ -225,11 +247,12 @@ class FederatedEngine(Engine):
         return {client: sha for client, sha in self.remote.kept.items() if sha}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "kept_sha256": dict(self.remote.kept)}
+        remote = self.remote
+        return {**super().state_dict(), "kept_sha256": dict(remote.kept), "client_sha256": dict(remote.states)}
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
         super().load_state_dict(payload)
-        self.remote.kept = dict(payload["kept_sha256"])
+        self.remote.kept, self.remote.states = dict(payload["kept_sha256"]), dict(payload["client_sha256"])
 
     def score_clients(self, jobs: list[ClientEval]) -> list[Scores]:
         """Client models scored where what they need is (module docstring): on their nodes, one
@@ -239,7 +262,13 @@ class FederatedEngine(Engine):
         for job in remote:
             by_client.setdefault(job.client, []).append(job)
         asked = [
-            EvalJob(client, group[0].group, tuple(j.split for j in group), self.sub_state(group[0].group))
+            EvalJob(
+                client,
+                group[0].group,
+                tuple(j.split for j in group),
+                self.sub_state(group[0].group),
+                self.remote.states.get(client, ""),
+            )
             for client, group in by_client.items()
         ]
         scored = {

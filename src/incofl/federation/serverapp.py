@@ -55,11 +55,11 @@ from incofl.federation.server import (
     FederatedEngine,
     RemoteTrainer,
     Reply,
+    TrainJob,
     check_federated,
     test_clients,
 )
 from incofl.federation.sitedata import test_sha256
-from incofl.fl.contracts import ClientPlan, State
 from incofl.fl.engine.engine import resolve_device
 from incofl.fl.engine.run import Run
 from incofl.fl.engine.rundir import claimed
@@ -133,6 +133,12 @@ def identify(grid: Grid, cfg: RunConfig, timeout: float, test: dict[int, str]) -
     return nodes
 
 
+def last_line(reason: str) -> str:
+    """A node's error in one line: the exception of a traceback, its last line."""
+    lines = [line for line in reason.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no reason given"
+
+
 @dataclass
 class IncoflStrategy(Strategy):
     """incofl's round as a Flower strategy (server.Exchange): one message per planned client
@@ -144,14 +150,14 @@ class IncoflStrategy(Strategy):
     nodes: dict[int, int]  # client -> node
     timeout: float
     out: Path
-    jobs: list[tuple[ClientPlan, State, State]] = field(default_factory=list)
+    jobs: list[TrainJob] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
     eval_jobs: list[EvalJob] = field(default_factory=list)
     scores: list[EvalReply] = field(default_factory=list)
     traffic: list[dict[str, int]] = field(default_factory=list)
     down: dict[int, int] = field(default_factory=dict)  # client -> bytes sent it by the last exchange
 
-    def train(self, round_: int, jobs: list[tuple[ClientPlan, State, State]]) -> list[Reply]:
+    def train(self, round_: int, jobs: list[TrainJob]) -> list[Reply]:
         """A round's training: configure, send and receive, aggregate (decode)."""
         self.jobs = jobs
         messages = list(self.configure_train(round_ + 1, ArrayRecord(), ConfigRecord(), self.grid))
@@ -171,11 +177,12 @@ class IncoflStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         messages = []
-        for plan, start, broadcast in self.jobs:
-            if plan.client in self.nodes:
-                content = train_content(server_round - 1, plan, start, broadcast)
-                self.down[plan.client] = message_bytes(content)
-                messages.append(Message(content, self.nodes[plan.client], "train", group_id=str(server_round)))
+        for job in self.jobs:
+            client = job.plan.client
+            if client in self.nodes:
+                content = train_content(server_round - 1, job)
+                self.down[client] = message_bytes(content)
+                messages.append(Message(content, self.nodes[client], "train", group_id=str(server_round)))
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[None, MetricRecord]:
@@ -183,11 +190,11 @@ class IncoflStrategy(Strategy):
         averages them (server.RemoteTrainer). Bytes each way go to federation.csv."""
         by_node = {reply.metadata.src_node_id: reply for reply in replies}
         self.replies = []
-        for plan, _, _ in self.jobs:
-            node = self.nodes.get(plan.client, -1)
+        for job in self.jobs:
+            node = self.nodes.get(job.plan.client, -1)
             reply = by_node.get(node)
             self.replies.append(self.read(node, reply))
-            self.count("train", server_round, plan.client, node, reply)
+            self.count("train", server_round, job.plan.client, node, reply)
         self.write_traffic()
         return None, MetricRecord({"replies": len(by_node)})
 
@@ -215,12 +222,12 @@ class IncoflStrategy(Strategy):
         if reply is None:
             return Reply(error="no reply within round-timeout (node gone?)" if node >= 0 else "no node", node=node)
         if reply.has_error():
-            return Reply(error=f"the node's ClientApp failed: {reply.error.reason}", node=node)
+            return Reply(error=f"the node's ClientApp failed: {last_line(reply.error.reason)}", node=node)
         try:
-            update, kept = read_update(reply.content, "cpu")
+            update, kept, state = read_update(reply.content, "cpu")
         except CodecError as err:
             return Reply(error=str(err), node=node)
-        return Reply(update, kept, node=node)
+        return Reply(update, kept, state, node=node)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -242,7 +249,8 @@ class IncoflStrategy(Strategy):
             if reply is None:
                 self.scores.append(EvalReply(error="no reply within round-timeout (node gone?)", node=node))
             elif reply.has_error():
-                self.scores.append(EvalReply(error=f"the node's ClientApp failed: {reply.error.reason}", node=node))
+                failed = f"the node's ClientApp failed: {last_line(reply.error.reason)}"
+                self.scores.append(EvalReply(error=failed, node=node))
             else:
                 try:
                     client, scores = read_scores(reply.content, job.splits)
