@@ -333,6 +333,14 @@ def test_federation_up_refuses_bad_input_in_one_line_before_starting_anything(tm
     (tmp_path / "sites").mkdir()
     (tmp_path / "sites" / "site1.npz").write_bytes(Path(nodes[1]["data-path"]).read_bytes())
     assert run(argv) == 2 and "no ca.pem, server.pem, server.key" in capsys.readouterr().err
+    import socket
+
+    with socket.socket() as held:  # a port of the federation's taken
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert run(["federation", "up", "--sites", str(tmp_path / "sites"), "--port", str(port)]) == 2
+    assert f"127.0.0.1:{port} is in use" in capsys.readouterr().err
     # the connection: appended once, kept as written, another entry of that name never overwritten
     config = add_connection("mine", "127.0.0.1:9092", None)
     assert add_connection("mine", "127.0.0.1:9092", None) == config

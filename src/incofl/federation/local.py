@@ -108,6 +108,19 @@ def flower_tool(name: str) -> str:
     return found
 
 
+def check_ports(first: int, count: int) -> None:
+    """Refuse, in one line, ports another process holds (a SuperLink still running?)."""
+    for port in range(first, first + count):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                raise ConfigError(
+                    f"--port {first}: 127.0.0.1:{port} is in use (another federation up?); the federation needs "
+                    f"ports {first}..{first + count - 1}: pass another --port"
+                ) from None
+
+
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -175,6 +188,7 @@ class Processes:
 def up(fed: LocalFederation) -> int:
     """Start the federation, wait until interrupted or a process dies, stop everything; the exit code."""
     sites, tls = fed.site_files(), fed.tls()
+    check_ports(fed.port, 1 + len(sites))
     address = f"127.0.0.1:{fed.port}"
     procs = Processes(fed.logs or fed.sites / "logs")
     stop = {"signal": 0}
