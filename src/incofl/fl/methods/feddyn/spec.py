@@ -4,12 +4,11 @@ InCoDyn, the InCo step after that correction."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Literal
 
 from pydantic import Field
 
-from incofl.fl.methods.inco.spec import INCO, PAPER, with_inco
+from incofl.fl.methods.inco.spec import PAPER, with_inco
 from incofl.params import AggregationParams, Params
 from incofl.spec import GROUPWISE_SOURCE, Component, Method
 
@@ -30,6 +29,6 @@ SOURCE = "Acar et al., ICLR 2021 (FedDyn)"
 
 METHODS = (
     Method("FedDyn", DYN, GROUPWISE_MEAN, post=(CORRECTION,), source=SOURCE + GROUPWISE_SOURCE),
-    # InCo's step after FedDyn's correction (with_inco's post is the InCo step alone)
-    replace(with_inco("InCoDyn", "FedDyn", PAPER + "; " + SOURCE, DYN, SHARED_MEAN), post=(CORRECTION, INCO)),
+    # InCo's step after FedDyn's correction
+    with_inco("InCoDyn", "FedDyn", PAPER + "; " + SOURCE, DYN, SHARED_MEAN, before=(CORRECTION,)),
 )

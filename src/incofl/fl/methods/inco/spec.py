@@ -28,11 +28,19 @@ PAPER = "Chan et al., ICLR 2024"
 
 
 def with_inco(
-    name: str, base: str, source: str, objective: Component = CE, aggregator: Component = SHARED, **kw: Any
+    name: str,
+    base: str,
+    source: str,
+    objective: Component = CE,
+    aggregator: Component = SHARED,
+    before: tuple[Component, ...] = (),
+    **kw: Any,
 ) -> Method:
     """HeteroAvg (or width splitting's per-element mean) over the shared global state, then the
-    InCo step, with its theta/beta log; `base` is the method its table row is compared with."""
-    return Method(name, objective, aggregator, post=(INCO,), observers=(INCO_LOG,), base=base, source=source, **kw)
+    post transforms `before` (a base method's own, e.g. FedDyn's correction), then the InCo step,
+    with its theta/beta log; `base` is the method its table row is compared with."""
+    post = (*before, INCO)
+    return Method(name, objective, aggregator, post=post, observers=(INCO_LOG,), base=base, source=source, **kw)
 
 
 _FIG8 = PAPER + ", Fig. 8"
