@@ -345,5 +345,6 @@ def test_federation_up_refuses_bad_input_in_one_line_before_starting_anything(tm
     config = add_connection("mine", "127.0.0.1:9092", None)
     assert add_connection("mine", "127.0.0.1:9092", None) == config
     assert config.read_text().count("[superlink.mine]") == 1
+    assert "[superlink.local]" in config.read_text()  # Flower's own defaults kept (the file was new)
     with pytest.raises(ConfigError, match="connection mine exists with other settings"):
         add_connection("mine", "127.0.0.1:9999", None)

@@ -74,9 +74,12 @@ def flower_home() -> Path:
 
 
 def add_connection(name: str, address: str, root_certificates: Path | None) -> Path:
-    """`[superlink.<name>]` in Flower's config, appended (the rest of the file as it was); an
-    entry of that name with other settings is refused in one line, never overwritten."""
+    """`[superlink.<name>]` in Flower's config, appended (the rest of the file as it was; a
+    missing file first gets Flower's own defaults, as `flwr` would write them); an entry of that
+    name with other settings is refused in one line, never overwritten."""
     path = flower_home() / "config.toml"
+    if not path.exists():  # any flwr command writes its defaults first (this process never imports flwr)
+        subprocess.run([flower_tool("flwr"), "config", "list"], capture_output=True, timeout=60, check=False)
     entry = {"address": address, **({"root-certificates": str(root_certificates)} if root_certificates else {})}
     if root_certificates is None:
         entry["insecure"] = True
