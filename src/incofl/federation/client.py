@@ -55,24 +55,28 @@ class NodeState:
             return []
         return sorted(int(m[1]) for p in self.folder.iterdir() if (m := self.FILE.fullmatch(p.name)))
 
+    def path(self, round_: int) -> Path:
+        return self.folder / f"after-round-{round_}.pt"
+
     def at(self, round_: int) -> dict[str, Any] | None:
         """The state after round `round_` (1-based): the last one saved at or before it; None before any."""
         saved = [r for r in self.rounds() if r <= round_]
         if not saved:
             return None
-        return torch.load(self.folder / f"after-round-{saved[-1]}.pt", map_location="cpu", weights_only=True)
+        return torch.load(self.path(saved[-1]), map_location="cpu", weights_only=True)
 
     def save(self, round_: int, state: dict[str, Any]) -> None:
         """The state after round `round_`; states no checkpoint of the server can resume from are dropped:
         older than the last one at or before the server's last checkpoint."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with atomic_path(self.folder / f"after-round-{round_}.pt") as tmp:
+        with atomic_path(self.path(round_)) as tmp:
             torch.save(state, tmp)
         checkpoint = (round_ - 1) // self.every * self.every
-        needed = [r for r in self.rounds() if r <= checkpoint]
-        for r in self.rounds():
-            if needed and r < needed[-1]:
-                (self.folder / f"after-round-{r}.pt").unlink(missing_ok=True)
+        saved = self.rounds()
+        resumable = [r for r in saved if r <= checkpoint]
+        for r in saved:
+            if resumable and r < resumable[-1]:
+                self.path(r).unlink(missing_ok=True)
 
 
 def run_key(cfg: RunConfig) -> str:

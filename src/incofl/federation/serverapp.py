@@ -133,10 +133,15 @@ def identify(grid: Grid, cfg: RunConfig, timeout: float, test: dict[int, str]) -
     return nodes
 
 
-def last_line(reason: str) -> str:
-    """A node's error in one line: the exception of a traceback, its last line."""
-    lines = [line for line in reason.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "no reason given"
+def unanswered(node: int, reply: Message | None) -> str:
+    """Why a node's reply holds no content to decode ('' if it does): none came (in one line,
+    the last of a failed ClientApp's traceback)."""
+    if reply is None:
+        return "no reply within round-timeout (node gone?)" if node >= 0 else "no node"
+    if reply.has_error():
+        lines = [line.strip() for line in reply.error.reason.strip().splitlines() if line.strip()]
+        return f"the node's ClientApp failed: {lines[-1] if lines else 'no reason given'}"
+    return ""
 
 
 @dataclass
@@ -219,10 +224,10 @@ class IncoflStrategy(Strategy):
 
     @staticmethod
     def read(node: int, reply: Message | None) -> Reply:
-        if reply is None:
-            return Reply(error="no reply within round-timeout (node gone?)" if node >= 0 else "no node", node=node)
-        if reply.has_error():
-            return Reply(error=f"the node's ClientApp failed: {last_line(reply.error.reason)}", node=node)
+        missing = unanswered(node, reply)
+        if missing:
+            return Reply(error=missing, node=node)
+        assert reply is not None
         try:
             update, kept, state = read_update(reply.content, "cpu")
         except CodecError as err:
@@ -246,20 +251,22 @@ class IncoflStrategy(Strategy):
         for job in self.eval_jobs:
             node = self.nodes[job.client]
             reply = by_node.get(node)
-            if reply is None:
-                self.scores.append(EvalReply(error="no reply within round-timeout (node gone?)", node=node))
-            elif reply.has_error():
-                failed = f"the node's ClientApp failed: {last_line(reply.error.reason)}"
-                self.scores.append(EvalReply(error=failed, node=node))
-            else:
-                try:
-                    client, scores = read_scores(reply.content, job.splits)
-                    self.scores.append(EvalReply(client, scores, node=node))
-                except CodecError as err:
-                    self.scores.append(EvalReply(error=str(err), node=node))
+            self.scores.append(self.read_eval(node, reply, job.splits))
             self.count("evaluate", server_round, job.client, node, reply)
         self.write_traffic()
         return MetricRecord({"replies": len(by_node)})
+
+    @staticmethod
+    def read_eval(node: int, reply: Message | None, splits: tuple[str, ...]) -> EvalReply:
+        missing = unanswered(node, reply)
+        if missing:
+            return EvalReply(error=missing, node=node)
+        assert reply is not None
+        try:
+            client, scores = read_scores(reply.content, splits)
+        except CodecError as err:
+            return EvalReply(error=str(err), node=node)
+        return EvalReply(client, scores, node=node)
 
     def summary(self) -> None:
         log.info("incofl strategy: %d clients on nodes %s", len(self.nodes), self.nodes)
