@@ -29,6 +29,7 @@ class Observer(Stateful):
     component; the engine's analyses (fl/stages/probes.py) from their own inputs."""
 
     filename = ""
+    state = ("rows",)
 
     def __init__(self, hp: Any = None, setup: Setup | None = None) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -48,12 +49,6 @@ class Observer(Stateful):
 
     def write(self, out_dir: Path) -> None:
         write_rows(out_dir / self.filename, self.rows)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rows": list(self.rows)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rows = list(state["rows"])
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -91,6 +91,7 @@ class ModelProbe(Observer):
 
 class CKAProbe(ModelProbe):
     filename = "cka.csv"
+    state = ("rows", "similarity")
 
     def __init__(self, rounds: list[int], models: list[nn.Module], test: TensorSplit, samples: int):
         super().__init__(rounds, models, test)
@@ -135,13 +136,6 @@ class CKAProbe(ModelProbe):
     def write(self, out_dir) -> None:
         super().write(out_dir)
         write_rows(out_dir / "update_similarity.csv", self.similarity)
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "similarity": list(self.similarity)}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.similarity = list(state["similarity"])
 
 
 class FeatureMap(ModelProbe):

@@ -19,8 +19,6 @@ holders' share in expectation).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from incofl.fl.contracts import Average, ClientContext, ClientUpdate, RoundContext, Setup, State
@@ -78,6 +76,8 @@ class DynObjective(Objective):
 class DynCorrection(AverageTransform):
     """The server side: h per federation, and the average corrected by -h/alpha."""
 
+    state = ("h",)
+
     hp: DynParams
 
     def __init__(self, hp: DynParams, setup: Setup):
@@ -94,9 +94,3 @@ class DynCorrection(AverageTransform):
                 h[name] = mean.mul(-scale) if name not in h else h[name].to(mean.device).sub(mean, alpha=scale)
                 mean.sub_(h[name], alpha=1.0 / alpha)
         return average
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"h": {f: {k: v.to("cpu", copy=True) for k, v in h.items()} for f, h in self.h.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.h = {f: dict(h) for f, h in state["h"].items()}

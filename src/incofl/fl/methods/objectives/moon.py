@@ -103,6 +103,7 @@ class MoonSession(Session):
 class Moon(Objective):
     session_type = MoonSession
     model_args = ("projection_dim",)
+    scratch = ("spare",)  # frozen model copies lent to sessions: reused, never state
 
     def __init__(self, hp: MoonParams, setup: Setup):
         super().__init__(hp, setup)

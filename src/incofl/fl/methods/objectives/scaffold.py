@@ -31,12 +31,11 @@ broadcasts to its clients besides the weights.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
 from incofl.fl.methods.objectives.spec import ScaffoldParams
+from incofl.fl.stages.component import Sent
 from incofl.fl.stages.local import Objective, Session
 
 Variates = dict[str, torch.Tensor]
@@ -91,6 +90,8 @@ class ScaffoldSession(Session):
 
 class Scaffold(Objective):
     session_type = ScaffoldSession
+    state = ("c",)  # the c_i are in the client store
+    sends = (Sent("scaffold_increment", optional=True),)  # none after a round without a local step
 
     def __init__(self, hp: ScaffoldParams, setup: Setup):
         super().__init__(hp, setup)
@@ -114,10 +115,3 @@ class Scaffold(Objective):
             c = self.c.setdefault(state, {})  # a server whose clients train elsewhere: no session made it
             for name, change in total.items():
                 c.setdefault(name, torch.zeros_like(change)).add_(change)
-
-    def state_dict(self) -> dict[str, Any]:
-        # c is updated in place, so it is copied (the c_i are in the client store)
-        return {"c": {s: {k: v.to("cpu", copy=True) for k, v in c.items()} for s, c in self.c.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.c = {s: {k: v.clone() for k, v in c.items()} for s, c in state["c"].items()}

@@ -24,6 +24,7 @@ from torch import nn
 
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
 from incofl.fl.methods.personal.spec import LagParams
+from incofl.fl.stages.component import Sent
 from incofl.fl.stages.plan import FullPlanner
 from incofl.models.family import check_nested
 
@@ -76,6 +77,9 @@ def conflict_counts(signals: list[dict[str, torch.Tensor]], entries: list[str], 
 class LagPlanner(FullPlanner):
     """FedLAG (see the module docstring); its checkpoint holds the counts and the choice."""
 
+    state = ("scores", "personal")
+    sends = (Sent("last_grad", asked_by="last_grad"),)  # signal: last_grad (the trainer attaches them)
+
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
         cfg, models = setup.cfg, setup.models
@@ -109,10 +113,9 @@ class LagPlanner(FullPlanner):
         return {"personal_layers": self.personal, "conflict_scores": scores, "warmup_rounds": self.warmup}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"entries": self.entries, "scores": self.scores.tolist(), "personal": self.personal}
+        return {**super().state_dict(), "entries": self.entries}  # the entries: a resume's guard
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["entries"] != self.entries:
             raise ValueError("checkpoint made with other model parameters than this run's")
-        self.scores = np.asarray(state["scores"], dtype=np.int64)
-        self.personal = list(state["personal"])
+        super().load_state_dict(state)

@@ -51,6 +51,8 @@ class RolexMean(SlicedMean):
     often each element was covered before, over all rounds, with this round's earlier clients
     already counted. The counts persist across rounds: this aggregator's checkpointed state."""
 
+    state = ("times",)
+
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
         self.times: State = {}  # per weighted entry: the release's tmp_counts (1 + times covered)
@@ -71,9 +73,3 @@ class RolexMean(SlicedMean):
         weight = take(times, index).clone()  # take may return a view of `times`
         scatter_add(times, index, torch.ones_like(delta))
         return weight
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"times": {name: t.cpu() for name, t in self.times.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.times = {name: t.clone() for name, t in state.get("times", {}).items()}
