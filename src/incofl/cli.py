@@ -267,14 +267,16 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Exit code 0: every cell reproduced; 1: some did not; 2: bad input (`run`: user_errors)."""
-    from incofl.report.compare import check_same_experiment, compare, read_runs, to_markdown
+    """Exit code 0: every cell identical or reproduced; 1: some cell not reproduced; 3: none
+    not, some inconclusive; 2: bad input (`run`: user_errors)."""
+    from incofl.report import compare as c
 
-    rerun, committed = read_runs(args.rerun), read_runs(args.committed)
-    check_same_experiment(rerun, committed)
-    table = compare(rerun, committed, args.metric, args.tolerance)
-    print(to_markdown(table, args.metric), end="")
-    return 0 if table["reproduced"].all() else 1
+    c.check_not_itself(args.rerun, args.committed)
+    rerun, committed = c.read_runs(args.rerun), c.read_runs(args.committed)
+    c.check_same_experiment(rerun, committed)
+    table = c.compare(rerun, committed, args.metric, args.tolerance)
+    print(c.to_markdown(table, args.metric), end="")
+    return c.exit_code(table)
 
 
 def cmd_fedpart(args: argparse.Namespace) -> int:
@@ -473,7 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_metrics)
     p = sub.add_parser(
         "compare",
-        help="did a rerun reproduce committed runs? a verdict per cell and overall (exit 0: reproduced, 1: not)",
+        help="did a rerun reproduce committed runs? a verdict per cell and overall (exit 0: reproduced, "
+        "1: not, 3: inconclusive)",
     )
     p.add_argument("rerun", help="root of the rerun's run directories (e.g. run/results/runs)")
     p.add_argument("committed", help="root of the committed run directories (e.g. results/runs)")
@@ -482,8 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tolerance",
         type=_points,
         metavar="POINTS",
-        help="a fixed tolerance in points (default: the difference seed noise alone exceeds in some "
-        "cell with at most 5%% probability, from the committed seeds' spread)",
+        help="a fixed tolerance in points (default: the standard error of the committed cell's mean, "
+        "from the committed seeds' spread)",
     )
     p.set_defaults(func=cmd_compare)
     p = _add_report(

@@ -1,36 +1,48 @@
 """Did a rerun reproduce committed runs? A verdict per cell (data set, alpha, method) and overall.
 
-Seed s fixes a run's partition, client sampling and initialisation, so a rerun on the same kind
-of CPU gives the committed numbers bit for bit (difference 0). On another kind of CPU each
-seed's run drifts away from its committed twin (Adam turns last-bit differences into different
-runs: docs/workflow.md, "Determinism and resume"), and the rerun is a fresh draw of the same
-seed-to-seed noise. A cell is then compared as two samples of that noise:
+Seed s fixes a run's partition, client sampling and initialisation, and every run records the
+kind of hardware it ran on (summary.json's `hardware`: CPU model, instruction set, torch
+version; the GPU's name on a GPU). Per seed:
 
-- the difference of the means (rerun - committed) and its 95% Welch t-interval (unequal
-  variances, Welch-Satterthwaite degrees of freedom from both sides' seeds): holding 0, the cell
-  is consistent with seed noise on its own evidence;
-- a tolerance: the difference that seed noise alone exceeds in some cell of the table with at
-  most 5% probability, from the committed runs' spread (Bonferroni over the m cells, the committed
-  seeds' variance pooled over all cells, which a 3-seed cell alone estimates badly):
-  tol = t(1 - 0.025 / m; sum of (n_c - 1)) * s_pooled * sqrt(1 / n_r + 1 / n_c).
+- IDENTICAL: the rerun's final weights are the committed run's bit for bit (`state_sha256`), or
+  both diverged in the same round. A cell whose every rerun seed is identical reproduced.
+- On the same kind of hardware a run is deterministic, so a cell with a seed that is not
+  identical there is NOT REPRODUCED outright: the code, a version or the data changed.
 
-A cell reproduced when its interval holds 0 or its |difference| <= tol: with no change but the
-CPU, some cell of a 6-cell, 3-seed table fails by chance in 2.4% of reruns (a simulation of
-normal seed noise); a change of 3 seed standard deviations in one cell is caught about half the
-time. What the verdict can and cannot tell: docs/workflow.md, "Did my rerun reproduce?".
+On another kind (or where a side does not record its kind: runs made before `hardware`) each
+seed drifts away from its committed twin (Adam turns last-bit differences into visibly
+different runs), and the cell is judged on the evidence:
+
+- a seed that diverged on one side and not on the other is NOT REPRODUCED (a divergence is not
+  a drift of the accuracy; it is never dropped);
+- otherwise the difference of the means (rerun - committed) and its 95% t-interval: paired,
+  from the within-seed differences, when every rerun seed has a committed twin (the seed's
+  shared partition, sampling and initialisation cancel), else Welch's from both sides' seeds;
+- the tolerance tol is the standard error of the committed cell's mean, from the committed
+  runs' seed spread pooled over every cell (a 3-seed cell alone estimates it badly):
+  tol = s_pooled / sqrt(n_committed of the cell). A difference within it moves the cell less
+  than the committed table's own uncertainty;
+- REPRODUCED when the whole interval lies inside [-tol, tol] (the evidence says the difference
+  is small: two one-sided tests at 2.5%), NOT REPRODUCED when it lies wholly outside (it says
+  the difference is larger than tol), INCONCLUSIVE when it crosses +-tol.
+
+Why tol is this, and the verdict's power for cross-CPU noise drawn from the committed spread:
+docs/workflow.md, "Did my rerun reproduce?" (`python tests/test_compare.py` prints the numbers).
 """
 
 from __future__ import annotations
 
+import filecmp
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy.stats import t as student_t
 
-from incofl.report.runs import RunFileError, collect_summaries, completed, dataset_label
+from incofl.report.runs import RunFileError, collect_summaries, completed, dataset_label, summary_files
 
 CELL = ["dataset", "alpha", "method"]
 # run settings that do not change what a run computes on one machine: they may differ between a
@@ -48,31 +60,59 @@ NOT_SETTINGS = frozenset(
         "keep_checkpoint",
     }
 )
+IDENTICAL, REPRODUCED, INCONCLUSIVE, NOT_REPRODUCED = "IDENTICAL", "REPRODUCED", "INCONCLUSIVE", "NOT REPRODUCED"
+PASSED = (IDENTICAL, REPRODUCED)
+# exit codes of `incofl compare` (2: bad input); `make run` fails on 1 and reports 3
+EXIT = {REPRODUCED: 0, NOT_REPRODUCED: 1, INCONCLUSIVE: 3}
 
 
-def welch_interval(rerun: np.ndarray, committed: np.ndarray) -> tuple[float, float, float]:
+def paired_interval(d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean of within-seed differences `d` (last axis: seeds) and its 95% t-interval (n - 1
+    degrees of freedom); NaN bounds with one seed. Any leading axes are replicates."""
+    d = np.asarray(d, float)
+    n, mean = d.shape[-1], d.mean(axis=-1)
+    if n < 2:
+        return mean, np.full_like(mean, np.nan), np.full_like(mean, np.nan)
+    half = student_t.ppf(0.975, n - 1) * d.std(axis=-1, ddof=1) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def welch_interval(rerun: np.ndarray, committed: np.ndarray) -> tuple[Any, Any, Any]:
     """Difference of means (rerun - committed) and its 95% Welch t-interval; NaN bounds when a
     side has one seed; both sides without spread: the interval is the difference itself."""
-    diff = float(rerun.mean() - committed.mean())
-    if min(len(rerun), len(committed)) < 2:
-        return diff, math.nan, math.nan
-    va, vb = rerun.var(ddof=1) / len(rerun), committed.var(ddof=1) / len(committed)
-    if va + vb == 0:
-        return diff, diff, diff
-    df = (va + vb) ** 2 / (va**2 / (len(rerun) - 1) + vb**2 / (len(committed) - 1))
-    half = float(student_t.ppf(0.975, df)) * math.sqrt(va + vb)
+    a, b = np.asarray(rerun, float), np.asarray(committed, float)
+    na, nb = a.shape[-1], b.shape[-1]
+    diff = a.mean(axis=-1) - b.mean(axis=-1)
+    if min(na, nb) < 2:
+        return diff, diff * np.nan, diff * np.nan
+    va, vb = a.var(axis=-1, ddof=1) / na, b.var(axis=-1, ddof=1) / nb
+    spread = va + vb
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df = spread**2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
+    half = np.where(spread > 0, student_t.ppf(0.975, np.where(spread > 0, df, 1.0)) * np.sqrt(spread), 0.0)
     return diff, diff - half, diff + half
 
 
-def tolerance(committed: pd.DataFrame, metric: str, cells: int, n_rerun: int) -> float:
-    """The module docstring's tol for a cell with n_rerun rerun seeds, from every committed cell."""
-    groups = committed.groupby(CELL)[metric]
-    df = int((groups.count() - 1).sum())
+def decide(low: Any, high: Any, tol: Any) -> np.ndarray:
+    """The statistical verdict of intervals [low, high] against +-tol (NaN bounds: inconclusive)."""
+    low, high, tol = np.asarray(low, float), np.asarray(high, float), np.asarray(tol, float)
+    inside = (low >= -tol) & (high <= tol)
+    outside = (low > tol) | (high < -tol)
+    return np.where(inside, REPRODUCED, np.where(outside, NOT_REPRODUCED, INCONCLUSIVE))
+
+
+def seed_spread(committed: pd.DataFrame, metric: str) -> float:
+    """The committed seeds' standard deviation, their variance pooled over every cell."""
+    groups = completed(committed).groupby(CELL)[metric]
+    df = int((groups.count() - 1).clip(lower=0).sum())
     if df < 1:
-        return 0.0
-    pooled = float(groups.var(ddof=1).mul(groups.count() - 1).sum() / df)
-    n_committed = groups.count().mean()
-    return float(student_t.ppf(1 - 0.025 / cells, df)) * math.sqrt(pooled * (1 / n_rerun + 1 / n_committed))
+        return math.nan
+    return math.sqrt(float(groups.var(ddof=1).fillna(0).mul(groups.count() - 1).sum() / df))
+
+
+def tolerance(committed: pd.DataFrame, metric: str, n_committed: int) -> float:
+    """The module docstring's tol for a cell of `n_committed` committed seeds."""
+    return seed_spread(committed, metric) / math.sqrt(n_committed)
 
 
 def _settings(run: pd.Series) -> dict[str, Any]:
@@ -80,23 +120,41 @@ def _settings(run: pd.Series) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in NOT_SETTINGS}
 
 
+def check_not_itself(rerun_root: str | os.PathLike, committed_root: str | os.PathLike) -> None:
+    """Refuses comparing a folder with itself (the same folder, or the same summary files): it
+    would pass whatever the runs hold."""
+    if Path(rerun_root).resolve() == Path(committed_root).resolve():
+        raise RunFileError(f"{Path(rerun_root).resolve()}: the rerun and the committed runs are the same folder")
+    ours, theirs = summary_files(rerun_root), summary_files(committed_root)
+    names = [p.relative_to(rerun_root) for p in ours]
+    if names == [p.relative_to(committed_root) for p in theirs] and all(
+        filecmp.cmp(a, b, shallow=False) for a, b in zip(ours, theirs, strict=True)
+    ):
+        raise RunFileError(
+            f"{rerun_root}: holds the same summary.json files as {committed_root}: a copy of the committed "
+            "runs, not a rerun"
+        )
+
+
 def check_same_experiment(rerun: pd.DataFrame, committed: pd.DataFrame) -> None:
-    """Refuses a cell whose two sides were trained with different settings (those both sides'
-    code records): its difference would measure the change of settings, not reproduction."""
-    theirs = {key: runs.iloc[0] for key, runs in rerun.groupby(CELL)}
-    shared = [key for key in committed.groupby(CELL).groups if key in theirs]
-    if not shared:
+    """Refuses a cell whose runs, on either side, were trained with settings other than its first
+    committed run's (those both sides' code records): its difference would measure the change of
+    settings, not reproduction."""
+    reference = {key: runs.iloc[0] for key, runs in committed.groupby(CELL)}
+    if not any(key in reference for key in rerun.groupby(CELL).groups):
         raise RunFileError("the rerun and the committed runs have no cell (dataset, alpha, method) in common")
-    for key, runs in committed.groupby(CELL):
-        if key not in theirs:
-            continue
-        ours, other = _settings(runs.iloc[0]), _settings(theirs[key])
-        for name in sorted(set(ours) & set(other)):
-            if ours[name] != other[name]:
-                raise RunFileError(
-                    f"{_label(key)}: the rerun was trained with {name}={other[name]!r}, the "
-                    f"committed runs with {name}={ours[name]!r}: not the same experiment"
-                )
+    for side, frame in (("the rerun's", rerun), ("the committed", committed)):
+        for _, run in frame.iterrows():
+            key = tuple(run[CELL])
+            if key not in reference:
+                continue
+            ours, other = _settings(reference[key]), _settings(run)
+            for name in sorted(set(ours) & set(other)):
+                if ours[name] != other[name]:
+                    raise RunFileError(
+                        f"{_label(key)}: {side} seed {run['seed']} was trained with {name}={other[name]!r}, the "
+                        f"committed seed {reference[key]['seed']} with {name}={ours[name]!r}: not the same experiment"
+                    )
 
 
 def _label(key: tuple) -> str:
@@ -104,35 +162,86 @@ def _label(key: tuple) -> str:
     return f"{dataset_label(dataset)} alpha={float(alpha)} {method}"
 
 
+def _identical(a: pd.Series, b: pd.Series) -> bool:
+    """The same run bit for bit: the same final weights, or diverged in the same round."""
+    if a["status"] == b["status"] == "diverged":
+        return a.get("diverged_round") == b.get("diverged_round")
+    ha, hb = a.get("state_sha256"), b.get("state_sha256")
+    return a["status"] == b["status"] == "completed" and isinstance(ha, str) and ha == hb
+
+
+def _kinds(runs: pd.DataFrame) -> set:
+    """The kinds of hardware of `runs` (None for a run that does not record it)."""
+    if "hardware" not in runs:
+        return {None}
+    return {k if isinstance(k, str) else None for k in runs["hardware"]}
+
+
+def _divergence_mismatch(rerun: pd.DataFrame, twins: pd.DataFrame) -> str | None:
+    """The first seed that diverged on one side and not on the other (a rerun seed without a
+    twin diverged where no committed run did)."""
+    for _, run in rerun.iterrows():
+        twin = twins.loc[run["seed"]] if run["seed"] in twins.index else None
+        theirs = twin["status"] if twin is not None else "absent"
+        if (run["status"] == "diverged") != (theirs == "diverged"):
+            return f"seed {run['seed']} {run['status']} in the rerun, {theirs} in the committed runs"
+    return None
+
+
+def judge(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, tol: float) -> dict[str, Any]:
+    """One cell's verdict and its evidence (the module docstring's rules)."""
+    twins = committed.set_index("seed")
+    same = sum(run["seed"] in twins.index and _identical(run, twins.loc[run["seed"]]) for _, run in rerun.iterrows())
+    row: dict[str, Any] = {"identical": same}
+    done_r, done_c = completed(rerun), completed(committed)
+    if len(done_r) and len(done_c):
+        row |= {"rerun": done_r[metric].mean(), "committed": done_c[metric].mean(), "tolerance": tol}
+    if same == len(rerun):
+        return row | {"verdict": IDENTICAL, "why": f"{same} of {same} seeds bit-identical"}
+    kinds = _kinds(rerun) | _kinds(committed)
+    if None not in kinds and len(kinds) == 1:
+        return row | {"verdict": NOT_REPRODUCED, "why": f"same hardware, {len(rerun) - same} seed(s) not identical"}
+    where = "hardware unknown (not recorded)" if None in kinds else "other hardware"
+    mismatch = _divergence_mismatch(rerun, twins)
+    if mismatch is not None:
+        return row | {"verdict": NOT_REPRODUCED, "why": f"{where}; {mismatch}"}
+    return row | _statistics(done_r, done_c, metric, tol, where)
+
+
+def _statistics(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, tol: float, where: str) -> dict[str, Any]:
+    twins = committed.set_index("seed")[metric]
+    if len(rerun) >= 2 and set(rerun["seed"]) <= set(twins.index):
+        test = "paired"
+        diff, low, high = paired_interval(rerun[metric].to_numpy(float) - twins.loc[rerun["seed"]].to_numpy(float))
+    else:
+        test = "Welch"
+        diff, low, high = welch_interval(rerun[metric].to_numpy(float), committed[metric].to_numpy(float))
+    verdict = str(decide(low, high, tol))
+    why = f"{where}; {test}" + (": one seed, no interval" if math.isnan(low) else "")
+    return {"difference": float(diff), "low": float(low), "high": float(high), "verdict": verdict, "why": why}
+
+
 def compare(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, tol: float | None = None) -> pd.DataFrame:
-    """One row per cell of either side: seeds and mean of each side, difference, interval,
-    tolerance and `reproduced` (False for a cell missing on one side). `tol`: a fixed tolerance
-    in points instead of the family-wise one."""
-    rerun, committed = completed(rerun), completed(committed)
+    """One row per cell of either side: seeds of each side, identical seeds, means, difference,
+    interval, tolerance, verdict and why (NOT REPRODUCED for a cell missing on one side). `tol`:
+    a fixed tolerance in points instead of the committed cell's standard error."""
     keys = sorted(set(map(tuple, committed[CELL].to_numpy())) | set(map(tuple, rerun[CELL].to_numpy())))
-    ours, theirs = committed.groupby(CELL)[metric], rerun.groupby(CELL)[metric]
+    ours, theirs = dict(tuple(committed.groupby(CELL))), dict(tuple(rerun.groupby(CELL)))
     rows = []
     for key in keys:
-        a = theirs.get_group(key).to_numpy(float) if key in theirs.groups else np.array([])
-        b = ours.get_group(key).to_numpy(float) if key in ours.groups else np.array([])
-        row = dict(zip(CELL, key, strict=True)) | {"n_rerun": len(a), "n_committed": len(b)}
-        if len(a) and len(b):
-            diff, low, high = welch_interval(a, b)
-            cell_tol = tol if tol is not None else tolerance(committed, metric, len(keys), len(a))
-            holds = not math.isnan(low) and low <= 0 <= high
-            row |= {
-                "rerun": a.mean(),
-                "committed": b.mean(),
-                "difference": diff,
-                "low": low,
-                "high": high,
-                "tolerance": cell_tol,
-                "reproduced": holds or abs(diff) <= cell_tol,
-            }
+        r, c = theirs.get(key, rerun.iloc[:0]), ours.get(key, committed.iloc[:0])
+        row = dict(zip(CELL, key, strict=True)) | {"n_rerun": len(r), "n_committed": len(c)}
+        if len(r) and len(c):
+            cell_tol = tol if tol is not None else tolerance(committed, metric, len(completed(c)) or 1)
+            row |= judge(r, c, metric, cell_tol)
         else:
-            row |= {"reproduced": False}
+            row |= {"verdict": NOT_REPRODUCED, "why": f"not in the {'rerun' if not len(r) else 'committed runs'}"}
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    for column in ("identical", "rerun", "committed", "difference", "low", "high", "tolerance"):
+        if column not in table:
+            table[column] = math.nan
+    return table
 
 
 def read_runs(root: str | os.PathLike) -> pd.DataFrame:
@@ -143,24 +252,28 @@ def read_runs(root: str | os.PathLike) -> pd.DataFrame:
     return runs
 
 
+def _number(value: float, form: str) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, form)
+
+
 def _cell_text(r: Any) -> str:
-    seeds = f"| {_label((r.dataset, r.alpha, r.method))} | {r.n_rerun} / {r.n_committed} |"
-    if not (r.n_rerun and r.n_committed):
-        return f"{seeds} | | | | no: not in the {'rerun' if not r.n_rerun else 'committed runs'} |"
-    interval = "n/a (one seed)" if math.isnan(r.low) else f"[{r.low:+.2f}, {r.high:+.2f}]"
-    verdict = "yes" if r.reproduced else "**no**"
-    means = f"{r.rerun:.2f} | {r.committed:.2f} | {r.difference:+.2f}"
-    return f"{seeds} {means} | {interval} | {verdict} (tol {r.tolerance:.2f}) |"
+    label = _label((r.dataset, r.alpha, r.method))
+    seeds = f"| {label} | {r.n_rerun} / {r.n_committed} | {_number(r.identical, '.0f')} |"
+    means = f"{_number(r.rerun, '.2f')} | {_number(r.committed, '.2f')} | {_number(r.difference, '+.2f')}"
+    interval = f"[{r.low:+.2f}, {r.high:+.2f}]" if not math.isnan(r.low) else ""
+    verdict = r.verdict if r.verdict in PASSED else f"**{r.verdict}**"
+    return f"{seeds} {means} | {interval} | {_number(r.tolerance, '.2f')} | {verdict} ({r.why}) |"
 
 
 def to_markdown(table: pd.DataFrame, metric: str) -> str:
     """The per-cell table and the overall verdict line."""
     lines = [
-        f"**Reproduction** of {metric} (points): rerun - committed, 95% Welch interval; a cell reproduced "
-        "when the interval holds 0 or |difference| <= tol.",
+        f"**Reproduction** of {metric} (points): identical seeds (the same final weights); else rerun - "
+        "committed and its 95% interval against +-tol: inside, reproduced; outside, not; across, inconclusive.",
         "",
-        "| cell | seeds rerun / committed | rerun | committed | difference | 95% interval | reproduced |",
-        "| :--- | :---: | :---: | :---: | :---: | :---: | :--- |",
+        "| cell | seeds rerun / committed | identical | rerun | committed | difference | 95% interval | tol "
+        "| verdict |",
+        "| :--- | :---: | :---: | :---: | :---: | :---: | :---: | :---: | :--- |",
         *(_cell_text(r) for r in table.itertuples()),
         "",
         verdict(table),
@@ -168,10 +281,26 @@ def to_markdown(table: pd.DataFrame, metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def overall(table: pd.DataFrame) -> str:
+    """REPRODUCED when every cell is identical or reproduced; NOT REPRODUCED when some cell is
+    not; else INCONCLUSIVE."""
+    verdicts = set(table["verdict"])
+    if NOT_REPRODUCED in verdicts:
+        return NOT_REPRODUCED
+    return INCONCLUSIVE if INCONCLUSIVE in verdicts else REPRODUCED
+
+
+def exit_code(table: pd.DataFrame) -> int:
+    return EXIT[overall(table)]
+
+
 def verdict(table: pd.DataFrame) -> str:
-    """One line: whether every cell reproduced."""
-    good = int(table["reproduced"].sum())
-    if good == len(table):
-        return f"Verdict: REPRODUCED ({good} of {len(table)} cells)."
-    bad = ", ".join(_label(k) for k in table.loc[~table["reproduced"], CELL].itertuples(index=False))
-    return f"Verdict: NOT REPRODUCED ({good} of {len(table)} cells reproduced; not: {bad})."
+    """One line: the overall verdict and the cells that make it."""
+    result, counts = overall(table), table["verdict"].value_counts()
+    order = (IDENTICAL, REPRODUCED, INCONCLUSIVE, NOT_REPRODUCED)
+    tally = ", ".join(f"{counts[v]} {v.lower()}" for v in order if v in counts)
+    line = f"Verdict: {result} ({len(table)} cells: {tally})"
+    if result == REPRODUCED:
+        return line + "."
+    off = table.loc[table["verdict"] == result, CELL].itertuples(index=False)
+    return f"{line}; {result.lower()}: {', '.join(_label(tuple(k)) for k in off)}."

@@ -29,6 +29,7 @@ from incofl.fl.engine import checkpoint
 from incofl.fl.engine.divergence import Diverged
 from incofl.fl.engine.engine import Engine, resolve_device
 from incofl.fl.engine.estimate import Work
+from incofl.fl.engine.hardware import hardware_kind
 from incofl.fl.engine.rundir import claimed
 
 
@@ -192,6 +193,7 @@ class Run:
             **self.engine.costs.totals(),
             **self.engine.planner.summary(),
             "device": str(self.engine.device),
+            "hardware": hardware_kind(self.engine.device),  # a rerun on the same kind must be bit-identical
             "torch": torch.__version__,
             "config": cfg.model_dump(),
         }
