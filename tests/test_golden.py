@@ -7,7 +7,8 @@ into visibly different runs: the same code gave round-3 losses 9% apart on an AV
 and an AVX2 EPYC. So the constants are pinned per machine fingerprint (CPU model, ATen's CPU
 capability, torch version): the SHA-256 of the final weights and of the metrics, with every
 round's loss and per-group accuracy for a readable failure. The machines CI runs on are
-pinned; elsewhere the test is skipped, naming the fingerprint.
+pinned; elsewhere the test is skipped, naming the fingerprint, and fails under CI (CI=true): no
+tolerance holds across CPUs, and a CI run must never pass without them.
 If a change is *meant* to alter training, say so in the commit and regenerate the constants
 on each pinned machine with `python tests/test_golden.py` (it prints them, with the machine's
 fingerprint).
@@ -16,16 +17,18 @@ fingerprint).
 from __future__ import annotations
 
 import hashlib
-import platform
 import re
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from helpers import unavailable
 
 from incofl.config import RunConfig
 from incofl.data.sources import load_dataset
+from incofl.fl.engine.hardware import hardware_kind
 from incofl.fl.engine.run import train
 
 SETTINGS = {
@@ -163,16 +166,9 @@ GOLDEN = {
 
 
 def machine() -> str:
-    """What decides the floating-point results of a CPU run besides the code."""
-    info = Path("/proc/cpuinfo")
-    names = [
-        line.split(":", 1)[1].strip()
-        for line in (info.read_text().splitlines() if info.exists() else [])
-        if line.startswith("model name")
-    ]
-    model = names[0] if names else platform.processor()
-    model = re.sub(r"\s*@\s*[\d.]+\s*GHz$", "", model)  # the clock picks no kernel: same pins with and without
-    return f"{model} | {torch.backends.cpu.get_cpu_capability()} | {torch.__version__}"
+    """What decides the floating-point results of a CPU run besides the code (summary.json's
+    `hardware` of a CPU run)."""
+    return hardware_kind(torch.device("cpu"))
 
 
 def golden_run(method: str, out, cache) -> dict:
@@ -196,13 +192,31 @@ METHODS = ["FedAvg", "InCoAvg", "SCAFFOLD", "MOON", "FedNova", "InCoProx"]
 def test_golden_run(method, tmp_path):
     pins = GOLDEN.get(machine())
     if pins is None:
-        pytest.skip(f"no golden constants for this machine ({machine()}): print them with python tests/test_golden.py")
+        unavailable(f"no golden constants for this machine ({machine()}): print them with python tests/test_golden.py")
     got = golden_run(method, tmp_path / "run", tmp_path / "cache")
     assert got == pins[method]
 
 
-def test_golden_covers_the_pinned_methods_on_every_pinned_machine():
-    assert all(list(pins) == METHODS for pins in GOLDEN.values())
+def test_every_pin_has_what_a_run_gives():
+    """Each machine pins every method, each pin in golden_run's shape for SETTINGS' run: two
+    SHA-256s, a loss per round and an accuracy per model group and round (a pin of another shape
+    could never match, and would fail only on its own machine)."""
+    rounds, groups = SETTINGS["rounds"], len(SETTINGS["models"])
+    for fingerprint, pins in GOLDEN.items():
+        assert list(pins) == METHODS, fingerprint
+        for method, pin in pins.items():
+            assert set(pin) == {"state", "metrics", "loss", "acc"}, (fingerprint, method)
+            assert all(re.fullmatch(r"[0-9a-f]{64}", pin[key]) for key in ("state", "metrics"))
+            assert len(pin["loss"]) == rounds and all(0 < loss < 10 for loss in pin["loss"])
+            assert len(pin["acc"]) == rounds and all(len(acc) == groups for acc in pin["acc"])
+            assert all(0 <= a <= 100 for acc in pin["acc"] for a in acc)
+
+
+def test_an_unpinned_cpu_fails_under_ci(tmp_path, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setattr(sys.modules[__name__], "machine", lambda: "Another CPU | AVX2 | 2.14.1+cu130")
+    with pytest.raises(pytest.fail.Exception, match="no golden constants for this machine"):
+        test_golden_run("FedAvg", tmp_path)
 
 
 if __name__ == "__main__":  # print fresh constants (only when training is meant to change)
