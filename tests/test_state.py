@@ -18,6 +18,7 @@ from test_resume import momentum_example, settings
 from incofl.data.partition import partition_for
 from incofl.fl.engine.engine import Engine
 from incofl.fl.stages.component import Stateful, restore, snapshot
+from incofl.fl.stages.local import Objective
 from incofl.registry import METHODS, Component, Method, register
 
 
@@ -58,9 +59,10 @@ def undeclared_changes(engine: Engine, rounds: int) -> list[str]:
     """`role.attribute` of every undeclared attribute a round changed, over the first `rounds`."""
     changed = []
     for round_ in range(rounds):
-        before = {role: attributes(c) for role, c in engine.components()}
+        components = [*engine.components(), ("clients' objective", engine.client.objective)]
+        before = {role: attributes(c) for role, c in components}
         engine.observe(engine.run_round(round_))
-        for role, component in engine.components():
+        for role, component in components:
             declared = {*component.state, *component.scratch}
             now = vars(component)
             for name in sorted(set(before[role]) | set(now)):
@@ -118,3 +120,48 @@ def test_a_transform_that_forgets_to_declare_its_state_fails(declared, data):
     finally:
         METHODS.pop("FedAvgM")
     assert changes == ([] if declared else ["post.0.buffers (ServerMomentum)"])
+
+
+class Peeking(Objective):
+    """A server state (`rounds_done`, moved at every round's end) that its sessions read; sent to
+    the clients only when `broadcasts` (what a session reads of it is kept in `seen`)."""
+
+    state = ("rounds_done",)
+    scratch = ("seen",)
+    broadcasts = False
+
+    def __init__(self, hp, setup):
+        super().__init__(hp, setup)
+        self.rounds_done, self.seen = torch.zeros(()), []
+
+    def session(self, ctx):
+        self.seen.append(int(self.rounds_done))
+        return super().session(ctx)
+
+    def server_round_end(self, updates):
+        self.rounds_done += 1
+
+    def broadcast(self, federation):
+        return {"rounds_done": self.rounds_done} if self.broadcasts else {}
+
+    def receive(self, federation, state):
+        if state:
+            self.rounds_done = state["rounds_done"]
+
+
+@pytest.mark.parametrize("broadcasts", [False, True])
+def test_a_session_sees_server_state_only_as_delivered(broadcasts, data):
+    """In the simulator as in a federation, a session reads the clients' objective, which holds
+    what the server's broadcast delivered (a copy), never the server's objects."""
+    objective = type("Peeking", (Peeking,), {"broadcasts": broadcasts})
+    register(Method("Peeking", objective=Component(objective), source="boundary test"))
+    try:
+        engine = engine_for("Peeking", data)
+        for round_ in range(2):
+            engine.observe(engine.run_round(round_))
+    finally:
+        METHODS.pop("Peeking")
+    assert engine.client.objective is not engine.objective and int(engine.objective.rounds_done) == 2
+    per_round = len(engine.schedule[0])
+    assert engine.client.objective.seen == [0] * per_round + [1 if broadcasts else 0] * per_round
+    assert engine.objective.seen == []  # the server's objective opens no session

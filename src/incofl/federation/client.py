@@ -135,7 +135,7 @@ class SiteClient:
             raise ValueError(f"a plan for client {plan.client} sent to client {self.client}'s node")
         engine = self.engine
         self.restore(round_, job.state_sha256)
-        engine.objective.receive(plan.federation, job.broadcast)
+        engine.client.objective.receive(plan.federation, job.broadcast)
         update = engine.client.train(round_, plan, job.start)
         state = engine.clients.state_dict()
         self.states.save(round_ + 1, state)

@@ -2,10 +2,12 @@
 
 A round is plan -> train -> transform -> aggregate (-> transform) -> apply -> observe, and
 every few rounds evaluate. It is split where a real federation splits it: the server side
-plans the round (`plan`), gives each planned client its start weights (`start`) and, given
-the clients' updates, does the rest (`conclude`); the client side (`ClientRunner`,
-fl/stages/client.py) trains a planned client from its start weights to its update. The
-simulator calls both in one process (`run_round`); a Flower app calls them across a network.
+plans the round (`plan`), gives each planned client its start weights (`start`) and what its
+objective broadcasts (`deliver`) and, given the clients' updates, does the rest (`conclude`);
+the client side (`ClientRunner`, fl/stages/client.py, with an objective object of its own)
+trains a planned client from what it was given to its update. The simulator calls both in one
+process (`run_round`), keeping the boundary a deployment has; a Flower app calls them across a
+network.
 Every component's state is checkpointed by its role (`components`). The registry (registry.py)
 names each stage's component for the run's method and the layout for its model; the engine
 builds them in one downward pass (data, models, method) and calls them. It names no method,
@@ -109,7 +111,8 @@ class Engine:
         aggregator = method.aggregator.cls
         self.clients = ClientStore(cfg.client_memory_mb)  # what each client keeps across rounds
         setup = Setup(cfg, list(server), self.layout, self.models, aggregator.federation, self.clients)
-        self.objective = method.objective.cls(hp, setup)
+        self.objective = method.objective.cls(hp, setup)  # the server's side (its state, broadcast, round end)
+        client_objective = method.objective.cls(hp, setup)  # the clients' side: sessions, what is delivered
         self.aggregator = aggregator(hp, setup)
         noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
         self.pre = [*noise, *(transform.cls(hp, setup) for transform in method.pre)]
@@ -119,13 +122,14 @@ class Engine:
         self.observers = [self.costs, *(observer.cls(hp, setup) for observer in method.observers)]
         self.observers += analyses_for(cfg, self.models, self.test_data)  # none unless `analyses` lists rounds
         self.planner = method.planner.cls(hp, setup)
-        self.client = ClientRunner(cfg, self.objective, self.models, self.train_data, self.parts, self.clients)
+        self.client = ClientRunner(cfg, client_objective, self.models, self.train_data, self.parts, self.clients)
         if self.aggregator.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
             self.states = [{k: server[k].detach().clone() for k in names} for names in self.names]
         self.schedule = sample_schedule(cfg.seed, cfg.clients, cfg.ratio, cfg.rounds)
-        self.objective.begin(server)  # read-only; an objective keeps a copy if it needs one
+        for objective in (self.objective, client_objective):  # read-only; an objective keeps a copy if it needs one
+            objective.begin(server)
 
     def components(self) -> list[tuple[str, Stateful]]:
         """Every stage component by its role: what a checkpoint holds the state of."""
@@ -157,9 +161,18 @@ class Engine:
         overlays what it keeps itself (ClientRunner.own_start)."""
         return self.layout.start(plan, self.states, self.sub_state)
 
+    def deliver(self, plans: list[ClientPlan]) -> None:
+        """What the server's objective sends the planned clients besides the weights (its
+        `broadcast`), copied to the clients' side as a network would: a session reads server
+        state only through what was delivered, in the simulator as in a real federation."""
+        for federation in sorted({plan.federation for plan in plans}):
+            sent = self.objective.broadcast(federation)
+            self.client.objective.receive(federation, {k: v.clone() for k, v in sent.items()})
+
     def run_round(self, round_: int) -> RoundReport:
-        """plan -> train (the client side) -> conclude (the server side); the round's report."""
+        """plan -> deliver -> train (the client side) -> conclude (the server side); the round's report."""
         plans = self.plan(round_)
+        self.deliver(plans)
         return self.conclude(round_, plans, self.client.train_round(round_, plans, self.start))
 
     def conclude(self, round_: int, plans: list[ClientPlan], updates: list[ClientUpdate]) -> RoundReport:

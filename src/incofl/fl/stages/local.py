@@ -9,10 +9,12 @@ live in `incofl.fl.methods`, one module or folder per family.
 
 Order for one client: `objective.session(ctx)`, then per step `loss`, `after_backward` and
 `after_step`, then `end(update)`; once the round's updates are aggregated and applied,
-`objective.server_round_end(updates)`. Where server and clients are apart (a real federation),
-the server sends each client `objective.broadcast(federation)` with its start weights (what a
-client reads of the server's objective state: SCAFFOLD's c) and the client's objective takes
-it with `receive(federation, state)` before training; in the simulator both are one object.
+`objective.server_round_end(updates)`. Server and clients hold separate objective objects, in
+the simulator as in a real federation: the server sends each client
+`objective.broadcast(federation)` with its start weights (what a client reads of the server's
+objective state: SCAFFOLD's c) and the clients' objective takes a copy of it with
+`receive(federation, state)` before training (`Engine.deliver`); a session reaches the server's
+state only through what was delivered.
 The objective's state across rounds is its `state_dict` (fl/stages/component.py).
 """
 
