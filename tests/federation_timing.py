@@ -1,5 +1,7 @@
 """docs/performance.md's Flower numbers: seconds per round of the same digits run through the
-simulator and the in-process Flower path, and bytes per round each way, in a fresh folder.
+simulator and the in-process Flower path, bytes per round each way, and what a deployed node
+pays for every message before it trains (each message is a fresh `flwr-clientapp` process), in
+a fresh folder.
 
     PYTHONPATH=src python tests/federation_timing.py /tmp/timing [DEPLOYED_RUN_DIR]
 
@@ -9,12 +11,42 @@ DEPLOYED_RUN_DIR: a localhost deployment's run folder of the same run (test_fede
 
 from __future__ import annotations
 
+import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 from federation_helpers import run_both
 from test_federation_deploy import DEPLOYED
+
+# What a fresh process does before a message's training, step by step (each step includes the ones before).
+NODE_STEPS = {
+    "start Python": "pass",
+    "import torch": "import torch",
+    "import flwr's and incofl's ClientApp": "import incofl.federation.clientapp",
+    "read the site file, build the client's engine": (
+        "import incofl.federation.clientapp\n"
+        "from incofl.config import load_run_config\n"
+        "from incofl.federation.client import SiteClient\n"
+        "SiteClient(load_run_config({config!r}), 0, {site!r}, {state!r})"
+    ),
+}
+
+
+def node_costs(folder: Path, repeats: int = 3) -> dict[str, float]:
+    """Median seconds of each of NODE_STEPS in a fresh process, for client 0 of the timed run."""
+    fields = {"config": str(folder / "run.yaml"), "site": str(folder / "site0.npz"), "state": str(folder / "state")}
+    costs = {}
+    for step, code in NODE_STEPS.items():
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code.format(**fields)], check=True)
+            times.append(time.perf_counter() - start)
+        costs[step] = statistics.median(times)
+    return costs
 
 
 def main(folder: Path, deployed: Path | None) -> None:
@@ -28,6 +60,8 @@ def main(folder: Path, deployed: Path | None) -> None:
     traffic = traffic.groupby("round")[["down_bytes", "up_bytes"]].sum()
     costs = pd.read_csv(sim / "rounds.csv").set_index("round")["upload_bytes"]
     print(traffic.assign(cost_accounting_upload=costs).to_string())
+    for step, seconds in node_costs(folder).items():
+        print(f"a node's message, up to '{step}': {seconds:.2f} s")
 
 
 if __name__ == "__main__":

@@ -1,36 +1,48 @@
-"""A real deployment on 127.0.0.1 (docs/federation.md), started as a user starts one: site data
-files, `incofl federation up` with TLS (a CA and server certificate made here) and node
-authentication (a key per node, registered), which runs flower-superlink and one
-flower-supernode per client, then `flwr run` of the app in flower-app/ on a short digits
-InCoAvg run. Each node reads only its own data file; the run's summary equals the simulator's.
-The fixture's finalizer stops `incofl federation up`, which stops every process it started."""
+"""A real deployment on 127.0.0.1 (docs/federation.md), started as a user starts one, shared by
+the tests of this module (in this order, on one xdist worker): site data files and node keys
+(`incofl federation export --keys`), `incofl federation up` as it starts by default (TLS with
+certificates it makes, node authentication), which runs flower-superlink and a flower-supernode
+for clients 0 and 1; client 2's node is started here, as a site elsewhere would start it (its
+key registered with `flwr supernode register`), so that it can be killed alone. Then:
+
+- a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator;
+- a node with a key nobody registered is refused by the SuperLink;
+- client 2's flower-supernode SIGKILLed mid-round: with `allow-missing` the run ends without it;
+- once stopped, no process any of this started is left (a /proc scan, recorded while it ran).
+"""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from federation_helpers import export_sites, write_config  # noqa: E402
+from federation_helpers import write_config  # noqa: E402
 
+from incofl.cli import run as incofl  # noqa: E402
 from incofl.config import load_run_config  # noqa: E402
 from incofl.fl.engine.run import train  # noqa: E402
 
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(600)]
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-DEPLOYED = {"clients": 2, "ratio": 1.0, "rounds": 2}  # two nodes, both training every round
+DEPLOYED = {"clients": 3, "ratio": 1.0, "rounds": 2}  # three nodes, all training every round
+ELSEWHERE = 2  # the client whose node this module starts (and kills)
+CONNECTION = "deployment"
 
 
 def _free_port(n: int) -> int:
@@ -53,114 +65,213 @@ def _free(port: int) -> bool:
     return True
 
 
-def _certificates(folder: Path) -> tuple[Path, Path, Path]:
-    """A CA, and a server certificate it signs for 127.0.0.1 and localhost: (ca, cert, key) PEM files."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-
-    def certificate(subject: str, key, issuer: str, signer, ca: bool, sans: list | None = None):  # noqa: ANN001
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        return builder.sign(signer, hashes.SHA256())
-
-    ca_key, key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
-    ca = certificate("incofl test CA", ca_key, "incofl test CA", ca_key, True)
-    sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    server = certificate("127.0.0.1", key, "incofl test CA", ca_key, False, sans)
-    paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return paths
+def _stat(pid: int) -> tuple[int, int, int, int] | None:
+    """(ppid, process group, session, start time) of a live process; None if gone or a zombie."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    if fields[0] == "Z":
+        return None
+    return int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
 
 
-@pytest.fixture
-def federation(tmp_path):
-    """`incofl federation up`'s process (its own process group) and its environment; stopped by SIGTERM."""
-    home = tmp_path / "flwr-home"
-    home.mkdir()
+def _processes() -> dict[int, tuple[int, int, int, int]]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            found[int(entry.name)] = stat
+    return found
+
+
+class Started:
+    """Every process started from the roots (this module's Popens), recorded every 0.2 s while
+    the deployment runs: a Flower process that detaches (a new session) or is orphaned when its
+    parent is killed is still known by its pid and start time, and any later process of a
+    recorded session too."""
+
+    def __init__(self) -> None:
+        self.roots: list[int] = []
+        self.seen: dict[int, int] = {}  # pid -> start time
+        self.sessions: set[int] = set()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.done.wait(0.2):
+            self.record()
+
+    def record(self) -> None:
+        """Add every live descendant of the roots and of the recorded processes, and the members of their sessions."""
+        procs = _processes()
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _, _) in procs.items():
+            children.setdefault(ppid, []).append(pid)
+        todo = [pid for pid in self.roots if pid in procs]
+        todo += [pid for pid, start in self.seen.items() if pid in procs and procs[pid][3] == start]
+        todo += [pid for pid, stat in procs.items() if stat[2] in self.sessions]
+        visited: set[int] = set()
+        while todo:
+            pid = todo.pop()
+            if pid in visited or pid not in procs:
+                continue
+            visited.add(pid)
+            self.seen.setdefault(pid, procs[pid][3])
+            self.sessions.add(procs[pid][2])
+            todo += children.get(pid, [])
+
+    def alive(self) -> list[str]:
+        """The recorded processes still running (same pid and start time), with their command lines."""
+        self.record()
+        procs = _processes()
+        left = [pid for pid, start in self.seen.items() if pid in procs and procs[pid][3] == start]
+        return [f"{pid}: {_command(pid)}" for pid in left]
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "(gone)"
+
+
+@dataclass
+class Deployment:
+    root: Path
+    config: Path
+    env: dict[str, str]
+    started: Started
+    up: subprocess.Popen | None = None
+    nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    logs: list = field(default_factory=list)
+    port: int = 0
+
+    def start(self, argv: list[str | Path], log: str, **kwargs: object) -> subprocess.Popen:
+        out = open(self.root / f"{log}.log", "w")  # noqa: SIM115 (closed in stop)
+        self.logs.append(out)
+        proc = subprocess.Popen(list(map(str, argv)), stdout=out, stderr=subprocess.STDOUT, env=self.env, **kwargs)
+        self.started.roots.append(proc.pid)
+        self.started.record()
+        return proc
+
+    def supernode(self, name: str, key: Path, client: int, data: Path, port: int) -> subprocess.Popen:
+        ca = self.root / "sites" / "certificates" / "ca.pem"
+        argv = [BIN / "flower-supernode", "--root-certificates", ca, "--auth-supernode-private-key", key]
+        argv += ["--superlink", f"127.0.0.1:{self.port}", "--port", port]
+        argv += ["--node-config", f'client={client} data-path="{data}"']
+        self.nodes[name] = self.start(argv, name, start_new_session=True)
+        return self.nodes[name]
+
+    def flwr_run(self, out: Path, **settings: str | int) -> None:
+        keys = self.root / "sites" / "keys"
+        run_config = f'config="{self.config}" out="{out}" node-keys="{keys}" join-timeout=60 '
+        run_config += " ".join(f"{k}={v}" for k, v in settings.items())
+        argv = [BIN / "flwr", "run", REPO / "flower-app", CONNECTION, "--run-config", run_config]
+        done = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def stop(self) -> None:
+        for proc in [self.up, *self.nodes.values()]:
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)  # up stops its SuperLink and SuperNodes
+        for proc in filter(None, [self.up, *self.nodes.values()]):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for log in self.logs:
+            log.close()
+
+    def wait_for(self, path: Path, timeout: float, text: str = "", count: int = 1) -> None:
+        deadline = time.monotonic() + timeout
+        while not path.exists() or path.read_text().count(text) < count:
+            if time.monotonic() > deadline or (self.up is not None and self.up.poll() is not None):
+                tails = {p.name: p.read_text()[-1500:] for p in self.root.rglob("*.log")}
+                pytest.fail(f"{path.name} not written within {timeout:.0f} s; logs: {json.dumps(tails, indent=1)}")
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """Sites 0 and 1 under `incofl federation up`, site 2's node started here (module docstring)."""
+    root = tmp_path_factory.mktemp("deployment")
+    (root / "flwr-home").mkdir()
     env = {
         **os.environ,
-        "FLWR_HOME": str(home),
+        "FLWR_HOME": str(root / "flwr-home"),
         "PYTHONPATH": str(REPO / "src"),
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
     }
-    started: list[subprocess.Popen] = []
-
-    def up(*args: str | Path) -> subprocess.Popen:
-        log = open(tmp_path / "up.log", "w")  # noqa: SIM115 (closed with the process)
-        argv = [sys.executable, "-m", "incofl.cli", "federation", "up", *map(str, args)]
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        started.append(proc)
-        return proc
-
-    yield up, env
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # up stops its SuperLink and SuperNodes
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, logs: Path, timeout: float, text: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists() or text not in path.read_text():
-        if time.monotonic() > deadline or proc.poll() is not None:
-            tails = {p.name: p.read_text()[-1500:] for p in logs.rglob("*.log")}
-            pytest.fail(f"{path.name} not written within {timeout:.0f} s; logs: {json.dumps(tails, indent=1)}")
-        time.sleep(0.5)
+    config = write_config(root, **DEPLOYED)
+    sites, elsewhere = root / "sites", root / "elsewhere"
+    assert incofl(["federation", "export", "--config", str(config), "--out", str(sites), "--keys"]) == 0
+    elsewhere.mkdir()
+    (sites / f"site{ELSEWHERE}.npz").rename(elsewhere / f"site{ELSEWHERE}.npz")
+    dep = Deployment(root, config, env, Started())
+    dep.port = _free_port(4)
+    argv = [sys.executable, "-m", "incofl.cli", "federation", "up", "--sites", sites, "--port", dep.port]
+    dep.up = dep.start([*argv, "--connection", CONNECTION], "up", start_new_session=True)
+    try:
+        dep.wait_for(root / "up.log", timeout=120, text="federation up:")
+        register = [BIN / "flwr", "supernode", "register", sites / "keys" / f"node{ELSEWHERE}.pub", CONNECTION]
+        subprocess.run(register, env=env, check=True, capture_output=True, timeout=60)
+        key = sites / "keys" / f"node{ELSEWHERE}"
+        dep.supernode("elsewhere", key, ELSEWHERE, elsewhere / f"site{ELSEWHERE}.npz", dep.port + 3)
+        yield dep
+    finally:
+        dep.stop()
+        dep.started.done.set()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_localhost_deployment_with_tls_and_node_authentication_equals_the_simulator(tmp_path, federation):
-    up, env = federation
-    config = write_config(tmp_path, **DEPLOYED)
-    cfg = load_run_config(config)
-    sites = tmp_path / "sites"
-    sites.mkdir()
-    for site in export_sites(cfg, sites):
-        assert Path(site["data-path"]).parent == sites
-    certificates = tmp_path / "certificates"
-    certificates.mkdir()
-    _certificates(certificates)
-    port = _free_port(1 + cfg.clients)
-    proc = up("--sites", sites, "--port", port, "--certificates", certificates, "--auth", "--connection", "tls")
-    _wait_for(tmp_path / "up.log", proc, tmp_path, timeout=120, text="federation up:")
-    toml = (tmp_path / "flwr-home" / "config.toml").read_text()
-    assert "[superlink.tls]" in toml and "root-certificates" in toml and "insecure" not in toml
-    out = tmp_path / "deployed"
-    run_config = f'config="{config}" out="{out}" round-timeout=120 join-timeout=60'
-    done = subprocess.run(
-        [BIN / "flwr", "run", REPO / "flower-app", "tls", "--run-config", run_config],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    _wait_for(out / "summary.json", proc, tmp_path, timeout=400)
+def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_path):
+    up_log = (deployment.root / "up.log").read_text()
+    assert "TLS, node authentication" in up_log and "can flwr run an app that runs as this user" in up_log
+    assert f'node-keys="{deployment.root / "sites" / "keys"}"' in up_log  # the flwr run line to copy
+    toml = (deployment.root / "flwr-home" / "config.toml").read_text()
+    assert f"[superlink.{CONNECTION}]" in toml and "root-certificates" in toml and "insecure" not in toml
+    keys = deployment.root / "sites" / "keys"
+    assert {p.stat().st_mode & 0o777 for p in keys.glob("node?")} == {0o600}
+    assert (deployment.root / "sites" / "certificates" / "server.key").stat().st_mode & 0o777 == 0o600
+    out = deployment.root / "deployed"
+    deployment.flwr_run(out, **{"round-timeout": 120})
+    deployment.wait_for(out / "summary.json", timeout=400)
     deployed = json.loads((out / "summary.json").read_text())
-    simulated = train(cfg, tmp_path / "simulator")
+    simulated = train(load_run_config(deployment.config), tmp_path / "simulator")
     assert deployed["state_sha256"] == simulated["state_sha256"]
     assert deployed["final_acc"] == simulated["final_acc"]
-    assert sorted(p.name for p in (sites / "keys").glob("*.pub")) == ["node0.pub", "node1.pub"]  # registered
+
+
+def test_a_node_whose_key_is_not_registered_is_refused(deployment):
+    from incofl.federation.credentials import node_key
+
+    stranger = node_key(deployment.root / "stranger", 0)[0]  # claims client 0, with a key nobody registered
+    sites = deployment.root / "sites"
+    proc = deployment.supernode("stranger", stranger, 0, sites / "site0.npz", deployment.port + 4)
+    assert proc.wait(timeout=120) != 0
+    assert "Failed to activate SuperNode" in (deployment.root / "stranger.log").read_text()
+
+
+def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment):
+    node = deployment.nodes["elsewhere"]
+    log = deployment.root / "elsewhere.log"
+    trained = log.read_text().count("Receiving: train message")
+    out = deployment.root / "killed"
+    deployment.flwr_run(out, set='"rounds=1"', **{"allow-missing": "true", "round-timeout": 40})
+    deployment.wait_for(log, timeout=120, text="Receiving: train message", count=trained + 1)
+    node.send_signal(signal.SIGKILL)  # the node itself, as a crash would: its own helpers are left to notice
+    deployment.wait_for(out / "summary.json", timeout=300)
+    rounds = pd.read_csv(out / "rounds.csv", dtype={"missing": str})
+    assert rounds["missing"].tolist() == [str(ELSEWHERE)]
+    assert rounds["samples"].iloc[0] > 0  # clients 0 and 1 were averaged
+
+
+def test_once_stopped_no_process_it_started_is_left(deployment):
+    deployment.stop()
+    deadline = time.monotonic() + 30
+    while (left := deployment.started.alive()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(deployment.started.seen) >= 8  # up, its SuperLink, nodes, SuperExecs, ServerApps, ClientApps
+    assert not left, left

@@ -111,11 +111,18 @@ def cmd_federation_export(args: argparse.Namespace) -> int:
         out = Path(args.out) / f"site{client}.npz" if args.client is None else Path(args.out)
         test = args.test or client in tested
         samples = export_client(cfg, data, partition, client, out, test=test)
+        key = f"; node key {_node_key(out.parent / 'keys', client)}" if args.keys else ""
         print(
             f"{out}: client {client} of {cfg.clients} ({cfg.dataset} alpha={cfg.alpha}), {samples} samples"
-            f"{', and the test split' if test else ''}"
+            f"{', and the test split' if test else ''}{key}"
         )
     return 0
+
+
+def _node_key(folder: Path, client: int) -> Path:
+    from incofl.federation.credentials import node_key  # cryptography comes with the flower extra
+
+    return node_key(folder, client)[0]
 
 
 def cmd_federation_up(args: argparse.Namespace) -> int:
@@ -126,7 +133,7 @@ def cmd_federation_up(args: argparse.Namespace) -> int:
         args.port,
         args.connection,
         Path(args.certificates) if args.certificates else None,
-        args.auth,
+        args.insecure,
         Path(args.logs) if args.logs else None,
     )
     try:
@@ -409,6 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="add the test split (added anyway to the files of clients whose models the config scores on it)",
     )
+    p.add_argument(
+        "--keys",
+        action="store_true",
+        help="also write each client's node key pair (keys/nodeK, keys/nodeK.pub beside the data files, made "
+        "once): the private key goes to the site, the public key to the operator (flwr supernode register, "
+        "the run's node-keys)",
+    )
     p.set_defaults(func=cmd_federation_export)
     p = actions.add_parser(
         "up", help="a federation on this machine: a SuperLink and one SuperNode per site file, until interrupted"
@@ -418,8 +432,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--port", type=int, default=9092, help="the SuperLink's port; the nodes listen on the ports after it"
     )
     p.add_argument("--connection", default="incofl-local", help="the connection added to Flower's config for flwr run")
-    p.add_argument("--certificates", help="TLS: a folder with ca.pem, server.pem, server.key (for 127.0.0.1)")
-    p.add_argument("--auth", action="store_true", help="node authentication: a key pair per node, registered")
+    p.add_argument(
+        "--certificates",
+        help="TLS with one's own certificates: a folder with ca.pem, server.pem, server.key (for 127.0.0.1); "
+        "default: SITES/certificates, made there unless present",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS and no node authentication (by default both, with a key pair per node in SITES/keys, "
+        "registered): any node may claim any client and traffic is plain; a trusted loopback test only",
+    )
     p.add_argument("--logs", help="the folder of each process's log (default: SITES/logs)")
     p.set_defaults(func=cmd_federation_up)
     p = sub.add_parser("train", help="run (or resume) one federated training run")

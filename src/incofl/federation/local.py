@@ -4,10 +4,17 @@ and a connection in Flower's config (`$FLWR_HOME/config.toml`, `~/.flwr/config.t
 for `flwr run`. It runs until interrupted (Ctrl-C or SIGTERM), then stops every process it
 started; one that dies stops the rest, naming it.
 
-Without `certificates` the APIs are plain (loopback only); with a folder holding `ca.pem`,
-`server.pem` and `server.key` (a server certificate for 127.0.0.1), TLS on every API. With
-`auth`, node authentication: each node gets a P-384 key pair (in `<sites>/keys/`), registered
-with `flwr supernode register` before it starts; the SuperLink refuses any other node.
+Secure by default: TLS on every API, with the certificates in `certificates` (`ca.pem`,
+`server.pem`, `server.key`: a server certificate for 127.0.0.1; default: `<sites>/certificates`,
+made there unless present), and
+node authentication: each node's P-384 key pair (`<sites>/keys/node<client>`, made unless
+`incofl federation export --keys` made it) is registered with `flwr supernode register` before
+the node starts, the SuperLink refuses any other node, and the ServerApp binds each client to
+its node's key (run config `node-keys`). `insecure`: neither, for a trusted loopback test only.
+
+Anyone who can connect to the SuperLink's port can use its Control API (`flwr run`: code that
+runs as this user); Flower 1.42 has no user authentication without OIDC, so on a shared host
+every local user can (docs/federation.md, "Threat model").
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import numpy as np
 from incofl.config import ConfigError
 
 CONNECTION = "incofl-local"  # the connection `flwr run` names
+TASK_POLL = 0.1  # seconds; FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the processes up starts, unless set
 
 
 @dataclass(frozen=True)
@@ -37,9 +45,13 @@ class LocalFederation:
     sites: Path
     port: int = 9092
     connection: str = CONNECTION
-    certificates: Path | None = None
-    auth: bool = False
+    certificates: Path | None = None  # one's own; default: <sites>/certificates, made
+    insecure: bool = False
     logs: Path | None = None
+
+    @property
+    def keys(self) -> Path:
+        return self.sites.resolve() / "keys"
 
     def site_files(self) -> dict[int, Path]:
         """client -> its data file, from the files in `sites` (each names its client)."""
@@ -60,9 +72,15 @@ class LocalFederation:
         return files
 
     def tls(self) -> tuple[Path, Path, Path] | None:
-        if self.certificates is None:
+        """(ca.pem, server.pem, server.key): the given folder's, else `<sites>/certificates`' (made
+        unless present); None when insecure."""
+        if self.insecure:
             return None
-        paths = tuple(self.certificates / name for name in ("ca.pem", "server.pem", "server.key"))
+        from incofl.federation.credentials import certificates
+
+        if self.certificates is None:
+            return certificates(self.sites.resolve() / "certificates")
+        paths = tuple(self.certificates.resolve() / name for name in ("ca.pem", "server.pem", "server.key"))
         missing = [p.name for p in paths if not p.is_file()]
         if missing:
             raise ConfigError(f"--certificates {self.certificates}: no {', '.join(missing)}")
@@ -136,30 +154,16 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> N
     raise RuntimeError(f"flower-superlink: nothing listens on 127.0.0.1:{port} after {timeout:.0f} s")
 
 
-def node_key(folder: Path, client: int) -> tuple[Path, Path]:
-    """A node's P-384 key pair in OpenSSH format (what SuperNode authentication reads), made once."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    private, public = folder / f"node{client}", folder / f"node{client}.pub"
-    if not private.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        key = ec.generate_private_key(ec.SECP384R1())
-        encoding, ssh = serialization.Encoding, serialization.PrivateFormat.OpenSSH
-        public.write_bytes(key.public_key().public_bytes(encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
-        private.write_bytes(key.private_bytes(encoding.PEM, ssh, serialization.NoEncryption()))
-        private.chmod(0o600)
-    return private, public
-
-
 class Processes:
     """The started processes (in this process's group: a kill of the group ends them too)."""
 
     def __init__(self, logs: Path):
         self.logs, self.procs = logs, []
         logs.mkdir(parents=True, exist_ok=True)
-        # Flower starts its own helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH
-        self.env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        # Flower starts its own helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH;
+        # each SuperExec looks for a message to run every TASK_POLL seconds (Flower's default: 1)
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(TASK_POLL), **os.environ, "PATH": path}
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 (closed in stop)
@@ -190,9 +194,9 @@ class Processes:
 
 def up(fed: LocalFederation) -> int:
     """Start the federation, wait until interrupted or a process dies, stop everything; the exit code."""
-    sites, tls = fed.site_files(), fed.tls()
+    sites = fed.site_files()
     check_ports(fed.port, 1 + len(sites))
-    address = f"127.0.0.1:{fed.port}"
+    tls = fed.tls()
     procs = Processes(fed.logs or fed.sites / "logs")
     stop = {"signal": 0}
 
@@ -202,35 +206,9 @@ def up(fed: LocalFederation) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGINT, interrupted)
     try:
-        security = ["--insecure"] if tls is None else ["--ssl-ca-certfile", str(tls[0])]
-        security += [] if tls is None else ["--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
-        link = procs.start(
-            "superlink",
-            [flower_tool("flower-superlink"), *security, *(["--enable-supernode-auth"] if fed.auth else [])]
-            + ["--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(fed.port)],
-        )
-        wait_for_port(fed.port, link)
-        config = add_connection(fed.connection, address, None if tls is None else tls[0])
-        node_security = ["--insecure"] if tls is None else ["--root-certificates", str(tls[0])]
-        for i, (client, path) in enumerate(sorted(sites.items())):
-            auth = []
-            if fed.auth:
-                private, public = node_key(fed.sites / "keys", client)
-                procs.run([flower_tool("flwr"), "supernode", "register", str(public), fed.connection])
-                auth = ["--auth-supernode-private-key", str(private)]
-            procs.start(
-                f"supernode{client}",
-                [flower_tool("flower-supernode"), *node_security, *auth, "--superlink", address]
-                + ["--port", str(fed.port + 1 + i), "--node-config", f'client={client} data-path="{path}"'],
-            )
-        print(
-            f"federation up: SuperLink {address} ({'TLS' if tls else 'no TLS'}"
-            f"{', node authentication' if fed.auth else ''}), {len(sites)} nodes (clients "
-            f"{', '.join(map(str, sorted(sites)))}); connection {fed.connection} in {config}; logs in {procs.logs}\n"
-            f"run (with the config and --set the files were exported with): flwr run flower-app {fed.connection} "
-            '--run-config \'config="FILE" set="KEY=VALUE ..." out="RUN_DIR"\'',
-            flush=True,
-        )
+        config = start_link(fed, tls, procs)
+        start_nodes(fed, sites, tls, procs)
+        print(startup_line(fed, sites, tls is not None, config, procs.logs), flush=True)
         while not stop["signal"]:
             dead = procs.dead()
             if dead:
@@ -240,3 +218,57 @@ def up(fed: LocalFederation) -> int:
         return 0
     finally:
         procs.stop()
+
+
+def start_link(fed: LocalFederation, tls: tuple[Path, Path, Path] | None, procs: Processes) -> Path:
+    """The SuperLink, listening; the connection added to Flower's config (returned)."""
+    security = ["--insecure"] if tls is None else ["--ssl-ca-certfile", str(tls[0])]
+    security += [] if tls is None else ["--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
+    security += [] if fed.insecure else ["--enable-supernode-auth"]
+    link = procs.start(
+        "superlink",
+        [flower_tool("flower-superlink"), *security, "--disable-runtime-dependency-installation"]
+        + ["--host", "127.0.0.1", "--port", str(fed.port)],
+    )
+    wait_for_port(fed.port, link)
+    return add_connection(fed.connection, f"127.0.0.1:{fed.port}", None if tls is None else tls[0])
+
+
+def start_nodes(
+    fed: LocalFederation, sites: dict[int, Path], tls: tuple[Path, Path, Path] | None, procs: Processes
+) -> None:
+    """One SuperNode per site file; unless insecure, its key registered first."""
+    from incofl.federation.credentials import node_key
+
+    security = ["--insecure"] if tls is None else ["--root-certificates", str(tls[0])]
+    for i, (client, path) in enumerate(sorted(sites.items())):
+        auth = []
+        if not fed.insecure:
+            private, public = node_key(fed.keys, client)
+            procs.run([flower_tool("flwr"), "supernode", "register", str(public), fed.connection])
+            auth = ["--auth-supernode-private-key", str(private)]
+        procs.start(
+            f"supernode{client}",
+            [flower_tool("flower-supernode"), *security, *auth, "--superlink", f"127.0.0.1:{fed.port}"]
+            + ["--port", str(fed.port + 1 + i), "--node-config", f'client={client} data-path="{path}"'],
+        )
+
+
+def startup_line(fed: LocalFederation, sites: dict[int, Path], tls: bool, config: Path, logs: Path) -> str:
+    """What is up, who can use it, and the `flwr run` that runs on it."""
+    clients = ", ".join(map(str, sorted(sites)))
+    if fed.insecure:
+        security = "no TLS, no node authentication: any node may claim any client and traffic is plain"
+        keys = ""
+    else:
+        security = f"TLS, node authentication: client K is the node with key {fed.keys}/nodeK"
+        keys = f' node-keys="{fed.keys}"'
+    return (
+        f"federation up: SuperLink 127.0.0.1:{fed.port} ({security}), {len(sites)} nodes (clients {clients}); "
+        f"connection {fed.connection} in {config}; logs in {logs}\n"
+        f"who can run code: anyone who can connect to 127.0.0.1:{fed.port} can flwr run an app that runs as this "
+        "user (Flower has no user authentication without OIDC): on a shared host any local user; keep it to you "
+        "with a network namespace or container, or iptables -m owner (docs/federation.md, Threat model)\n"
+        f"run (with the config and --set the files were exported with): flwr run flower-app {fed.connection} "
+        f'--run-config \'config="FILE" set="KEY=VALUE ..." out="RUN_DIR"{keys}\''
+    )

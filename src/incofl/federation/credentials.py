@@ -1,0 +1,105 @@
+"""What a federation's processes prove themselves with: node key pairs (SuperNode
+authentication, and what the ServerApp binds each client to) and a CA with a server
+certificate for TLS, made with `cryptography`.
+
+A private key is written as a secret: created 0600 and exclusively under a temporary name
+(so never readable by another user, not even for a moment, and never through a planted
+symlink), flushed, then renamed onto its name. Existing files are used as they are.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import secrets
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+PEM = serialization.Encoding.PEM
+CERTIFICATE_DAYS = 365
+
+
+def write_secret(path: Path, data: bytes) -> None:
+    """`data` at `path`, readable by this user only from the moment the file exists (module docstring)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}~{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_public(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}~{secrets.token_hex(8)}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def node_key(folder: Path, client: int) -> tuple[Path, Path]:
+    """Client `client`'s node key pair, `node<client>` and `node<client>.pub` in `folder`: P-384 in
+    OpenSSH format (what `flower-supernode --auth-supernode-private-key` and `flwr supernode
+    register` read), made once; a public key missing beside its private key is derived from it."""
+    private, public = folder / f"node{client}", folder / f"node{client}.pub"
+    if private.exists():
+        key = serialization.load_ssh_private_key(private.read_bytes(), password=None)
+    else:
+        key = ec.generate_private_key(ec.SECP384R1())
+        ssh = serialization.PrivateFormat.OpenSSH
+        write_secret(private, key.private_bytes(PEM, ssh, serialization.NoEncryption()))
+    if not public.exists():
+        openssh = serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        write_public(public, key.public_key().public_bytes(*openssh))
+    return private, public
+
+
+def certificates(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
+    """`ca.pem`, `server.pem` and `server.key` in `folder`: a CA and a server certificate it signs
+    for `host` (and localhost), valid a year; made unless all three exist. The CA's private key
+    is not kept: nothing else can be signed with it."""
+    paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
+    if all(p.exists() for p in paths):
+        return paths
+    ca_key, key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
+    ca = _certificate("incofl federation CA", ca_key, "incofl federation CA", ca_key, ca=True)
+    sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(host))]
+    server = _certificate(host, key, "incofl federation CA", ca_key, ca=False, sans=sans)
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    write_secret(paths[2], key.private_bytes(PEM, pkcs8, serialization.NoEncryption()))
+    write_public(paths[1], server.public_bytes(PEM))
+    write_public(paths[0], ca.public_bytes(PEM))
+    return paths
+
+
+def _certificate(
+    subject: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: str,
+    signer: ec.EllipticCurvePrivateKey,
+    ca: bool,
+    sans: list[x509.GeneralName] | None = None,
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERTIFICATE_DAYS))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(signer, hashes.SHA256())
