@@ -4,7 +4,10 @@ state give the same numbers whether it stays in memory or goes to disk."""
 
 from __future__ import annotations
 
+import errno
+import io
 import os
+import re
 import shutil
 
 import pytest
@@ -12,9 +15,10 @@ import torch
 from helpers import QUIET, engine_on, kept_by, small_synthetic
 
 from incofl.config import RunConfig
+from incofl.federation.client import NodeState
 from incofl.fl.engine import checkpoint
 from incofl.fl.engine.run import train
-from incofl.fl.stages.clientstore import ClientStore
+from incofl.fl.stages.clientstore import ClientStateError, ClientStore
 
 MB = 2**20
 
@@ -108,6 +112,85 @@ def test_without_a_folder_spills_to_a_temporary_one_and_checkpoints_every_state(
     unlimited = ClientStore()
     unlimited.load_state_dict(saved)
     assert value(unlimited, 0) == 1.0 and unlimited.scratch is None
+
+
+# --- damaged, planted and unwritable files: refused, one line naming the file ---------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../../x.pt",  # outside the folder: never read, never deleted
+        "/etc/x.pt",
+        "s-0-9.pt",  # a number the checkpoint's version never reached
+        "s-1-1.pt",  # another client's file
+        ".s-0-1.pt",
+        "s-0-1.pt/../../x.pt",
+    ],
+)
+def test_a_checkpoints_file_names_are_checked_before_any_is_read_or_deleted(tmp_path, name):
+    folder = tmp_path / "run" / "clientstate"
+    folder.mkdir(parents=True)
+    victim = tmp_path / "x.pt"
+    torch.save(state(7.0), victim)
+    store = ClientStore(budget_mb=0)
+    with pytest.raises(ClientStateError, match=f"client state \\('s', 0\\) names the file {re.escape(repr(name))}"):
+        store.load_state_dict({"states": {}, "files": {("s", 0): name}, "version": 5})
+    assert victim.exists() and not store.entries
+
+
+def _full_disk_save(real):
+    """torch.save on a full disk: to a file object each write fails with ENOSPC; to a path
+    torch's archive writer fails with its own RuntimeError, naming no file (what torch 2.14 does
+    writing to /dev/full)."""
+
+    class Full(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, str | os.PathLike):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+        return real(obj, Full(), *args, **kwargs)
+
+    return save
+
+
+def _one_line_naming(err: OSError, path) -> None:
+    assert err.errno == errno.ENOSPC and err.filename == str(path)
+    assert len(str(err).splitlines()) == 1 and "No space left on device" in str(err)
+
+
+def test_a_spill_on_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    store = ClientStore(budget_mb=0)
+    store.attach(tmp_path)
+    monkeypatch.setattr(torch, "save", _full_disk_save(torch.save))
+    with pytest.raises(OSError) as err:
+        store.put("s", 3, state(3.0))
+    _one_line_naming(err.value, tmp_path / "s-3-1.pt")
+    assert files(tmp_path) == set()  # no temporary left behind
+
+
+def test_a_node_state_on_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    states = NodeState(tmp_path / "client0", checkpoint_every=1)
+    monkeypatch.setattr(torch, "save", _full_disk_save(torch.save))
+    with pytest.raises(OSError) as err:
+        states.save(2, {"states": {}})
+    _one_line_naming(err.value, states.path(2))
+
+
+def test_a_damaged_spill_file_is_one_line_naming_it(tmp_path):
+    store = ClientStore(budget_mb=0)
+    store.attach(tmp_path)
+    store.put("s", 0, state(1.0))
+    (tmp_path / "s-0-1.pt").write_bytes(b"PK\x03\x04 not the rest of a torch archive")
+    with pytest.raises(ClientStateError) as err:
+        store.get("s", 0)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 's-0-1.pt'}: unreadable client state") and len(message.splitlines()) == 1
 
 
 # --- the methods: spilled state gives the same numbers --------------------------------------------

@@ -4,7 +4,8 @@ half-written file.
 A write goes to a temporary file created exclusively (O_EXCL, so never through a planted
 symlink) under a random name in the target's folder, is flushed to disk (fsync), renamed onto
 the target, and the folder is flushed so that the rename survives a crash too. A write that
-fails (no space left, a quota) raises OSError naming the target file and the cause.
+fails (no space left, a quota) raises OSError naming the target file and the cause: tensors
+too (`save_tensors`), where torch.save to a path would fail with a message naming neither.
 """
 
 from __future__ import annotations
@@ -85,3 +86,18 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 def write_json(path: str | os.PathLike, obj: Any, strict: bool = False) -> None:
     """`strict`: standard JSON (a NaN or inf is an error, not the non-standard `NaN`)."""
     write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=not strict) + "\n")
+
+
+def save_tensors(path: str | os.PathLike, obj: Any) -> None:
+    """torch.save `obj` to `path` atomically. Into a file object, so that a failed write is the
+    OSError of `atomic_path` naming `path` (to a path, torch fails on a full disk with a
+    RuntimeError of its archive writer, naming no file)."""
+    import torch  # here, not at the top: the report commands write files without torch
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        try:
+            torch.save(obj, fh)
+        except RuntimeError as err:  # torch's writer ends the archive after a failed write, and fails there
+            if isinstance(err.__context__, OSError):
+                raise err.__context__ from None
+            raise

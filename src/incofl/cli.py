@@ -618,6 +618,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from incofl.data.sources import DataNotFoundError
     from incofl.fl.engine.checkpoint import CheckpointMismatch
     from incofl.fl.engine.rundir import RunDirError
+    from incofl.fl.stages.clientstore import ClientStateError
     from incofl.report.runs import RunFileError
 
     return (
@@ -627,6 +628,7 @@ def user_errors() -> tuple[type[Exception], ...]:
         PartitionError,
         ReleasePartitionError,
         CheckpointMismatch,
+        ClientStateError,
         RunDirError,
         RunFileError,
     )

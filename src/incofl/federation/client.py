@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from incofl.atomic import atomic_path
+from incofl.atomic import save_tensors
 from incofl.config import RunConfig
 from incofl.federation.server import EvalJob, TrainJob
 from incofl.federation.sitedata import load_site, test_sha256
@@ -69,8 +69,7 @@ class NodeState:
         """The state after round `round_`; states no checkpoint of the server can resume from are dropped:
         older than the last one at or before the server's last checkpoint."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with atomic_path(self.path(round_)) as tmp:
-            torch.save(state, tmp)
+        save_tensors(self.path(round_), state)  # a full disk: one line naming the file
         checkpoint = (round_ - 1) // self.every * self.every
         saved = self.rounds()
         resumable = [r for r in saved if r <= checkpoint]

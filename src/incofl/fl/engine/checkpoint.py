@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from incofl.atomic import atomic_path
+from incofl.atomic import save_tensors
 from incofl.config import Analyses
 from incofl.registry import METHODS
 
@@ -82,13 +82,7 @@ def check_plain(value: Any, where: str = "checkpoint") -> None:
 
 def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:
     check_plain(payload)
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:  # a file object: a failed write is an OSError
-        try:
-            torch.save(payload, fh)
-        except RuntimeError as err:  # torch's writer ends the archive after a failed write, and fails there
-            if isinstance(err.__context__, OSError):
-                raise err.__context__ from None
-            raise
+    save_tensors(path, payload)
 
 
 def load(path: str | os.PathLike, config: dict[str, Any]) -> dict[str, Any] | None:

@@ -16,12 +16,17 @@ go into ckpt.pt) and the names of the spilled ones' files. A file is deleted onc
 refers to it and neither of the last two checkpoints does (the newest may still be being
 written when a later `put` replaces its state; the one before is then the one on disk). Later
 puts never change a file, so a checkpoint (ckpt.pt with the folder) stays valid until a newer
-one is saved; `attach` after resuming deletes what the checkpoint does not name.
+one is saved; `attach` after resuming deletes what the checkpoint does not name. A name read
+from a checkpoint must be one the store writes (`<space>-<client>-<n>.pt` of its own key, n up
+to the checkpoint's version): a damaged or planted one (`../../x.pt`) is refused before any file
+is read or deleted. A file that cannot be written (a full disk) or read back (damaged) is one
+line naming it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections import OrderedDict
@@ -31,7 +36,7 @@ from typing import Any
 
 import torch
 
-from incofl.atomic import atomic_path, remove_stale_temporaries
+from incofl.atomic import remove_stale_temporaries, save_tensors
 from incofl.fl.contracts import State
 
 Key = tuple[str, int]  # (space, client)
@@ -43,6 +48,23 @@ class _Entry:
     state: State | None  # in memory (None: only in its file)
     file: str | None  # the name of its file (None: not written since it was put)
     nbytes: int
+
+
+class ClientStateError(ValueError):
+    """A client state file that a checkpoint names wrongly, or that cannot be read: names it."""
+
+
+def checked_name(key: Any, name: Any, version: int) -> str:
+    """`name`, a spill file of state `key` read from a checkpoint, if it is one the store writes."""
+    space, client = key if isinstance(key, tuple) and len(key) == 2 else (None, None)
+    ours = isinstance(space, str) and type(client) is int and isinstance(name, str)
+    n = re.fullmatch(rf"{re.escape(space)}-{client}-([1-9][0-9]*)\.pt", name) if ours else None
+    if n is None or int(n[1]) > version or "/" in name or "\\" in name or name.startswith("."):
+        raise ClientStateError(
+            f"checkpoint: client state {key!r} names the file {name!r}, not one the client store writes "
+            f"(<space>-<client>-<n>.pt, n <= {version}): a damaged or planted checkpoint; delete it to start over"
+        )
+    return name
 
 
 class ClientStore:
@@ -65,7 +87,7 @@ class ClientStore:
             return None
         state = entry.state
         if state is None:
-            state = entry.state = torch.load(self._dir() / entry.file, map_location="cpu", weights_only=True)
+            state = entry.state = self._read(entry.file)
             self._admit(key, entry)
         else:
             self.resident.move_to_end(key)
@@ -123,8 +145,9 @@ class ClientStore:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.entries, self.resident, self.used = {}, OrderedDict(), 0
         self.version = state["version"]
-        self.pinned = [set(state["files"].values())]
-        self.entries |= {key: _Entry(None, name, 0) for key, name in state["files"].items()}
+        files = {key: checked_name(key, name, self.version) for key, name in state["files"].items()}
+        self.pinned = [set(files.values())]
+        self.entries |= {key: _Entry(None, name, 0) for key, name in files.items()}
         for key, saved in state["states"].items():
             self.put(*key, saved)
 
@@ -150,15 +173,26 @@ class ClientStore:
     def _write(self, key: Key, state: State) -> str:
         self.version += 1
         name = f"{key[0]}-{key[1]}-{self.version}.pt"
-        with atomic_path(self._dir() / name) as tmp:
-            torch.save(state, tmp)
+        save_tensors(self._dir() / name, state)
         return name
 
     def _peek(self, entry: _Entry) -> State:
         """A state without touching the cache's order."""
         if entry.state is not None:
             return entry.state
-        return torch.load(self._dir() / entry.file, map_location="cpu", weights_only=True)
+        return self._read(entry.file)
+
+    def _read(self, name: str) -> State:
+        path = self._dir() / name
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise
+        except Exception as err:  # truncated, damaged, or objects other than tensors: never unpickled
+            raise ClientStateError(
+                f"{path}: unreadable client state ({type(err).__name__}: damaged, or not a file incofl wrote); "
+                "delete the run's ckpt.pt and clientstate/ to start it over"
+            ) from None
 
     def _named(self) -> set[str]:
         """The files a state or a pinned manifest refers to."""
