@@ -3,6 +3,8 @@ cost ratios of a cycle, measured wall time, and the warm-up comparison."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 import torch
@@ -69,7 +71,17 @@ def test_a_cycle_costs_exactly_its_share_and_wall_time_is_measured(root):
     assert costs["upload GB ratio"] == pytest.approx(0.1, abs=5e-4)  # (W + R) / (W + R G): each group once
     assert costs["compute units ratio"] == pytest.approx(2 / 3, abs=5e-5)  # every round partial
     assert costs["upload GB FNU"] == round(10 * 2 * 4 * 1_235_274 * 1e-9, 3)
-    assert costs["s/partial round"] > 0 and costs["s/round FNU"] > 0 and costs["wall ratio (cycle)"] > 0
+    # the wall times restated from the runs' rounds.csv: every FedPart round is partial here
+    fnu, part = ([pd.read_csv(root / "synthetic/a0.5" / m / f"s{s}/rounds.csv") for s in (0, 1)] for m in LABELS[:2])
+    assert all((r["compute_units"] == 2 * r["samples"]).all() for r in part)  # 2 units a sample: partial
+    assert costs["s/round FNU"] == round(pd.concat(fnu)["seconds"].mean(), 2)
+    assert costs["s/partial round"] == round(pd.concat(part)["seconds"].mean(), 2)
+    assert math.isnan(costs["s/full round"])
+
+    def first_cycle(runs: list[pd.DataFrame]) -> float:
+        return sum(r.loc[r["round"] <= 10, "seconds"].sum() for r in runs)
+
+    assert costs["wall ratio (cycle)"] == round(first_cycle(part) / first_cycle(fnu), 3)
 
 
 def test_warmup_table_lists_every_partial_label_with_its_schedule(root):

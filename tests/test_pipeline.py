@@ -14,6 +14,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig, validate_experiment
@@ -85,11 +86,26 @@ def test_crop_padding_colour_in_pixel_space(fill, expected):
     assert len(border) > 0 and torch.allclose(border, torch.tensor(expected))
 
 
+def _crop_then_flip(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """The default augmentation restated image by image: the generator's row offsets, column
+    offsets (0..8 in the 4-pixel zero-padded image), then a coin per image for a left-right flip."""
+    gen = torch.Generator().manual_seed(seed)
+    n, _, h, w = x.shape
+    dy, dx = torch.randint(0, 9, (n,), generator=gen), torch.randint(0, 9, (n,), generator=gen)
+    flips = torch.rand(n, generator=gen) < 0.5
+    out = []
+    for img, top, left, flip in zip(x, dy.tolist(), dx.tolist(), flips.tolist(), strict=True):
+        crop = F.pad(img, (4, 4, 4, 4))[:, top : top + h, left : left + w]
+        out.append(crop.flip(2) if flip else crop)
+    return torch.stack(out)
+
+
 def test_default_augmentation_draws_are_unchanged():
     """crop then flip from the client's generator, as before the options existed (the golden
-    run pins the rest)."""
+    run pins the rest): against the augmentation restated image by image."""
     x = torch.randn(16, 3, 8, 8)
     a = augment(x, Augmentation(crop=True, flip=True), torch.Generator().manual_seed(3))
+    assert torch.equal(a, _crop_then_flip(x, 3)) and not torch.equal(a, _crop_then_flip(x, 4))
     b = augment(x, Augmentation(crop=True, flip=True, black_pad=True), torch.Generator().manual_seed(3), None)
     assert torch.equal(a, b)  # no fill given: zero padding, same draws
 
