@@ -195,9 +195,9 @@ def _update(client: int) -> ClientUpdate:
 def test_update_noise_has_the_std_asked_for_and_is_reproducible():
     first, again, other = _update(0), _update(0), _update(1)
     clean = first.delta["w"].clone()
-    _noise(0.5)(3, [first])
-    _noise(0.5)(3, [again])
-    _noise(0.5)(3, [other])
+    _noise(0.5)(3, first)
+    _noise(0.5)(3, again)
+    _noise(0.5)(3, other)
     added = first.delta["w"] - clean
     assert float(added.std()) == pytest.approx(0.5 * float(clean.std()), rel=0.02)
     assert abs(float(added.mean())) < 0.02

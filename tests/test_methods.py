@@ -186,7 +186,11 @@ def test_fednova_aggregate_is_tau_eff_times_weighted_normalised_updates():
     cfg = RunConfig(**{**TINY, "method": "FedNova", "optimizer": "sgd", "momentum": rho})
     normalize = NovaNormalize(_hp("FedNova"), Setup(cfg, ["w"]))
     originals = [u.delta["w"].clone() for u in updates]
-    normalize(0, updates)
+    for u in updates:
+        normalize.see(0, u)
+    normalize.seen_all(0)
+    for u in updates:
+        normalize(0, u)
     for s in (0, 1):
         members = [i for i, (_, _, fed) in enumerate(spec) if fed == s]
         n = sum(spec[i][0] for i in members)
@@ -386,7 +390,9 @@ def test_two_clients_trained_interleaved_equal_in_sequence(data, method):
                 for x, y in batches:
                     train_step(session, optimizer, x, y)
                 updates.append(_finish(session, start, len(engine.parts[c])))
-        engine.objective.server_round_end(updates)
+        for update in updates:
+            engine.objective.server_add(update)
+        engine.objective.server_round_end()
         return updates, engine.objective.state_dict()
 
     (seq_updates, seq_state), (int_updates, int_state) = run(False), run(True)

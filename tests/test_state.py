@@ -138,7 +138,7 @@ class Peeking(Objective):
         self.seen.append(int(self.rounds_done))
         return super().session(ctx)
 
-    def server_round_end(self, updates):
+    def server_round_end(self):
         self.rounds_done += 1
 
     def broadcast(self, federation):

@@ -307,8 +307,13 @@ def test_mean_weighting_is_the_unweighted_sliced_mean_bit_for_bit():
     params = {k: torch.randn(s, generator=gen) for k, s in _ENTRIES.items()}
     updates = _updates(params, _train(params, gen))
     rolex, plain = _rolex("mean")
-    ours, theirs = rolex.aggregate(updates)[0], plain.aggregate(updates)[0]
-    assert all(torch.equal(ours[k], theirs[k]) and torch.equal(ours.covered[k], theirs.covered[k]) for k in _ENTRIES)
+    folds = rolex.fold(), plain.fold()
+    for fold in folds:
+        for update in updates:
+            fold.add(update)
+    ours, theirs = (fold.averages()[0] for fold in folds)
+    covered, also = (fold.covered[0] for fold in folds)
+    assert all(torch.equal(ours[k], theirs[k]) and torch.equal(covered[k], also[k]) for k in _ENTRIES)
     assert rolex.state_dict() == {"times": {}}
 
 

@@ -8,6 +8,9 @@ the analyses (CKA, update histograms, t-SNE) asked for a later round (idle: what
 not probing) and for this round (probing); the plain path is a
 bare loop of forward, backward and Adam steps, one client after the other. The achieved
 fraction of the device's peak FLOP/s comes from a per-sample count of training FLOPs.
+
+`per_client` (`incofl bench --per-client`) measures what a client costs beyond its samples:
+a round of many clients with few samples each against one loop over the same samples.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from incofl.config import RunConfig
-from incofl.data.partition import Partition, iid_partition
+from incofl.data.partition import Partition, iid_draw_partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
 from incofl.fl.engine.engine import Engine, resolve_device
 from incofl.fl.engine.estimate import training_flops
+from incofl.fl.stages.aggregate import Fold
 from incofl.fl.stages.sampling import client_seed
 from incofl.models.family import build_model
 
@@ -158,11 +162,13 @@ def _engine(
     trainer: str,
     precision: str,
     analyses: dict[str, Any] | None = None,
+    method: str = "InCoAvg",
 ) -> tuple[Engine, list[float]]:
-    """An InCoAvg engine with every client sampled (and `analyses`), and the seconds of its aggregations."""
+    """An engine of `method` with every client sampled (and `analyses`), and the seconds of each
+    round's aggregation (its fold's `add`s and `averages`)."""
     cfg = RunConfig(
         dataset="synthetic",
-        method="InCoAvg",
+        method=method,
         models=[model],
         clients=len(parts),
         ratio=1.0,
@@ -178,16 +184,84 @@ def _engine(
         analyses=analyses or {},
     )
     engine = Engine(cfg, data, Partition(parts, np.zeros((len(parts), 0)), {}), dev)
-    aggregate, aggregate_s = engine.aggregator.aggregate, []
+    fold_of, aggregate_s = engine.aggregator.fold, []
 
-    def timed_aggregate(updates: list) -> dict:
-        start = time.perf_counter()
-        out = aggregate(updates)
-        aggregate_s.append(time.perf_counter() - start)
-        return out
+    def timed_fold() -> Fold:
+        fold, spent = fold_of(), [0.0]
+        add, averages = fold.add, fold.averages
 
-    engine.aggregator.aggregate = timed_aggregate
+        def timed_add(update: Any) -> None:
+            start = time.perf_counter()
+            add(update)
+            spent[0] += time.perf_counter() - start
+
+        def timed_averages() -> dict:
+            start = time.perf_counter()
+            out = averages()
+            aggregate_s.append(spent[0] + time.perf_counter() - start)
+            return out
+
+        fold.add, fold.averages = timed_add, timed_averages
+        return fold
+
+    engine.aggregator.fold = timed_fold
     return engine, aggregate_s
+
+
+def per_client(
+    model: str = "cnn20",
+    clients: int = 1000,
+    samples: int = 10,
+    epochs: int = 1,
+    batch_size: int = 10,
+    threads: int | None = None,
+    repeats: int = 2,
+    seed: int = 0,
+    device: str = "cpu",
+    method: str = "FedAvg",
+) -> dict[str, Any]:
+    """What a client costs beyond its samples: one engine round of `clients` clients of `samples`
+    distinct images each (drawn as `partition: iid_draw` does; every client sampled, the serial
+    trainer) against one plain loop over the same images as one client, alternated `repeats`
+    times, each keeping its fastest run. `ratio` is the round's seconds over the loop's;
+    `per_client_ms` the difference per client."""
+    if threads:
+        torch.set_num_threads(threads)
+    dev = resolve_device(device)
+    data = load_dataset("synthetic", cache_dir=None)
+    parts = iid_draw_partition(len(data.y_train), clients, samples, seed)
+    engine, _ = _engine(data, parts, dev, model, epochs, batch_size, seed, "serial", "fp32", method=method)
+    plain_model = build_model(model, data.num_classes, data.channels).to(dev)
+    plain_model.load_state_dict(engine.states[0])
+    one = [np.concatenate(parts)]  # every client's images, one client
+    warm_up = [one[0][: 2 * batch_size]]
+    plain_loop(plain_model, engine.train_data, warm_up, seed, 1, batch_size, engine.cfg.lr)
+    seconds: dict[str, list[float]] = {"round": [], "one_loop": []}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        trained = engine.run_round(0).samples
+        seconds["round"].append(_finished(dev) - start)
+        start = time.perf_counter()
+        looped = plain_loop(plain_model, engine.train_data, one, seed, epochs, batch_size, engine.cfg.lr)
+        seconds["one_loop"].append(_finished(dev) - start)
+    round_s, loop_s = min(seconds["round"]), min(seconds["one_loop"])
+    return {
+        "device": str(dev),
+        "model": model,
+        "method": method,
+        "clients": clients,
+        "samples_per_client": samples,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "samples": trained,
+        "one_loop_samples": looped,
+        "round_s": round(round_s, 3),
+        "one_loop_s": round(loop_s, 3),
+        "ratio": round(round_s / loop_s, 3),
+        "per_client_ms": round(1000 * (round_s - loop_s) / clients, 3),
+    }
 
 
 def _finished(device: torch.device) -> float:
@@ -195,6 +269,15 @@ def _finished(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def format_per_client(r: dict[str, Any]) -> str:
+    return (
+        f"{r['device']}: {r['model']} {r['method']}, {r['clients']} clients x {r['samples_per_client']} samples "
+        f"x {r['epochs']} epochs, batch {r['batch_size']}, {r['threads']} threads\n"
+        f"one round: {r['round_s']:.3f} s; one loop over the same samples: {r['one_loop_s']:.3f} s; "
+        f"ratio {r['ratio']:.3f}, {r['per_client_ms']:.2f} ms a client"
+    )
 
 
 def format_report(r: dict[str, Any]) -> str:

@@ -327,8 +327,21 @@ def cmd_analysis(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from incofl.bench import benchmark, format_report
+    from incofl.bench import benchmark, format_per_client, format_report, per_client
 
+    if args.per_client:
+        measured = per_client(
+            model=args.model,
+            clients=args.clients,
+            samples=args.samples,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            threads=args.threads,
+            repeats=args.repeats,
+            device=args.device,
+        )
+        print(json.dumps(measured, indent=2) if args.json else format_per_client(measured))
+        return 0
     result = benchmark(
         model=args.model,
         clients=args.clients,
@@ -544,6 +557,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_analysis)
     p = sub.add_parser("bench", help="engine vs plain PyTorch throughput, and aggregation share")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a report")
+    p.add_argument(
+        "--per-client",
+        action="store_true",
+        help="what a client costs beyond its samples: one round of --clients clients of --samples samples "
+        "against one loop over the same samples (e.g. --model cnn20 --clients 1000 --samples 10 --batch-size 10 "
+        "--epochs 1)",
+    )
     p.add_argument("--model", default="resnet18", help="the model both paths train (default resnet18)")
     p.add_argument("--clients", type=int, default=4, help="clients trained per round (default 4)")
     p.add_argument(

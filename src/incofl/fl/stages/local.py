@@ -8,9 +8,10 @@ FedAvg is the base pair (plain cross-entropy); a method overrides a hook or two.
 live in `incofl.fl.methods`, one module or folder per family.
 
 Order for one client: `objective.session(ctx)`, then per step `loss`, `after_backward` and
-`after_step`, then `end(update)`; once the round's updates are aggregated and applied,
-`objective.server_round_end(updates)`. Server and clients hold separate objective objects, in
-the simulator as in a real federation: the server sends each client
+`after_step`, then `end(update)`; on the server, `objective.server_add(update)` as each update
+is aggregated (in client order: fold what the round's end needs, SCAFFOLD's sum of increments,
+never the update itself) and `objective.server_round_end()` once the round is applied. Server
+and clients hold separate objective objects, in the simulator as in a real federation: the server sends each client
 `objective.broadcast(federation)` with its start weights (what a client reads of the server's
 objective state: SCAFFOLD's c) and the clients' objective takes a copy of it with
 `receive(federation, state)` before training (`Engine.deliver`); a session reaches the server's
@@ -80,8 +81,11 @@ class Objective(Stateful):
     def session(self, ctx: ClientContext) -> Session:
         return self.session_type(self, ctx)
 
-    def server_round_end(self, updates: list[ClientUpdate]) -> None:
-        """After aggregation (server-side method state)."""
+    def server_add(self, update: ClientUpdate) -> None:
+        """Server side, as each of the round's updates is aggregated (in client order)."""
+
+    def server_round_end(self) -> None:
+        """After the round's aggregation is applied (server-side method state)."""
 
     def batched_correction(self, weights: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> dict:
         """The batched trainer's form of a session whose one hook adds a correction to the

@@ -47,8 +47,12 @@ class FullPlanner(Stateful):
         federation = self.federation_of(group)
         return ClientPlan(client, group, federation, self.sizes[federation], keep=self.keep[group])
 
-    def observe(self, round_: int, updates: list[ClientUpdate]) -> None:
-        """After the round's aggregation: what later plans may depend on (FedLAG's conflicts)."""
+    def observe(self, round_: int, update: ClientUpdate) -> None:
+        """Each of the round's updates as it arrives (in client order, before the pre transforms):
+        what later plans may depend on (FedLAG's conflict signals)."""
+
+    def round_end(self, round_: int) -> None:
+        """After the round's last update was observed (FedLAG's conflict scores)."""
 
     def summary(self) -> dict[str, Any]:
         """What summary.json reports of the plans (FedLAG: the personal layers)."""

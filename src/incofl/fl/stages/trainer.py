@@ -3,7 +3,8 @@
 `SerialTrainer` trains one client after the other on its group's model object (reused with
 `load_state_dict`, never a copy per client): load the global sub-state, freeze what the plan
 does not train, a fresh optimizer over the trainable parameters, the objective's session,
-E epochs of mini-batches, then the delta of the uploaded entries. A batched trainer (clients
+E epochs of mini-batches, then the delta of the uploaded entries; it hands each client's
+update on as soon as it has it, so a round never holds more than one. A batched trainer (clients
 of one group side by side) can replace it: sessions are independent of each other.
 """
 
@@ -99,8 +100,11 @@ class Trainer:
 class SerialTrainer(Trainer):
     def train(
         self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
-    ) -> list[ClientUpdate]:
-        return [self.train_client(round_, plan, start_of(plan), objective) for plan in plans]
+    ) -> Iterator[ClientUpdate]:
+        """Each planned client's update as soon as it is trained, in the plans' order (the
+        server folds it in before the next client trains: fl/engine/fold.py)."""
+        for plan in plans:
+            yield self.train_client(round_, plan, start_of(plan), objective)
 
     def train_client(self, round_: int, plan: ClientPlan, start: State, objective: Objective) -> ClientUpdate:
         cfg, model = self.cfg, self.models[plan.group]

@@ -1,11 +1,14 @@
 """Transforms of the round's updates around aggregation (the transform stages).
 
-Before aggregation a transform sees every client update of the round (`UpdateTransform`, e.g.
-FedNova's normalisation), called `pre(round_, updates)`: the updates span every federation and
-each names its own client, federation and samples. After it, a transform sees one federation's
+Before aggregation a transform sees each client update of the round (`UpdateTransform`, e.g.
+FedNova's normalisation), called `pre(round_, update)` as the update arrives, in client order:
+each names its own client, federation and samples. A transform that needs something of every
+update of the round first (FedNova's tau_eff) says so (`whole_round`): it `see`s each update
+as it arrives, is told when the round's last was (`seen_all`), and is then called on each (the
+engine holds the updates meanwhile: fl/engine/fold.py). After aggregation, a transform sees one federation's
 averaged update with its `RoundContext` (round, federation, clients, samples), called
 `post(average, ctx)`, e.g. the InCo step; state it keeps across rounds (a momentum buffer) is
-kept per `ctx.federation` and returned by `state_dict`, which the engine checkpoints
+kept per `ctx.federation` and declared in `state`, which the engine checkpoints
 (fl/stages/component.py). A method lists its transforms in its registry entry; each takes the
 method's typed parameters and a `Setup` (the run's config, the server state's names, the
 layout). Two are the engine's, for every method, when a config asks: update noise (robustness)
@@ -14,7 +17,7 @@ and the release's epoch scale.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -24,13 +27,23 @@ from incofl.fl.stages.sampling import noise_seed
 
 
 class UpdateTransform(Stateful):
-    """Before aggregation: all of the round's client updates in, the same updates out."""
+    """Before aggregation: one client update in, the update to aggregate out (its tensors are the
+    round's own: a transform may change them in place). `whole_round`: it is called only once
+    every update of the round was `see`n (module docstring)."""
+
+    whole_round: ClassVar[bool] = False
 
     def __init__(self, hp: Any, setup: Setup):
         self.hp = hp
 
-    def __call__(self, round_: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        return updates
+    def see(self, round_: int, update: ClientUpdate) -> None:
+        """A `whole_round` transform's first look at each update of the round, in client order."""
+
+    def seen_all(self, round_: int) -> None:
+        """A `whole_round` transform: every update of the round was seen; the calls follow."""
+
+    def __call__(self, round_: int, update: ClientUpdate) -> ClientUpdate:
+        return update
 
 
 class UpdateNoise(UpdateTransform):
@@ -43,14 +56,13 @@ class UpdateNoise(UpdateTransform):
         super().__init__(hp, setup)
         self.scale, self.seed = setup.cfg.update_noise, setup.cfg.seed
 
-    def __call__(self, round_: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        for u in updates:
-            gen = torch.Generator().manual_seed(noise_seed(self.seed, round_, u.client))
-            for delta in u.delta.values():
-                if delta.numel() > 1:
-                    noise = torch.randn(delta.shape, generator=gen, dtype=delta.dtype)
-                    delta.add_(noise.to(delta.device), alpha=self.scale * float(delta.std()))
-        return updates
+    def __call__(self, round_: int, update: ClientUpdate) -> ClientUpdate:
+        gen = torch.Generator().manual_seed(noise_seed(self.seed, round_, update.client))
+        for delta in update.delta.values():
+            if delta.numel() > 1:
+                noise = torch.randn(delta.shape, generator=gen, dtype=delta.dtype)
+                delta.add_(noise.to(delta.device), alpha=self.scale * float(delta.std()))
+        return update
 
 
 class AverageTransform(Stateful):

@@ -32,21 +32,31 @@ def normalizer(steps: int, rho: float) -> float:
 
 
 class NovaNormalize(UpdateTransform):
-    """FedNova: each client's update rescaled by tau_eff / a_i before averaging (module docstring)."""
+    """FedNova: each client's update rescaled by tau_eff / a_i before averaging (module
+    docstring). tau_eff needs every client of the federation: it `see`s each update's a_i and
+    n_i first (`whole_round`: only those two numbers are kept of an update it saw)."""
+
+    whole_round = True
+    scratch = ("seen", "tau_eff")  # this round's
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
         momentum = setup.cfg.momentum if setup.cfg.optimizer == "sgd" else 0.0
         self.rho = momentum if hp.rho is None else float(hp.rho)
+        self.seen: dict[int, list[tuple[int, float]]] = {}  # federation -> (n_i, a_i) in client order
+        self.tau_eff: dict[int, float] = {}
 
-    def __call__(self, round_: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        a = {u.client: normalizer(u.steps, self.rho) for u in updates}
-        for index in {u.federation for u in updates}:
-            federation = [u for u in updates if u.federation == index]
-            # sum(n_i * a_i) / sum(n_i) rather than sum(p_i * a_i): exact when all a_i are equal
-            tau_eff = sum(u.num_samples * a[u.client] for u in federation) / sum(u.num_samples for u in federation)
-            for u in federation:
-                scale = tau_eff / a[u.client] if a[u.client] > 0 else 0.0  # a_i = 0: no step, zero update
-                for delta in u.delta.values():
-                    delta.mul_(scale)  # the deltas are this round's own tensors
-        return updates
+    def see(self, round_: int, update: ClientUpdate) -> None:
+        self.seen.setdefault(update.federation, []).append((update.num_samples, normalizer(update.steps, self.rho)))
+
+    def seen_all(self, round_: int) -> None:
+        # sum(n_i * a_i) / sum(n_i) rather than sum(p_i * a_i): exact when all a_i are equal
+        self.tau_eff = {f: sum(n * a for n, a in seen) / sum(n for n, _ in seen) for f, seen in self.seen.items()}
+        self.seen = {}
+
+    def __call__(self, round_: int, update: ClientUpdate) -> ClientUpdate:
+        a = normalizer(update.steps, self.rho)
+        scale = self.tau_eff[update.federation] / a if a > 0 else 0.0  # a_i = 0: no step, zero update
+        for delta in update.delta.values():
+            delta.mul_(scale)  # the deltas are this round's own tensors
+        return update

@@ -181,11 +181,10 @@ class InCoStep(AverageTransform):
         self.scale = 1.0 / setup.cfg.local_epochs if vit else 1.0
 
     def __call__(self, average: Average, ctx: RoundContext) -> Average:
-        covered = getattr(average, "covered", None)  # width splitting: the elements clients covered (fl/methods/width/)
         if self.scale != 1.0:
             for v in average.values():
                 v.mul_(self.scale)
-        return cross_layer_update(average, self.pairs, stats=self.stats, covered=covered, **self.options)
+        return cross_layer_update(average, self.pairs, stats=self.stats, covered=ctx.covered, **self.options)
 
     def diagnostics(self) -> dict[str, dict[str, float]]:
         stats, self.stats = self.stats, {}

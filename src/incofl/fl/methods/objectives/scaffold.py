@@ -91,11 +91,13 @@ class ScaffoldSession(Session):
 class Scaffold(Objective):
     session_type = ScaffoldSession
     state = ("c",)  # the c_i are in the client store
+    scratch = ("totals",)  # within a round only
     sends = (Sent("scaffold_increment", optional=True),)  # none after a round without a local step
 
     def __init__(self, hp: ScaffoldParams, setup: Setup):
         super().__init__(hp, setup)
         self.c: dict[int, Variates] = {}  # server variate per federation, on the training device
+        self.totals: dict[int, Variates] = {}  # this round's sums of increments so far, per federation
 
     def broadcast(self, federation: int) -> State:
         """The federation's c (empty before its first client trains: zero)."""
@@ -104,14 +106,16 @@ class Scaffold(Objective):
     def receive(self, federation: int, state: State) -> None:
         self.c[federation] = dict(state)
 
-    def server_round_end(self, updates: list[ClientUpdate]) -> None:
-        """c <- c + (1/K) sum (c_i+ - c_i), summed in the round's client order."""
-        totals: dict[int, Variates] = {}
-        for u in updates:
-            total = totals.setdefault(u.federation, {})
-            for name, increment in u.extra.get("scaffold_increment", {}).items():
-                total[name] = total.get(name, 0) + increment
-        for state, total in totals.items():
+    def server_add(self, update: ClientUpdate) -> None:
+        """One update's increment into the round's sum (in the round's client order)."""
+        total = self.totals.setdefault(update.federation, {})
+        for name, increment in update.extra.get("scaffold_increment", {}).items():
+            total[name] = total.get(name, 0) + increment
+
+    def server_round_end(self) -> None:
+        """c <- c + (1/K) sum (c_i+ - c_i), the round's sum of increments."""
+        for state, total in self.totals.items():
             c = self.c.setdefault(state, {})  # a server whose clients train elsewhere: no session made it
             for name, change in total.items():
                 c.setdefault(name, torch.zeros_like(change)).add_(change)
+        self.totals = {}

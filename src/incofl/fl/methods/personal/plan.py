@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup, State
 from incofl.fl.methods.personal.spec import LagParams
 from incofl.fl.stages.component import Sent
 from incofl.fl.stages.plan import FullPlanner
@@ -78,6 +78,7 @@ class LagPlanner(FullPlanner):
     """FedLAG (see the module docstring); its checkpoint holds the counts and the choice."""
 
     state = ("scores", "personal")
+    scratch = ("signals",)  # within a warm-up round only
     sends = (Sent("last_grad", asked_by="last_grad"),)  # signal: last_grad (the trainer attaches them)
 
     def __init__(self, hp: Any, setup: Setup):
@@ -89,6 +90,7 @@ class LagPlanner(FullPlanner):
         self.names = [frozenset(m.state_dict()) for m in models]
         self.scores = np.zeros(len(self.entries), dtype=np.int64)
         self.personal: list[str] = []
+        self.signals: list[State] = []  # the warm-up round's so far, in client order
 
     def plan(self, round_: int, client: int) -> ClientPlan:
         full = super().plan(round_, client)
@@ -98,11 +100,18 @@ class LagPlanner(FullPlanner):
         own = names & frozenset(self.personal) if self.hp.broadcast else names
         return replace(full, keep=full.keep | own)
 
-    def observe(self, round_: int, updates: list[ClientUpdate]) -> None:
+    def observe(self, round_: int, update: ClientUpdate) -> None:
+        """A warm-up round's update: its signal's parameters, copied (pairwise cosines need every
+        client's; a pre transform may change the update's own tensors in place)."""
         if round_ >= self.warmup:
             return
-        key = "last_grad" if self.hp.signal == "last_grad" else None
-        signals = [u.extra[key] if key else u.delta for u in updates]
+        signal = update.extra["last_grad"] if self.hp.signal == "last_grad" else update.delta
+        self.signals.append({name: signal[name].clone() for name in self.entries if name in signal})
+
+    def round_end(self, round_: int) -> None:
+        if round_ >= self.warmup:
+            return
+        signals, self.signals = self.signals, []
         self.scores += conflict_counts(signals, self.entries, self.hp.xi)
         if round_ == self.warmup - 1:
             ranked = sorted(range(len(self.entries)), key=lambda i: (-self.scores[i], i))

@@ -2,30 +2,39 @@
 sampled clients that covered it, classifier rows only from clients holding the class
 (`class_rows`: HeteroFL, FedRolex); elements no client covered keep their value. FedRolex's
 `RolexMean` is that mean, or with `weighting: released` its release's count weighting
-(docs/fedrolex-weighting.md). The averaged update carries which elements were covered
-(`CoveredAverage`), so the InCo step touches only slices both target and reference cover.
+(docs/fedrolex-weighting.md). The round's fold also says which elements were covered (the post
+transforms' `RoundContext.covered`), so the InCo step touches only slices both target and
+reference cover.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from incofl.fl.contracts import Average, ClientUpdate, Index, Setup, State
-from incofl.fl.methods.width.slicing import Weigh, scatter_add, sliced_mean, take
-from incofl.fl.stages.aggregate import Shared
+from incofl.fl.methods.width.slicing import Sliced, Weigh, scatter_add, take
+from incofl.fl.stages.aggregate import Fold, Shared
 
 CLASSIFIER = frozenset({"fc.weight", "fc.bias"})  # the width models' class rows
 
 
-class CoveredAverage(dict):
-    """An averaged update in the server's shapes, with per entry which elements a client covered."""
+class SlicedFold(Fold):
+    """A round's per-element sums and holder counts in the server's shapes."""
 
-    def __init__(self, mean: State, covered: State):
-        super().__init__(mean)
-        self.covered = covered
+    def __init__(self, aggregator: SlicedMean):
+        super().__init__()
+        self.aggregator, self.acc = aggregator, Sliced({}, {})
+
+    def add(self, update: ClientUpdate) -> None:
+        a = self.aggregator
+        classes = update.classes if a.class_rows else None
+        self.acc.add_client(a.shapes, update.delta, update.view.index, CLASSIFIER, classes, a.weigh)
+
+    def averages(self) -> dict[int, Average]:
+        mean, self.covered[0] = self.acc.mean()
+        return {0: mean}
 
 
 class SlicedMean(Shared):
@@ -35,11 +44,8 @@ class SlicedMean(Shared):
         self.shapes, self.class_rows = setup.layout.widths.shapes, hp.class_rows
         self.weigh: Weigh | None = None
 
-    def aggregate(self, updates: Sequence[ClientUpdate]) -> dict[int, Average]:
-        blocks = [(u.delta, u.view.index) for u in updates]
-        rows = [(CLASSIFIER, u.classes) for u in updates] if self.class_rows else ()
-        mean, covered = sliced_mean(self.shapes, blocks, rows, self.weigh)
-        return {0: CoveredAverage(mean, covered)}
+    def fold(self) -> Fold:
+        return SlicedFold(self)
 
 
 class RolexMean(SlicedMean):

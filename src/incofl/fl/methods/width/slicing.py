@@ -12,7 +12,7 @@ clients' deltas back with a per-element count: never a copy of the full model pe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +93,24 @@ class Sliced:
             scatter_add(self.sums[name], index, weight * delta)
             scatter_add(self.counts[name], index, weight)
 
+    def add_client(
+        self,
+        shapes: dict[str, torch.Size],
+        delta: State,
+        index: dict[str, Index],
+        classifier: Set[str] = frozenset(),
+        classes: torch.Tensor | None = None,
+        weigh: Weigh | None = None,
+    ) -> None:
+        """One client's blocks; with `classes`, of its `classifier` entries only the rows of those
+        classes; with `weigh`, its weights (`sliced_mean`)."""
+        for name, d in delta.items():
+            ix = index[name]
+            if name in classifier and classes is not None:
+                ix = rows_of(ix, classes)
+                d = d.index_select(0, ix[0].to(d.device))
+            self.add(name, ix, d, shapes[name], None if weigh is None else weigh(name, ix, d))
+
     def mean(self) -> tuple[State, dict[str, torch.Tensor]]:
         """(the per-element mean over the clients covering each element, 0 where none did; which were covered)."""
         covered = {name: c > 0 for name, c in self.counts.items()}
@@ -119,10 +137,5 @@ def sliced_mean(
     acc = Sliced({}, {})
     rows = list(class_rows) or [(set(), None)] * len(deltas)
     for (delta, index), (classifier, classes) in zip(deltas, rows, strict=True):
-        for name, d in delta.items():
-            ix = index[name]
-            if name in classifier and classes is not None:
-                ix = rows_of(ix, classes)
-                d = d.index_select(0, ix[0].to(d.device))
-            acc.add(name, ix, d, shapes[name], None if weigh is None else weigh(name, ix, d))
+        acc.add_client(shapes, delta, index, classifier, classes, weigh)
     return acc.mean()

@@ -1,0 +1,149 @@
+"""The server side of a round, one client update at a time (`RoundFold`).
+
+Each update is folded in as it arrives: checked, seen by the planner, through the pre
+transforms, added into the aggregator's running sums and the objective's (SCAFFOLD's sum of
+increments), and then let go, so a round holds one model's worth of sums per server state and
+the update in flight, however many clients it has. Updates are folded in the plans' order
+whatever order they come in (one that comes early waits for those planned before it to come or
+be dropped), so the sums are the same floats however a federation's replies arrive.
+
+What needs every update of a round before it can act says so and keeps what it needs:
+- a pre transform that is `whole_round` (FedNova's tau_eff) `see`s each update, which then
+  waits for the round's last in `Held` (its deltas in a client store of `client_memory_mb`, on
+  disk beyond it) before the transform and the rest of the round take it;
+- the analyses' probes, in the rounds they probe, keep each client's trained model (pairwise
+  comparisons);
+- FedLAG's planner keeps its warm-up rounds' conflict signals (pairwise cosines).
+`finish` then averages, applies the post transforms, updates the server states and returns the
+round's report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundContext, RoundReport, Trained
+from incofl.fl.engine.divergence import check_states, check_updates
+from incofl.fl.stages.aggregate import apply_update
+from incofl.fl.stages.clientstore import ClientStore
+
+if TYPE_CHECKING:
+    from incofl.fl.engine.engine import Engine
+
+HELD = "held"  # the held updates' space in their store
+
+
+class Held:
+    """Updates waiting for the round's last: their deltas in a client store of the run's memory
+    budget (beyond it in a temporary folder, read back one at a time), the rest of each in memory."""
+
+    def __init__(self, budget_mb: float, device: torch.device):
+        self.store, self.device = ClientStore(budget_mb), device
+        self.updates: list[ClientUpdate] = []
+
+    def put(self, update: ClientUpdate) -> None:
+        self.store.put(HELD, len(self.updates), update.delta)
+        self.updates.append(replace(update, delta={}))
+
+    def __iter__(self) -> Iterator[ClientUpdate]:
+        for i, update in enumerate(self.updates):
+            delta = self.store.get(HELD, i) or {}
+            yield replace(update, delta={k: v.to(self.device) for k, v in delta.items()})
+
+
+class RoundFold:
+    """One round's server side in progress (module docstring): `add` each client's update (any
+    order), `drop` a planned client that sends none, then `finish` once for the round's report."""
+
+    def __init__(self, engine: Engine, round_: int, plans: list[ClientPlan]):
+        self.engine, self.round, self.plans = engine, round_, plans
+        self.position = {plan.client: i for i, plan in enumerate(plans)}
+        self.next = 0  # the position of the next plan to fold in
+        self.waiting: dict[int, ClientUpdate | None] = {}  # position -> an update that came early (None: dropped)
+        self.receipts: list[ClientUpdate] = []  # the folded updates without their tensors (the report's)
+        self.probes = [o for o in engine.observers if o.wants(round_ + 1)]
+        self.trained: list[Trained] = []  # the probes' (none unless they probe this round)
+        self.sums = engine.aggregator.fold()
+        self.held = {
+            i: Held(engine.cfg.client_memory_mb, engine.device) for i, t in enumerate(engine.pre) if t.whole_round
+        }
+
+    def add(self, update: ClientUpdate) -> None:
+        """A planned client's update, folded in once every client planned before it is in."""
+        self._arrive(update.client, update)
+
+    def drop(self, client: int) -> None:
+        """A planned client whose update will not come (a federation's missing reply)."""
+        self._arrive(client, None)
+
+    def finish(self) -> RoundReport:
+        """The rest of the round once every update is in: clients neither added nor dropped are
+        left out. Returns the round's report."""
+        engine, round_ = self.engine, self.round
+        while self.waiting:
+            self.next = min(self.waiting)
+            self._advance()
+        for i, held in self.held.items():  # in the transforms' order: a later one may hold again
+            engine.pre[i].seen_all(round_)
+            for update in held:
+                self._through(engine.pre[i](round_, update), i + 1)
+        engine.planner.round_end(round_)
+        for probe in self.probes:
+            probe.see_clients(round_ + 1, self.trained)
+        for federation, average in self.sums.averages().items():
+            aggregated = {k: v.clone() for k, v in average.items()} if self.probes else {}
+            ctx = RoundContext.of(round_, federation, self.receipts, self.sums.covered.get(federation))
+            for post in engine.post:
+                average = post(average, ctx)
+            for probe in self.probes:
+                probe.see_average(round_ + 1, federation, aggregated, average)
+            apply_update(engine.states[federation], average)
+        check_states(round_ + 1, engine.states)
+        engine.objective.server_round_end()
+        diagnostics = {k: v for post in engine.post for k, v in post.diagnostics().items()}
+        return RoundReport.of(round_ + 1, self.receipts, engine.cfg.local_epochs, diagnostics)
+
+    def _arrive(self, client: int, update: ClientUpdate | None) -> None:
+        position = self.position.get(client)
+        if position is None or position < self.next or position in self.waiting:
+            raise ValueError(f"round {self.round + 1}: client {client} is not planned or was already folded in")
+        self.waiting[position] = update
+        self._advance()
+
+    def _advance(self) -> None:
+        """Fold in the waiting updates that are next in the plans' order."""
+        while self.next in self.waiting:
+            update = self.waiting.pop(self.next)
+            plan = self.plans[self.next]
+            self.next += 1
+            if update is not None:
+                self._fold(plan, update)
+
+    def _fold(self, plan: ClientPlan, update: ClientUpdate) -> None:
+        engine, round_ = self.engine, self.round
+        check_updates(round_ + 1, [update])
+        if self.probes:  # its delta copied: a pre transform may change the update's in place
+            trained = engine.trained(plan, update)
+            self.trained.append(replace(trained, delta={k: v.clone() for k, v in trained.delta.items()}))
+        engine.planner.observe(round_, update)
+        self.receipts.append(update.receipt())
+        self._through(update, 0)
+        if engine.tick is not None:
+            engine.tick()
+
+    def _through(self, update: ClientUpdate, first: int) -> None:
+        """Through the pre transforms from the `first` on into the sums; a whole-round
+        transform sees it and holds it for `finish`."""
+        engine = self.engine
+        for i in range(first, len(engine.pre)):
+            if i in self.held:
+                engine.pre[i].see(self.round, update)
+                self.held[i].put(update)
+                return
+            update = engine.pre[i](self.round, update)
+        self.sums.add(update)
+        engine.objective.server_add(update)
