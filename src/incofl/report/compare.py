@@ -6,12 +6,14 @@ version; the GPU's name on a GPU). Per seed:
 
 - IDENTICAL: the rerun's final weights are the committed run's bit for bit (`state_sha256`), or
   both diverged in the same round. A cell whose every rerun seed is identical reproduced.
-- On the same kind of hardware a run is deterministic, so a cell with a seed that is not
-  identical there is NOT REPRODUCED outright: the code, a version or the data changed.
+- On the CPU a run is deterministic for a kind of hardware and a thread count, so a cell with a
+  seed that is not identical there is NOT REPRODUCED outright: the code, a version or the data
+  changed.
 
-On another kind (or where a side does not record its kind: runs made before `hardware`) each
-seed drifts away from its committed twin (Adam turns last-bit differences into visibly
-different runs), and the cell is judged on the evidence:
+On another kind or thread count, on a GPU (cuDNN's kernels are not deterministic), or where a
+side does not record its kind (runs made before `hardware`), each seed drifts away from its
+committed twin (Adam turns last-bit differences into visibly different runs), and the cell is
+judged on the evidence:
 
 - a seed that diverged on one side and not on the other is NOT REPRODUCED (a divergence is not
   a drift of the accuracy; it is never dropped);
@@ -170,11 +172,27 @@ def _identical(a: pd.Series, b: pd.Series) -> bool:
     return a["status"] == b["status"] == "completed" and isinstance(ha, str) and ha == hb
 
 
-def _kinds(runs: pd.DataFrame) -> set:
-    """The kinds of hardware of `runs` (None for a run that does not record it)."""
-    if "hardware" not in runs:
-        return {None}
-    return {k if isinstance(k, str) else None for k in runs["hardware"]}
+# why a cell's runs need not be bit-identical, in the order the verdict names it
+UNKNOWN, GPU, OTHER = "hardware unknown (not recorded)", "GPU runs (not bit-deterministic)", "other hardware or threads"
+
+
+def _kind(run: pd.Series) -> str:
+    """What makes two CPU runs of a seed bit-identical: the hardware kind and the thread count
+    (a GPU's cuDNN kernels are not deterministic; runs made before `hardware` do not say)."""
+    hardware, config = run.get("hardware"), run["config"] if isinstance(run["config"], dict) else {}
+    if not isinstance(hardware, str):
+        return UNKNOWN
+    device = run.get("device")
+    return GPU if isinstance(device, str) and device != "cpu" else f"{hardware} | threads {config.get('threads')}"
+
+
+def _deterministic(rerun: pd.DataFrame, committed: pd.DataFrame) -> str | None:
+    """None when every run of both sides is a CPU run of one kind and thread count; else why not."""
+    kinds = {_kind(run) for frame in (rerun, committed) for _, run in frame.iterrows()}
+    for reason in (UNKNOWN, GPU):
+        if reason in kinds:
+            return reason
+    return None if len(kinds) == 1 else OTHER
 
 
 def _divergence_mismatch(rerun: pd.DataFrame, twins: pd.DataFrame) -> str | None:
@@ -198,10 +216,10 @@ def judge(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, tol: float)
         row |= {"rerun": done_r[metric].mean(), "committed": done_c[metric].mean(), "tolerance": tol}
     if same == len(rerun):
         return row | {"verdict": IDENTICAL, "why": f"{same} of {same} seeds bit-identical"}
-    kinds = _kinds(rerun) | _kinds(committed)
-    if None not in kinds and len(kinds) == 1:
-        return row | {"verdict": NOT_REPRODUCED, "why": f"same hardware, {len(rerun) - same} seed(s) not identical"}
-    where = "hardware unknown (not recorded)" if None in kinds else "other hardware"
+    where = _deterministic(rerun, committed)
+    if where is None:
+        off = len(rerun) - same
+        return row | {"verdict": NOT_REPRODUCED, "why": f"same hardware and threads, {off} seed(s) not identical"}
     mismatch = _divergence_mismatch(rerun, twins)
     if mismatch is not None:
         return row | {"verdict": NOT_REPRODUCED, "why": f"{where}; {mismatch}"}
