@@ -47,8 +47,9 @@ from scipy.stats import t as student_t
 from incofl.report.runs import RunFileError, collect_summaries, completed, dataset_label, summary_files
 
 CELL = ["dataset", "alpha", "method"]
-# run settings that do not change what a run computes on one machine: they may differ between a
-# rerun and the committed runs (paths, the thread count the job was given, checkpoint cadence)
+# run settings that do not change what a run computes (paths, checkpoint cadence) or only in its
+# last bits (the thread count the job was given: no identity then, _kind): they may differ
+# between a rerun and the committed runs
 NOT_SETTINGS = frozenset(
     {
         "seed",
