@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers import QUIET, engine_on, kept_by, small_synthetic
 
+from incofl.cli import user_errors
 from incofl.config import RunConfig
 from incofl.federation.client import NodeState
 from incofl.fl.engine import checkpoint
@@ -248,7 +249,8 @@ def test_resumed_run_with_spilled_state_equals_uninterrupted(tmp_path, data, mon
     def keep_round_two(path, payload):
         save(path, payload)
         if payload["round"] == 2:
-            shutil.copytree(path.parent, tmp_path / "resumed", ignore=shutil.ignore_patterns("*.log", ".lock"))
+            for copy in ("resumed", "damaged"):
+                shutil.copytree(path.parent, tmp_path / copy, ignore=shutil.ignore_patterns("*.log", ".lock"))
 
     monkeypatch.setattr(checkpoint, "save", keep_round_two)
     straight = train(cfg, tmp_path / "straight", data=data)
@@ -258,3 +260,9 @@ def test_resumed_run_with_spilled_state_equals_uninterrupted(tmp_path, data, mon
     assert "resumed from" in (tmp_path / "resumed" / "train.log").read_text()
     assert straight["state_sha256"] == resumed["state_sha256"] and straight["final_acc"] == resumed["final_acc"]
     assert not (tmp_path / "straight" / "clientstate").exists() and not (tmp_path / "resumed" / "clientstate").exists()
+    spilled = sorted((tmp_path / "damaged" / "clientstate").iterdir())
+    for path in spilled:
+        path.write_bytes(path.read_bytes()[:100])  # truncated, as by a full disk without atomic writes
+    with pytest.raises(ClientStateError, match=f"^{re.escape(str(spilled[0].parent))}/.*: unreadable client state"):
+        train(cfg, tmp_path / "damaged", data=data)  # the CLI prints it as one line, exit 2
+    assert ClientStateError in user_errors()
