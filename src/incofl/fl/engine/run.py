@@ -197,7 +197,7 @@ class Run:
             **self.engine.costs.totals(),
             **self.engine.planner.summary(),
             "device": str(self.engine.device),
-            "hardware": hardware_kind(self.engine.device),  # a rerun on the same kind must be bit-identical
+            "hardware": hardware_kind(self.engine.device),  # CPU reruns of one kind and thread count: bit-identical
             "torch": torch.__version__,
             "config": cfg.model_dump(),
         }
