@@ -8,8 +8,9 @@ import sys
 import pytest
 import torch
 
-from incofl.bench import benchmark, peak_flops
+from incofl.bench import benchmark, peak_flops, per_client
 from incofl.fl.engine.estimate import training_flops
+from incofl.models.family import build_model
 
 SMALL = {"model": "resnet10", "clients": 2, "samples": 32, "epochs": 1, "batch_size": 16, "repeats": 1, "threads": 1}
 
@@ -26,11 +27,25 @@ def test_cpu_bench_names_its_device_and_measures_every_path():
         "serial_fp32_analyses-probing",
     }
     plain = result["plain"]["samples_per_s"]
+    assert result["samples"] == result["plain_samples"] == 2 * 32 * 1  # every path trains every sample once
     for path in result["paths"].values():
         assert path["samples_per_s"] > 0 and path["ratio"] == pytest.approx(path["samples_per_s"] / plain, rel=1e-2)
+        assert 0 < path["aggregation_share"] < 1
         assert path["peak_fraction"] is None  # no peak FLOP/s known for a CPU
     assert result["engine_samples_per_s"] == result["paths"]["serial_fp32"]["samples_per_s"]
-    assert result["train_flops_per_sample"] > 0
+    x, y = torch.rand(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)
+    assert result["train_flops_per_sample"] == round(training_flops(build_model("resnet10", 10, 3), x, y))
+
+
+@pytest.mark.slow
+def test_per_client_bench_trains_the_same_samples_both_ways():
+    """Many small clients against one loop over their samples: the same passes, and a ratio and
+    per-client cost that are the two timings' (a path that trained other samples, or a ratio of
+    other numbers, fails)."""
+    r = per_client(model="resnet10", clients=4, samples=8, batch_size=4, threads=1, repeats=1)
+    assert r["samples"] == r["one_loop_samples"] == 4 * 8
+    assert r["ratio"] == pytest.approx(r["round_s"] / r["one_loop_s"], rel=1e-2)
+    assert r["per_client_ms"] == pytest.approx(1000 * (r["round_s"] - r["one_loop_s"]) / 4, abs=0.25)  # ms rounding
 
 
 def test_training_flops_of_a_linear_layer_are_its_forward_and_weight_gradient():

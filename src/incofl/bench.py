@@ -143,6 +143,8 @@ def benchmark(
         "threads": torch.get_num_threads(),
         "repeats": repeats,
         "train_flops_per_sample": round(flops),
+        "samples": trained,  # a round's sample passes, every path's
+        "plain_samples": plain_samples,
         "plain": measured(plain_sps, "fp32"),
         "paths": results,
         "engine_samples_per_s": results["serial_fp32"]["samples_per_s"],
