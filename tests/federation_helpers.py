@@ -44,7 +44,7 @@ def write_config(folder: Path, **settings: Any) -> Path:
 
 def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
     """Every client's data file (with the test split where the run needs it); the node configs that point at them."""
-    from incofl.federation.server import test_clients
+    from incofl.federation.server import tested_on_nodes
     from incofl.federation.sitedata import export_client
 
     data = dataset_for(cfg)
@@ -52,7 +52,7 @@ def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
     nodes = []
     for client in range(cfg.clients):
         path = folder / f"site{client}.npz"
-        export_client(cfg, data, partition, client, path, test=client in test_clients(cfg))
+        export_client(cfg, data, partition, client, path, test=client in tested_on_nodes(cfg))
         nodes.append({"client": client, "data-path": str(path)})
     return nodes
 
@@ -77,3 +77,16 @@ def metrics(folder: Path) -> pd.DataFrame:
 
 def summary_of(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "summary.json").read_text())
+
+
+# The width models' tiny run: colour images (digits are grey), batch BN at evaluation (static
+# gathers it from every client's data) and 48 images a client (iid draws) to keep the deep resnet110 fast
+WIDTH = {
+    "datasets": ["synthetic"],
+    "models": ["preresnet18"],
+    "model_scale": 0.25,
+    "width_rates": [1.0, 0.5],
+    "eval_bn": "batch",
+    "partition": "iid_draw",
+    "client_samples": 48,
+}

@@ -15,24 +15,13 @@ import torch
 if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from federation_helpers import TINY, export_sites, metrics, run_both, write_config  # noqa: E402
+from federation_helpers import TINY, WIDTH, export_sites, metrics, run_both, write_config  # noqa: E402
 
 from incofl.config import ConfigError, RunConfig, load_run_config  # noqa: E402
 from incofl.data.partition import partition_for  # noqa: E402
 from incofl.data.sources import dataset_for  # noqa: E402
 from incofl.fl.contracts import ClientPlan, ClientUpdate, View  # noqa: E402
 
-# width models: colour images (digits are grey), batch BN at evaluation (static gathers it from every client's data)
-# and 48 images a client (iid draws) to keep the deep resnet110 fast
-WIDTH = {
-    "datasets": ["synthetic"],
-    "models": ["preresnet18"],
-    "model_scale": 0.25,
-    "width_rates": [1.0, 0.5],
-    "eval_bn": "batch",
-    "partition": "iid_draw",
-    "client_samples": 48,
-}
 # One method of each family, with the settings it needs; digits, 4 clients, 2 rounds.
 FAMILIES = {
     "InCoAvg": {},
@@ -51,7 +40,7 @@ FAMILIES = {
 
 def test_codec_round_trip_is_exact():
     from incofl.federation.codec import read_train, read_update, train_content, update_content
-    from incofl.federation.server import TrainJob
+    from incofl.federation.server import ExpectedUpdate, TrainJob
 
     gen = torch.Generator().manual_seed(0)
     start = {"w": torch.randn(3, 4, generator=gen), "n": torch.tensor(7)}
@@ -82,7 +71,9 @@ def test_codec_round_trip_is_exact():
         upload_params=12,
         classes=torch.tensor([1, 4]),
     )
-    decoded, kept, state = read_update(update_content(update, "abc", "def"), "cpu")
+    entries = {"w": ((3, 4), torch.float32)}
+    expected = ExpectedUpdate(plan, entries, {"last_grad": (entries, True)}, 17, 5, 12, torch.tensor([1, 4]))
+    decoded, kept, state = read_update(update_content(update, "abc", "def"), expected, "cpu")
     assert (kept, state) == ("abc", "def") and torch.equal(decoded.delta["w"], update.delta["w"])
     assert torch.equal(decoded.extra["last_grad"]["w"], start["w"]) and torch.equal(decoded.classes, update.classes)
     assert (decoded.num_samples, decoded.steps, decoded.loss, decoded.upload_params) == (17, 5, 0.5, 12)
@@ -165,34 +156,41 @@ def _silent_from(round_: int):
 
 
 def _corrupting(change):
-    """A node whose training replies are changed by `change(update)` after honest training."""
-    from flwr.app import Message
-
+    """A node whose training replies are changed by `change(content)` after honest training."""
     from incofl.federation.clientapp import app
-    from incofl.federation.codec import read_update, update_content
 
     def node(message, context):
         reply = app(message, context)
-        if message.metadata.message_type != "train":
-            return reply
-        update, kept, state = read_update(reply.content, "cpu")
-        change(update)
-        return Message(update_content(update, kept, state), reply_to=message)
+        if message.metadata.message_type == "train":
+            change(reply.content)
+        return reply
 
     return node
 
 
-def _nan(update):
-    next(iter(update.delta.values()))[0] = float("nan")
+def _first_delta(content, change):
+    from flwr.app import Array
+
+    delta = content.array_records["delta"]
+    name = next(iter(delta))
+    delta[name] = Array(change(delta[name].numpy().copy()))
 
 
-def _reshaped(update):
-    name = next(iter(update.delta))
-    update.delta[name] = update.delta[name][:1]
+def _nan(content):
+    _first_delta(content, lambda a: a * float("nan"))
 
 
-def _impostor(update):
-    update.client = (update.client + 1) % TINY["clients"]
+def _reshaped(content):
+    _first_delta(content, lambda a: a[:1])
+
+
+def _impostor(content):
+    metrics = content.metric_records["metrics"]
+    metrics["client"] = (metrics["client"] + 1) % TINY["clients"]
+
+
+def _inf_samples(content):  # crashed the server (OverflowError) before
+    content.metric_records["metrics"]["num_samples"] = float("inf")
 
 
 @pytest.mark.slow
@@ -209,7 +207,9 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
     config = write_config(tmp_path, methods=[method], **settings)
     cfg = load_run_config(config)
     nodes = export_sites(cfg, tmp_path)
-    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0)
+    settings = AppSettings(
+        str(config), {}, tmp_path / "federation", join_timeout=5.0, round_timeout=1.0
+    )  # the lost node: missing after 1 s
     with pytest.raises(MissingClients, match=f"round 2: no accepted reply from client\\(s\\) {lost} "):
         serve(InProcessGrid(nodes, apps={_node_of(lost): _silent_from(2)}), settings)
     assert (tmp_path / "federation" / "ckpt.pt").exists() and not (tmp_path / "federation" / "summary.json").exists()
@@ -269,7 +269,13 @@ def test_a_node_keeps_the_states_a_checkpoint_of_the_server_can_resume_from(tmp_
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "change,why", [(_nan, "holds NaN or Inf"), (_reshaped, "has shape"), (_impostor, "reply for client")]
+    "change,why",
+    [
+        (_nan, "holds NaN or Inf"),
+        (_reshaped, "expected float32"),
+        (_impostor, "reply for client"),
+        (_inf_samples, "num_samples: a float"),
+    ],
 )
 def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, change, why):
     """A reply with a NaN, a wrong shape or another client's id is never averaged in: logged by
@@ -305,14 +311,14 @@ def test_export_writes_one_clients_samples_and_refuses_a_client_out_of_range(tmp
 
 def test_export_without_client_writes_every_clients_file_with_the_test_split_where_the_run_needs_it(tmp_path):
     from incofl.cli import run
-    from incofl.federation.server import test_clients
+    from incofl.federation.server import tested_on_nodes
     from incofl.federation.sitedata import load_site
 
     config = write_config(tmp_path, methods=["FedPer"], holdout=0.2)
     assert run(["federation", "export", "--config", str(config), "--out", str(tmp_path / "sites")]) == 0
     cfg = load_run_config(config)
     tests = [len(load_site(tmp_path / "sites" / f"site{c}.npz", cfg, c)[0].y_test) for c in range(cfg.clients)]
-    first = test_clients(cfg)  # each model group's first client: its model is scored on the test split
+    first = tested_on_nodes(cfg)  # each model group's first client: its model is scored on the test split
     assert len(first) == len(cfg.models) == 2
     assert tests == [len(dataset_for(cfg).y_test) if c in first else 0 for c in range(cfg.clients)]
 
@@ -348,3 +354,83 @@ def test_federation_up_refuses_bad_input_in_one_line_before_starting_anything(tm
     assert "[superlink.local]" in config.read_text()  # Flower's own defaults kept (the file was new)
     with pytest.raises(ConfigError, match="connection mine exists with other settings"):
         add_connection("mine", "127.0.0.1:9999", None)
+
+
+def _site_keys(count: int):
+    """`count` P-384 key pairs as a site makes them: (OpenSSH public key, PEM public key as a SuperLink holds it)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    keys = [ec.generate_private_key(ec.SECP384R1()).public_key() for _ in range(count)]
+    ssh = serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    pem = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    return [(k.public_bytes(*ssh), k.public_bytes(*pem)) for k in keys]
+
+
+def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp_path, caplog):
+    """With node-keys, a node whose key is not client 0's site's claims client 0 before the
+    rightful node, and a node with no site's key fails at identify: both are refused and logged,
+    and client 0 trains on its own site's node; without node-keys the start-up line says any
+    node may claim any client."""
+    import json
+
+    from incofl.federation.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.federation.serverapp import AppSettings, Identity, serve
+
+    config = write_config(tmp_path, rounds=1)
+    sites = export_sites(load_run_config(config), tmp_path)
+    keys = _site_keys(len(sites) + 2)  # the sites', the impostor's, the stranger's
+    (tmp_path / "keys").mkdir()
+    for client, (ssh, _) in enumerate(keys[: len(sites)]):
+        (tmp_path / "keys" / f"node{client}.pub").write_bytes(ssh)
+    nodes = [sites[0], *sites, sites[1]]  # FIRST_NODE: the impostor, with a copy of client 0's file; last: the stranger
+    impostor, stranger = FIRST_NODE, FIRST_NODE + len(sites) + 1
+    pems = [keys[-2][1], *(pem for _, pem in keys[: len(sites)]), keys[-1][1]]
+
+    def failing(message, context):
+        raise RuntimeError("no data here")
+
+    grid = InProcessGrid(nodes, apps={stranger: failing}, keys={FIRST_NODE + i: pem for i, pem in enumerate(pems)})
+    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, node_keys=tmp_path / "keys")
+    serve(grid, settings)
+    assert f"node {impostor} says it is client 0: refused: node {impostor}'s key is not client 0's" in caplog.text
+    assert f"identify: node {stranger}: refused: its key is no site's" in caplog.text
+    assert json.loads((tmp_path / "federation" / "federation.json").read_text())["nodes"]["0"] == impostor + 1
+    Identity.load(grid, None, len(sites))
+    assert "no node-keys: any node may claim any client" in caplog.text
+
+
+def test_the_codec_maps_every_field_of_the_plan_and_the_update_by_its_type():
+    """A new field of a type the codec knows travels without a change to it; one of another type
+    fails loudly at its first message (never silently left behind)."""
+    from dataclasses import dataclass, fields
+
+    from incofl.federation.codec import CodecError, plan_records, read_plan, update_metrics
+
+    @dataclass(frozen=True)
+    class Planned(ClientPlan):
+        epochs: int = 0
+
+    @dataclass(frozen=True)
+    class Odd(ClientPlan):
+        rate: complex = 0j
+
+    plan = Planned(3, 1, 0, 4, trainable=frozenset({"w"}), keep=frozenset({"n"}), last_grad=True, epochs=7)
+    assert read_plan(*plan_records(plan), cls=Planned) == plan
+    with pytest.raises(CodecError, match="Odd.rate: no encoding for its type complex"):
+        plan_records(Odd(3, 1, 0, 4))
+
+    @dataclass
+    class Counted(ClientUpdate):
+        batches: int = 0
+
+    @dataclass
+    class Weighted(ClientUpdate):
+        weights: dict[str, float] = None
+
+    sent = set(update_metrics(Counted))
+    assert "batches" in sent and sent | {"delta", "extra", "classes", "kept", "view"} == {
+        f.name for f in fields(Counted)
+    }
+    with pytest.raises(CodecError, match="Weighted.weights: no encoding"):
+        update_metrics(Weighted)

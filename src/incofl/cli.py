@@ -97,14 +97,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_federation_export(args: argparse.Namespace) -> int:
     from incofl.data.partition import partition_for
     from incofl.data.sources import dataset_for
-    from incofl.federation.server import test_clients
+    from incofl.federation.server import tested_on_nodes
     from incofl.federation.sitedata import export_client
 
     cfg = load_run_config(args.config, parse_overrides(args.set))
     data = dataset_for(cfg)
     partition = partition_for(cfg, data)
     clients = range(cfg.clients) if args.client is None else [args.client]
-    tested = set(test_clients(cfg))  # the clients this config's evaluation scores on the test split
+    tested = set(tested_on_nodes(cfg))  # the clients this config's evaluation scores on the test split
     if args.client is None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     for client in clients:

@@ -5,20 +5,38 @@
 classes it holds and its counts as metrics). The round's messages: `train_content` (server to
 client) and `update_content` (client to server), read back by `read_train` and `read_update`;
 an evaluation's: `evaluate_content` and `scores_content` (`read_evaluate`, `read_scores`).
+
+Both dataclasses are mapped field by field from their declarations (`dataclasses.fields`), by
+each field's type: a new field of a known type travels without a change here, one of another
+type fails loudly at its first message. What a node sends is read against what the server
+expects (server.py's `ExpectedUpdate`, `ExpectedScores`) before any array is decoded: exactly
+the expected records and entries, each array's dtype and shape from its metadata and its .npy
+header, its bytes exactly what those say, the message within the byte budget its arrays allow,
+each metric of its field's type. A reply that is not so is refused (`CodecError`, one line).
 """
 
 from __future__ import annotations
 
+import io
+import math
+from dataclasses import fields
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.common.constant import SType
 
-from incofl.federation.server import EvalJob, TrainJob
+from incofl.federation.server import EvalJob, ExpectedScores, ExpectedUpdate, TrainJob
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Index, State, View
+from incofl.fl.stages.component import Expected
 from incofl.fl.stages.evaluation import Scores
 
 EXTRA = "extra."  # record names of an update's `extra` states
+UPDATE_ARRAYS = {"delta": "delta", "classes": "classes"}  # ClientUpdate's tensor fields -> their records
+UPDATE_KEPT_ON_NODE = ("kept", "view")  # never sent: what the client keeps; the server's own plan's view
+NPY_HEADER = 1024  # the most bytes an array's .npy header may take (an honest one: 128)
+WIRE = {"int": int, "float": float, "bool": int}  # a metric field's declared type -> the type it travels as
 
 
 class CodecError(ValueError):
@@ -33,65 +51,152 @@ def from_arrays(record: ArrayRecord, device: torch.device | str = "cpu") -> Stat
     return {name: torch.from_numpy(array.numpy().copy()).to(device) for name, array in record.items()}
 
 
-def _names(names: frozenset[str] | None) -> list[str]:
-    return sorted(names) if names is not None else []
+def short(names: Any) -> str:
+    """A few of a node's names, each cut short, for a one-line refusal."""
+    names = sorted(map(str, names))
+    return ", ".join(repr(n[:40]) for n in names[:3]) + (" ..." if len(names) > 3 else "")
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def read_array(array: Array, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
+    """An array of a node's message as a tensor, if it is exactly one of `shape` and `dtype`:
+    its metadata, its .npy header and its length are checked before anything is allocated."""
+    want = numpy_dtype(dtype)
+    if array.stype != SType.NUMPY or array.dtype != str(want) or tuple(array.shape) != shape:
+        got = f"{str(array.dtype)[:20]} {str(tuple(array.shape))[:60]}"
+        raise CodecError(f"{what}: {got}, expected {want} {shape}")
+    data = array.data
+    buffer = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buffer)
+        header = np.lib.format.read_array_header_1_0(buffer, max_header_size=NPY_HEADER) if version == (1, 0) else None
+    except ValueError as err:
+        raise CodecError(f"{what}: not a .npy array ({str(err)[:80]})") from None
+    count = math.prod(shape)
+    if header != (shape, False, want) or len(data) != buffer.tell() + count * want.itemsize:
+        raise CodecError(f"{what}: its bytes are not the {want} array of shape {shape} its metadata says")
+    return torch.from_numpy(np.frombuffer(data, want, count, buffer.tell()).reshape(shape).copy())
+
+
+def read_state(record: ArrayRecord, expected: Expected, what: str, device: torch.device | str) -> State:
+    """A state of a node's message, if it holds exactly the expected entries (in the node's order)."""
+    if set(record) != set(expected):
+        odd = set(record) ^ set(expected)
+        raise CodecError(f"{what}: entries other than expected: {short(odd)}")
+    return {
+        name: read_array(array, *expected[name], f"{what} {name[:60]}").to(device) for name, array in record.items()
+    }
+
+
+def check_records(
+    content: RecordDict, arrays: set[str], optional: set[str], metrics: set[str], configs: set[str]
+) -> None:
+    """The message holds exactly these records (`optional` array records may be left out)."""
+    for kind, got, want in (
+        ("array", set(content.array_records), arrays),
+        ("metric", set(content.metric_records), metrics),
+        ("config", set(content.config_records), configs),
+    ):
+        extra = got - want - (optional if kind == "array" else set())
+        if extra or want - got:
+            raise CodecError(f"{kind} records other than expected: {short(extra | (want - got))}")
+
+
+def check_budget(content: RecordDict, expected: list[Expected]) -> None:
+    """The message's arrays within the bytes the expected states take (each with a .npy header)."""
+    budget = sum(
+        math.prod(shape) * numpy_dtype(dtype).itemsize + NPY_HEADER for s in expected for shape, dtype in s.values()
+    )
+    size = sum(len(array.data) for record in content.array_records.values() for array in record.values())
+    if size > budget:
+        raise CodecError(f"{size} bytes of arrays, the plan allows {budget}")
+
+
+def read_metric(record: MetricRecord | ConfigRecord, key: str, kind: type, what: str) -> Any:
+    """A metric (or config value) of exactly type `kind` (a list: of one type of number)."""
+    if key not in record:
+        raise CodecError(f"{what}: no {key}")
+    value = record[key]
+    if type(value) is not kind:
+        raise CodecError(f"{what} {key}: a {type(value).__name__}, expected a {kind.__name__}")
+    return value
+
+
+# ClientPlan: each field by its declared type -> (encode into the config record, decode from it)
+def _names_or_all(value: frozenset[str] | None) -> list[str]:
+    return sorted(value) if value is not None else []
 
 
 def plan_records(plan: ClientPlan) -> tuple[ConfigRecord, ArrayRecord]:
-    """A plan's fields, and its view's index tensors keyed `name#dim` (dims that take all: none)."""
-    config: dict[str, Any] = {
-        "client": plan.client,
-        "group": plan.group,
-        "federation": plan.federation,
-        "federation_size": plan.federation_size,
-        "trainable": _names(plan.trainable),
-        "all_trainable": plan.trainable is None,
-        "upload": _names(plan.upload),
-        "all_upload": plan.upload is None,
-        "keep": _names(plan.keep),
-        "last_grad": plan.last_grad,
-        "view": plan.view is not None,
-    }
+    """A plan's fields by their types (a set that may be None: its names and `name.all`; the
+    view: its group, cost and shape, its index tensors keyed `name#dim`, dims that take all: none)."""
+    config: dict[str, Any] = {}
     arrays = ArrayRecord()
-    if plan.view is not None:
-        view = plan.view
-        config |= {
-            "view_group": view.group,
-            "cost": float(view.cost),
-            "view_names": list(view.index),
-            "view_dims": [len(index) for index in view.index.values()],
-        }
-        for name, index in view.index.items():
-            for dim, positions in enumerate(index):
-                if positions is not None:
-                    arrays[f"{name}#{dim}"] = Array(positions.cpu().numpy())
+    for f in fields(plan):
+        value = getattr(plan, f.name)
+        if f.type in ("int", "bool"):
+            config[f.name] = value
+        elif f.type == "frozenset[str]":
+            config[f.name] = sorted(value)
+        elif f.type == "frozenset[str] | None":
+            config |= {f.name: _names_or_all(value), f"{f.name}.all": value is None}
+        elif f.type == "View | None":
+            config[f.name] = value is not None
+            if value is not None:
+                config |= view_config(f.name, value)
+                arrays = view_arrays(value)
+        else:
+            raise CodecError(f"{type(plan).__name__}.{f.name}: no encoding for its type {f.type}")
     return ConfigRecord(config), arrays
 
 
-def read_plan(config: ConfigRecord, arrays: ArrayRecord) -> ClientPlan:
-    def names(key: str, everything: str) -> frozenset[str] | None:
-        return None if config[everything] else frozenset(config[key])
+def view_config(name: str, view: View) -> dict[str, Any]:
+    return {
+        f"{name}.group": view.group,
+        f"{name}.cost": float(view.cost),
+        f"{name}.names": list(view.index),
+        f"{name}.dims": [len(index) for index in view.index.values()],
+    }
 
-    view = None
-    if config["view"]:
-        index: dict[str, Index] = {}
-        for name, dims in zip(config["view_names"], config["view_dims"], strict=True):
-            index[name] = tuple(
-                torch.from_numpy(arrays[f"{name}#{d}"].numpy().copy()) if f"{name}#{d}" in arrays else None
-                for d in range(int(dims))
-            )
-        view = View(int(config["view_group"]), index, float(config["cost"]))
-    return ClientPlan(
-        int(config["client"]),
-        int(config["group"]),
-        int(config["federation"]),
-        int(config["federation_size"]),
-        trainable=names("trainable", "all_trainable"),
-        upload=names("upload", "all_upload"),
-        keep=frozenset(config["keep"]),
-        last_grad=bool(config["last_grad"]),
-        view=view,
-    )
+
+def view_arrays(view: View) -> ArrayRecord:
+    arrays = ArrayRecord()
+    for name, index in view.index.items():
+        for dim, positions in enumerate(index):
+            if positions is not None:
+                arrays[f"{name}#{dim}"] = Array(positions.cpu().numpy())
+    return arrays
+
+
+def read_plan(config: ConfigRecord, arrays: ArrayRecord, cls: type[ClientPlan] = ClientPlan) -> ClientPlan:
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.type == "int":
+            values[f.name] = int(config[f.name])
+        elif f.type == "bool":
+            values[f.name] = bool(config[f.name])
+        elif f.type == "frozenset[str]":
+            values[f.name] = frozenset(config[f.name])
+        elif f.type == "frozenset[str] | None":
+            values[f.name] = None if config[f"{f.name}.all"] else frozenset(config[f.name])
+        elif f.type == "View | None":
+            values[f.name] = read_view(f.name, config, arrays) if config[f.name] else None
+        else:
+            raise CodecError(f"{cls.__name__}.{f.name}: no decoding for its type {f.type}")
+    return cls(**values)
+
+
+def read_view(name: str, config: ConfigRecord, arrays: ArrayRecord) -> View:
+    index: dict[str, Index] = {}
+    for entry, dims in zip(config[f"{name}.names"], config[f"{name}.dims"], strict=True):
+        index[entry] = tuple(
+            torch.from_numpy(arrays[f"{entry}#{d}"].numpy().copy()) if f"{entry}#{d}" in arrays else None
+            for d in range(int(dims))
+        )
+    return View(int(config[f"{name}.group"]), index, float(config[f"{name}.cost"]))
 
 
 def train_content(round_: int, job: TrainJob) -> RecordDict:
@@ -119,24 +224,26 @@ def read_train(content: RecordDict, device: torch.device) -> tuple[int, TrainJob
         raise CodecError(f"malformed train message: {err!r}") from err
 
 
+def update_metrics(cls: type[ClientUpdate] = ClientUpdate) -> dict[str, str]:
+    """ClientUpdate's fields sent as metrics, by their declared types (WIRE): every field but its
+    tensors and what stays on the node; one of a type WIRE lacks cannot be sent."""
+    metrics = {}
+    for f in fields(cls):
+        if f.name in UPDATE_ARRAYS or f.name in UPDATE_KEPT_ON_NODE or f.name == "extra":
+            continue
+        if f.type not in WIRE:
+            raise CodecError(f"{cls.__name__}.{f.name}: no encoding for its type {f.type}")
+        metrics[f.name] = str(f.type)
+    return metrics
+
+
 def update_content(update: ClientUpdate, kept_sha256: str, state_sha256: str) -> RecordDict:
     """A trained client's reply: its deltas, its `extra` states, the classes it holds, its
     counts, and the hashes of what it keeps and of its whole state (which never leave it)."""
-    metrics = MetricRecord(
-        {
-            "client": update.client,
-            "group": update.group,
-            "federation": update.federation,
-            "num_samples": update.num_samples,
-            "steps": update.steps,
-            "loss": float(update.loss),
-            "full": int(update.full),
-            "upload_params": update.upload_params,
-        }
-    )
+    metrics = {name: WIRE[kind](getattr(update, name)) for name, kind in update_metrics(type(update)).items()}
     records: dict[str, Any] = {
         "delta": to_arrays(update.delta),
-        "metrics": metrics,
+        "metrics": MetricRecord(metrics),
         "kept": ConfigRecord({"sha256": kept_sha256, "state_sha256": state_sha256}),
     }
     for key, value in update.extra.items():
@@ -148,33 +255,41 @@ def update_content(update: ClientUpdate, kept_sha256: str, state_sha256: str) ->
     return RecordDict(records)
 
 
-def read_update(content: RecordDict, device: torch.device) -> tuple[ClientUpdate, str, str]:
-    """A reply's update (view: none; the server sets its own plan's), its kept entries' hash and its state's."""
-    try:
-        m = content.metric_records["metrics"]
-        extra = {
-            name[len(EXTRA) :]: from_arrays(r, device)
-            for name, r in content.array_records.items()
-            if name.startswith(EXTRA)
-        }
-        classes = from_arrays(content.array_records["classes"], device)["classes"] if "classes" in content else None
-        update = ClientUpdate(
-            int(m["client"]),
-            int(m["group"]),
-            from_arrays(content.array_records["delta"], device),
-            int(m["num_samples"]),
-            int(m["steps"]),
-            federation=int(m["federation"]),
-            extra=extra,
-            loss=float(m["loss"]),
-            full=bool(m["full"]),
-            upload_params=int(m["upload_params"]),
-            classes=classes,
-        )
-        hashes = content.config_records["kept"]
-        return update, str(hashes["sha256"]), str(hashes["state_sha256"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise CodecError(f"malformed update: {err!r}") from err
+def read_update(
+    content: RecordDict, expected: ExpectedUpdate, device: torch.device | str
+) -> tuple[ClientUpdate, str, str]:
+    """A reply's update (view: none; the server sets its own plan's), its kept entries' hash and
+    its state's, if its form is what `expected` allows (module docstring): its values are
+    server.check_update's to check."""
+    extras = {EXTRA + key: key for key in expected.extra}
+    required = {EXTRA + key for key, (_, needed) in expected.extra.items() if needed}
+    check_records(content, {*UPDATE_ARRAYS.values(), *required}, set(extras), {"metrics"}, {"kept"})
+    check_budget(content, expected.states())
+    m = content.metric_records["metrics"]
+    kinds = update_metrics()
+    if set(m) != set(kinds):
+        raise CodecError(f"metrics other than expected: {short(set(m) ^ set(kinds))}")
+    values = {name: read_metric(m, name, WIRE[kind], "metrics") for name, kind in kinds.items()}
+    flags = [name for name, kind in kinds.items() if kind == "bool"]
+    if any(values[name] not in (0, 1) for name in flags):
+        raise CodecError(f"metrics {', '.join(flags)}: 0 or 1 expected")
+    hashes = content.config_records["kept"]
+    if set(hashes) != {"sha256", "state_sha256"}:
+        raise CodecError(f"kept: entries other than expected: {short(set(hashes) ^ {'sha256', 'state_sha256'})}")
+    kept, state = (read_metric(hashes, key, str, "kept") for key in ("sha256", "state_sha256"))
+    arrays = content.array_records
+    classes = read_state(arrays["classes"], expected.classes_entry(), "classes", device)["classes"]
+    update = ClientUpdate(
+        delta=read_state(arrays["delta"], expected.delta, "delta", device),
+        extra={
+            key: read_state(arrays[name], expected.extra[key][0], f"extra {key}", device)
+            for name, key in extras.items()
+            if name in arrays
+        },
+        classes=classes,
+        **{name: bool(value) if name in flags else value for name, value in values.items()},
+    )
+    return update, kept, state
 
 
 def message_bytes(content: RecordDict) -> int:
@@ -212,16 +327,26 @@ def scores_content(client: int, splits: tuple[str, ...], scores: list[Scores]) -
     return RecordDict({"scores": MetricRecord(metrics)})
 
 
-def read_scores(content: RecordDict, splits: tuple[str, ...]) -> tuple[int, list[Scores]]:
-    """The client a reply names and its scores on `splits` (the splits asked)."""
-    try:
-        m = content.metric_records["scores"]
-        scores = [
-            Scores(
-                [int(c) for c in m[f"{split}.correct"]], [float(x) for x in m[f"{split}.loss"]], int(m[f"{split}.n"])
+def read_scores(content: RecordDict, splits: tuple[str, ...], expected: ExpectedScores) -> tuple[int, list[Scores]]:
+    """The client a reply names and its scores on `splits` (the splits asked), if its form is
+    what `expected` allows: exactly these metrics, each of its type, one entry per exit
+    (server.check_scores checks the values)."""
+    check_records(content, set(), set(), {"scores"}, set())
+    m = content.metric_records["scores"]
+    keys = {"client", *(f"{split}.{part}" for split in splits for part in ("correct", "loss", "n"))}
+    if set(m) != keys:
+        raise CodecError(f"scores other than expected: {short(set(m) ^ keys)}")
+    scores = []
+    for split in splits:
+        correct, loss = (
+            read_metric(m, f"{split}.correct", list, "scores"),
+            read_metric(m, f"{split}.loss", list, "scores"),
+        )
+        if not len(correct) == len(loss) == expected.exits:
+            raise CodecError(
+                f"scores {split}: {len(correct)} counts, {len(loss)} losses, the model has {expected.exits} exit(s)"
             )
-            for split in splits
-        ]
-        return int(m["client"]), scores
-    except (KeyError, TypeError, ValueError) as err:
-        raise CodecError(f"malformed scores: {err!r}") from err
+        if not all(type(c) is int for c in correct) or not all(type(x) is float for x in loss):
+            raise CodecError(f"scores {split}: counts must be integers, losses floats")
+        scores.append(Scores(correct, loss, read_metric(m, f"{split}.n", int, "scores")))
+    return read_metric(m, "client", int, "scores"), scores

@@ -12,6 +12,7 @@ from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -23,18 +24,24 @@ FIRST_NODE = 101  # node ids (1 is the SuperLink's)
 
 class InProcessGrid(Grid):
     """Nodes FIRST_NODE + i holding `node_configs[i]`; `apps` may replace a node's ClientApp
-    (a test's faulty node). A ClientApp that raises answers with an error reply, as a SuperNode does.
-    The process takes the identity of a ServerApp task of run `run_id` (Flower's messages read it)."""
+    (a test's faulty node), `keys` give a node its public key (PEM, as a SuperLink with node
+    authentication holds it: `get_nodes`). A ClientApp that raises answers with an error reply,
+    as a SuperNode does. The process takes the identity of a ServerApp task of run `run_id`
+    (Flower's messages read it)."""
 
     def __init__(
-        self, node_configs: list[dict[str, int | str]], apps: dict[int, NodeApp] | None = None, run_id: int = 1
+        self,
+        node_configs: list[dict[str, int | str]],
+        apps: dict[int, NodeApp] | None = None,
+        run_id: int = 1,
+        keys: dict[int, bytes] | None = None,
     ):
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
         self.contexts = {
             FIRST_NODE + i: Context(run_id, FIRST_NODE + i, dict(config), RecordDict(), {})
             for i, config in enumerate(node_configs)
         }
-        self.apps = apps or {}
+        self.apps, self.keys = apps or {}, keys or {}
         self.replies: dict[str, Message] = {}
         self._run = None
 
@@ -52,6 +59,9 @@ class InProcessGrid(Grid):
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
+
+    def get_nodes(self) -> Iterable[NodeInfo]:
+        return [NodeInfo(node_id=node, public_key=self.keys.get(node, b"")) for node in self.contexts]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
@@ -73,5 +83,6 @@ class InProcessGrid(Grid):
         return [self.replies.pop(i) for i in message_ids if i in self.replies]
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        """Every reply at once (the apps are called in turn); a node app that returns None never replies."""
+        """Every reply at once (the apps are called in turn); a node app that returns None never
+        replies. (Grid's; the ServerApp pushes and pulls itself.)"""
         return list(self.pull_messages(self.push_messages(messages)))

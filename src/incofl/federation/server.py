@@ -5,9 +5,13 @@ elsewhere.
 evaluation and checkpoint), whose round is `plan` -> the nodes -> `conclude`: a `RemoteTrainer`
 sends the round's plans, the server's start weights and the objective's broadcast (SCAFFOLD's
 c) through an `Exchange` (the Flower app's strategy and grid; Flower-free here), and the replies
-come back as `ClientUpdate`s, each checked against its plan before the engine sees it. A reply
-that is malformed, names another client, has other entries or shapes than planned, or holds a
-NaN/Inf is refused and logged by node; a client without an accepted reply stops the run
+come back as `ClientUpdate`s, each checked against what the server would accept of that client
+(`ExpectedUpdate`: derived from the plan, the start weights, the partition, the schedule's
+epochs and batches, and what the run's components declare their clients send) before the engine
+sees it: the codec checks a reply's form (records, names, shapes, dtypes, bytes) before it
+decodes an array, `check_update` its values. Each accepted update is folded into the round as
+it arrives (fl/engine/fold.py: the round holds no more updates than the simulator's). A refused
+reply is logged by node and client; a client without an accepted reply stops the run
 (`MissingClients`, one line naming them) unless `allow_missing`, which goes on without it and
 records it in rounds.csv (`missing`).
 
@@ -15,7 +19,8 @@ Evaluation is the simulator's too (the layout's): the server scores its own stat
 test set, and a client model (a group's global weights with what that client keeps) is scored
 on the client's node (`RemoteTrainer.score`) when it needs what only the node has: the client's
 kept entries (personal layers, local BN statistics: `keeps`) or its held-out data (`holdout`).
-Evaluation needs every reply it asks for (a missing or malformed one stops the run by name).
+Scores are checked against the split sizes and the model's exits (`ExpectedScores`). Evaluation
+needs every reply it asks for (a missing or refused one stops the run by name).
 
 What cannot run this way is refused before anything starts (`refusal`): HeteroFL's static BN
 gathers its statistics from batches that mix every client's training images.
@@ -25,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,14 +40,19 @@ import torch
 from incofl.config import ConfigError, RunConfig
 from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundReport, State
 from incofl.fl.engine.engine import Engine
-from incofl.fl.stages.evaluation import Scores
-from incofl.fl.stages.layout import HELD_OUT, ClientEval
-from incofl.fl.stages.local import Objective
+from incofl.fl.engine.fold import RoundFold
+from incofl.fl.stages.component import Expected, expected_extra
+from incofl.fl.stages.evaluation import Scores, scored_samples
+from incofl.fl.stages.layout import HELD_OUT, ClientEval, first_clients
+from incofl.fl.stages.local import Objective, local_steps
+from incofl.fl.stages.plan import local_statistics
 from incofl.fl.stages.sampling import group_of
+from incofl.models.family import exit_logits
 from incofl.registry import METHODS, layout_of
 from incofl.spec import WIDTH_LAYOUT
 
 log = logging.getLogger("incofl.federation")
+SHA256 = re.compile(r"([0-9a-f]{64})?")  # a reply's hashes: hex SHA-256 digests, or '' (nothing kept)
 
 
 class MissingClients(RuntimeError):
@@ -72,10 +83,33 @@ class TrainJob:
     state_sha256: str = ""
 
 
+@dataclass(frozen=True)
+class ExpectedUpdate:
+    """What the server accepts from a planned client: the plan's client, group, federation and
+    `full`, the delta of exactly the uploaded entries (each its start entry's shape and dtype),
+    the `extra` states the run's components declare (key -> entries, required), the client's
+    share size and local steps, the parameters uploaded and the classes it holds."""
+
+    plan: ClientPlan
+    delta: Expected
+    extra: dict[str, tuple[Expected, bool]]
+    num_samples: int
+    steps: int
+    upload_params: int
+    classes: torch.Tensor
+
+    def classes_entry(self) -> Expected:
+        return {"classes": (tuple(self.classes.shape), self.classes.dtype)}
+
+    def states(self) -> list[Expected]:
+        """Every state a reply may hold (the delta, each extra, the classes): the message's byte budget."""
+        return [self.delta, *(entries for entries, _ in self.extra.values()), self.classes_entry()]
+
+
 @dataclass
 class Reply:
     """What came back for one planned client: its update and the hashes of what it keeps and of
-    its whole state after the round, or why there is none."""
+    its whole state, or why there is none."""
 
     update: ClientUpdate | None = None
     kept_sha256: str = ""
@@ -96,6 +130,16 @@ class EvalJob:
     state_sha256: str = ""
 
 
+@dataclass(frozen=True)
+class ExpectedScores:
+    """What the server accepts of an EvalJob's scores: per split the samples scored, and one
+    count and one summed loss per exit of the client's model."""
+
+    client: int
+    samples: tuple[int, ...]  # one per split of the job
+    exits: int
+
+
 @dataclass
 class EvalReply:
     """A node's scores of one EvalJob (one per split, in order), or why there are none."""
@@ -107,51 +151,66 @@ class EvalReply:
 
 
 class Exchange(Protocol):
-    def train(self, round_: int, jobs: list[TrainJob]) -> list[Reply]:
-        """Send each job to its client's node; one Reply per job, in order."""
+    def train(self, round_: int, jobs: list[TrainJob], expected: list[ExpectedUpdate]) -> Iterator[tuple[int, Reply]]:
+        """Send each job to its client's node; (job index, Reply) for each as it arrives, read and
+        checked against its expected update (`error` says why it is refused), then for each job
+        without a reply (why: none came)."""
         ...
 
-    def evaluate(self, round_: int, jobs: list[EvalJob]) -> list[EvalReply]:
-        """Send each job to its client's node; one EvalReply per job, in order."""
+    def evaluate(self, round_: int, jobs: list[EvalJob], expected: list[ExpectedScores]) -> list[EvalReply]:
+        """Send each job to its client's node; one EvalReply per job, in order, read and checked."""
         ...
 
 
-def check_update(plan: ClientPlan, start: State, update: ClientUpdate) -> str:
-    """Why a reply cannot be averaged in ('' if it can): it must be the planned client's, with
-    exactly the planned uploaded entries in their shapes, and finite."""
-    if (update.client, update.group, update.federation) != (plan.client, plan.group, plan.federation):
+def check_update(expected: ExpectedUpdate, update: ClientUpdate) -> str:
+    """Why a decoded reply's values cannot be averaged in ('' if they can): its ids, counts and
+    classes must be the expected ones, its loss finite after a local step, its tensors finite.
+    (Its form, names, shapes and dtypes included, is the codec's to check before decoding.)"""
+    plan = expected.plan
+    got = (update.client, update.group, update.federation, update.full)
+    if got != (plan.client, plan.group, plan.federation, plan.full):
         return (
-            f"reply for client {update.client} (group {update.group}, federation {update.federation}), "
-            f"planned client {plan.client} (group {plan.group}, federation {plan.federation})"
+            f"reply for client {update.client} (group {update.group}, federation {update.federation}, "
+            f"full {update.full}), planned client {plan.client} (group {plan.group}, federation "
+            f"{plan.federation}, full {plan.full})"
         )
-    expected = {k: v.shape for k, v in start.items() if v.is_floating_point() and plan.uploads(k)}
-    got = {k: v.shape for k, v in update.delta.items()}
-    if set(got) != set(expected):
-        odd = sorted(set(got) ^ set(expected))
-        return f"entries other than planned: {', '.join(odd[:3])}{' ...' if len(odd) > 3 else ''}"
-    wrong = [k for k, shape in got.items() if shape != expected[k] or not update.delta[k].is_floating_point()]
-    if wrong:
-        return f"{wrong[0]} has shape {tuple(got[wrong[0]])}, planned {tuple(expected[wrong[0]])}"
+    counts = (update.num_samples, update.steps, update.upload_params)
+    if counts != (expected.num_samples, expected.steps, expected.upload_params):
+        return (
+            f"samples, steps, uploaded parameters {counts}; the client's share, schedule and plan give "
+            f"{(expected.num_samples, expected.steps, expected.upload_params)}"
+        )
+    if math.isnan(update.loss) != (update.steps == 0) or math.isinf(update.loss):
+        return f"loss {update.loss} after {update.steps} local step(s)"
+    classes = update.classes
+    if classes is None or classes.dtype != expected.classes.dtype or not torch.equal(classes, expected.classes):
+        return "classes other than those the client holds"
     states = {"delta": update.delta, **{f"extra {k}": v for k, v in update.extra.items()}}
     for what, state in states.items():
-        bad = next((k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+        bad = next((k for k, v in state.items() if not torch.isfinite(v).all()), None)
         if bad is not None:
             return f"{what} {bad} holds NaN or Inf"
-    if update.num_samples < 0 or update.steps < 0 or not math.isfinite(update.loss) and update.steps > 0:
-        return f"counts out of range (samples {update.num_samples}, steps {update.steps}, loss {update.loss})"
     return ""
 
 
-def check_scores(job: EvalJob, reply: EvalReply) -> str:
-    """Why a node's scores cannot be used ('' if they can)."""
-    if reply.error:
-        return reply.error
-    if reply.client != job.client or len(reply.scores) != len(job.splits):
-        asked = f"client {job.client} on {len(job.splits)}"
-        return f"scores of client {reply.client} on {len(reply.scores)} split(s), asked: {asked}"
-    for split, s in zip(job.splits, reply.scores, strict=True):
-        if not s.n or not all(0 <= c <= s.n for c in s.correct) or not all(math.isfinite(x) for x in s.loss):
-            return f"{split} scores out of range (correct {s.correct}, loss {s.loss}, samples {s.n})"
+def check_hashes(kept_sha256: str, state_sha256: str) -> str:
+    """Why a reply's hashes are not well-formed ('' if they are)."""
+    bad = [h for h in (kept_sha256, state_sha256) if not SHA256.fullmatch(h)]
+    return f"hash {bad[0][:70]!r} is not a SHA-256 hex digest" if bad else ""
+
+
+def check_scores(expected: ExpectedScores, client: int, scores: list[Scores]) -> str:
+    """Why a node's scores cannot be used ('' if they can): the asked client's, one per split,
+    each of the split's samples, one count in 0..n and one finite summed loss per exit."""
+    if client != expected.client or len(scores) != len(expected.samples):
+        asked = f"client {expected.client} on {len(expected.samples)}"
+        return f"scores of client {client} on {len(scores)} split(s), asked: {asked}"
+    for i, (s, n) in enumerate(zip(scores, expected.samples, strict=True)):
+        exits = len(s.correct) == len(s.loss) == expected.exits
+        if s.n != n or not exits or not all(0 <= c <= n for c in s.correct):
+            return f"split {i}: scores out of range (correct {s.correct[:8]}, samples {s.n} of {n})"
+        if not all(math.isfinite(x) and x >= 0 for x in s.loss):
+            return f"split {i}: losses out of range ({s.loss[:8]})"
     return ""
 
 
@@ -166,50 +225,53 @@ class RemoteTrainer:
     states: dict[int, str] = field(default_factory=dict)  # client -> hash of its whole state (its last reply's)
 
     def train(
-        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
-    ) -> list[ClientUpdate]:
-        """The accepted updates of the round's planned clients, in the plans' order."""
+        self,
+        round_: int,
+        plans: list[ClientPlan],
+        start_of: Callable[[ClientPlan], State],
+        objective: Objective,
+        expect: Callable[[ClientPlan, State], ExpectedUpdate],
+        fold: RoundFold,
+    ) -> None:
+        """The round's planned clients trained on their nodes: each accepted update folded into
+        the round (`fold`) as it arrives, each client without one dropped from it; `expect`: what
+        the server accepts of a planned client given its start weights."""
         jobs = [
             TrainJob(plan, start_of(plan), objective.broadcast(plan.federation), self.states.get(plan.client, ""))
             for plan in plans
         ]
-        replies = self.exchange.train(round_, jobs)
-        updates, why = [], {}
-        for job, reply in zip(jobs, replies, strict=True):
-            plan = job.plan
-            if reply.update is None:
-                problem = reply.error or "no reply"
-            else:
+        why = {}
+        for i, reply in self.exchange.train(round_, jobs, [expect(job.plan, job.start) for job in jobs]):
+            plan = jobs[i].plan
+            if reply.state_sha256:
                 self.states[plan.client] = reply.state_sha256  # the node saved it, whether or not it is averaged
-                problem = reply.error or check_update(plan, job.start, reply.update)
-            if problem:
+            if reply.error or reply.update is None:
+                problem = reply.error or "no reply"
                 log.warning("round %d: node %d, client %d: refused: %s", round_ + 1, reply.node, plan.client, problem)
                 why[plan.client] = problem
+                fold.drop(plan.client)
                 continue
-            assert reply.update is not None
             reply.update.view = plan.view  # the server's own plan says where a sub-model sits
-            updates.append(reply.update)
             self.kept[plan.client] = reply.kept_sha256
+            fold.add(reply.update)
         self.missing = sorted(why)
         if self.missing and not self.allow_missing:
             raise MissingClients(round_ + 1, self.missing, why)
-        return updates
 
-    def score(self, round_: int, jobs: list[EvalJob]) -> list[list[Scores]]:
+    def score(self, round_: int, jobs: list[EvalJob], expected: list[ExpectedScores]) -> list[list[Scores]]:
         """Each job's scores from its client's node; stops naming the clients without valid ones."""
-        replies = self.exchange.evaluate(round_, jobs)
+        replies = self.exchange.evaluate(round_, jobs, expected)
         why = {}
         for job, reply in zip(jobs, replies, strict=True):
-            problem = check_scores(job, reply)
-            if problem:
+            if reply.error:
                 log.warning(
                     "evaluation after round %d: node %d, client %d: refused: %s",
                     round_,
                     reply.node,
                     job.client,
-                    problem,
+                    reply.error,
                 )
-                why[job.client] = problem
+                why[job.client] = reply.error
         if why:
             raise MissingClients(round_, sorted(why), why, evaluation=True)
         return [reply.scores for reply in replies]
@@ -217,7 +279,7 @@ class RemoteTrainer:
 
 def keeps(cfg: RunConfig) -> bool:
     """Whether the run's clients keep entries of their models (personal layers, local BN statistics)."""
-    return METHODS[cfg.method].planner.personal or cfg.bn_stats == "local"
+    return METHODS[cfg.method].planner.personal or local_statistics(cfg)
 
 
 class FederatedEngine(Engine):
@@ -229,13 +291,31 @@ class FederatedEngine(Engine):
 
     def federate(self, remote: RemoteTrainer) -> None:
         self.remote = remote
+        self.exits: dict[int, int] = {}  # model group -> its model's exits (scores have one entry each)
 
     def run_round(self, round_: int) -> RoundReport:
         self.round = round_ + 1  # the round an evaluation follows
         plans = self.plan(round_)
-        updates = self.remote.train(round_, plans, self.start, self.objective)
-        accepted = {u.client for u in updates}
-        return self.conclude(round_, [p for p in plans if p.client in accepted], updates)
+        fold = RoundFold(self, round_, plans)
+        self.remote.train(round_, plans, self.start, self.objective, self.expect, fold)
+        return fold.finish()
+
+    def expect(self, plan: ClientPlan, start: State) -> ExpectedUpdate:
+        """What the server accepts from a planned client that trains from `start` (ExpectedUpdate):
+        the trainer's rules (the plan's uploads, the partition's share, the batches of its
+        schedule), the components' declarations of what their clients send."""
+        cfg = self.cfg
+        params = [name for name, _ in self.models[plan.group].named_parameters()]
+        samples = len(self.parts[plan.client])
+        return ExpectedUpdate(
+            plan,
+            {k: (tuple(start[k].shape), start[k].dtype) for k in plan.uploaded(start)},
+            expected_extra([c for _, c in self.components()], plan, start, params),
+            samples,
+            local_steps(samples, cfg.local_epochs, cfg.batch_size, cfg.drop_last),
+            plan.upload_params(start, params),
+            self.client.trainer.classes(plan.client).cpu(),
+        )
 
     def observe(self, report: RoundReport) -> None:
         """The simulator's observers; rounds.csv also names the clients left out (allow-missing)."""
@@ -271,14 +351,36 @@ class FederatedEngine(Engine):
             )
             for client, group in by_client.items()
         ]
+        expected = [self.expect_scores(job) for job in asked]
         scored = {
             (job.client, split): s
-            for job, scores in zip(asked, self.remote.score(self.round, asked), strict=True)
+            for job, scores in zip(asked, self.remote.score(self.round, asked, expected), strict=True)
             for split, s in zip(job.splits, scores, strict=True)
         }
         local = [job for job in jobs if job not in remote]
         scored |= {(job.client, job.split): s for job, s in zip(local, super().score_clients(local), strict=True)}
         return [scored[job.client, job.split] for job in jobs]
+
+    def expect_scores(self, job: EvalJob) -> ExpectedScores:
+        """The samples each split of `job` scores (the held-out share, the test set as the
+        evaluator batches it) and the exits of the client's model."""
+        cfg, held_out = self.cfg, self.held_out
+        samples = tuple(
+            len(held_out[job.client])
+            if split == HELD_OUT and held_out is not None
+            else scored_samples(len(self.test_data), cfg.eval_batch_size, cfg.drop_last)
+            for split in job.splits
+        )
+        return ExpectedScores(job.client, samples, self.exits_of(job.group))
+
+    @torch.inference_mode()
+    def exits_of(self, group: int) -> int:
+        """How many exits (outputs scored) the group's model has: counted once, on two training images."""
+        if group not in self.exits:
+            model = self.models[group]
+            model.eval()
+            self.exits[group] = len(exit_logits(model(self.train_data.batch(torch.arange(2))[0])))
+        return self.exits[group]
 
 
 def refusal(cfg: RunConfig) -> str:
@@ -291,13 +393,12 @@ def refusal(cfg: RunConfig) -> str:
     return ""
 
 
-def test_clients(cfg: RunConfig) -> list[int]:
-    """The clients whose nodes score their models on the test set (each model group's first
-    client, where clients keep entries and the data set has a global test set)."""
+def tested_on_nodes(cfg: RunConfig) -> list[int]:
+    """The clients whose nodes score their models on the test set: each model group's first
+    client (the layout's), where clients keep entries and the data set has a global test set."""
     if not keeps(cfg) or cfg.pool_test:
         return []
-    groups = [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)]
-    return sorted({groups.index(g) for g in range(cfg.groups)})
+    return first_clients([group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)])
 
 
 def check_federated(cfg: RunConfig) -> None:

@@ -5,19 +5,30 @@ YAML, read as `incofl train --config` reads it), `set` (its `--set` overrides, s
 key=value), `out` (the run directory: metrics.csv, rounds.csv, summary.json, ckpt.pt, as
 `incofl train` writes them, and federation.csv: the bytes each round's training and evaluation
 sent to and received from each client), `round-timeout` (seconds a round waits for its replies),
-`join-timeout` (seconds the run waits for every client's node to join) and `allow-missing` (go
-on without clients that did not reply in time or whose reply was refused; rounds.csv names them).
+`join-timeout` (seconds the run waits for every client's node to join), `allow-missing` (go
+on without clients that did not reply in time or whose reply was refused; rounds.csv names them)
+and `node-keys` (a folder of each site's public key, `node<client>.pub` in OpenSSH format, as
+`incofl federation up` writes them: each client is then bound to its site's key, below).
 
 The run: the config is validated and refused if it cannot run federated (server.py), the
 server's engine is built as `incofl train` builds it (the data set's test split is scored on
 the server), every node is asked which client it is (`query.identify`, with the run's config),
 then incofl's `Run` drives the rounds with the strategy as its train stage: incofl's seeded
 schedule and planner choose the clients, `configure_train` sends each its plan and start
-weights, `aggregate_train` checks the replies, and the engine aggregates, evaluates and
-checkpoints exactly as in the simulator. Client models the evaluation scores on the clients'
-nodes (server.py) go out through `configure_evaluate` and come back through
-`aggregate_evaluate`. Restarted with the same `out`, the run resumes from its last checkpoint
-(and each node from its client's state at that round: client.py).
+weights, `aggregate_train` reads and checks each reply as it arrives (pulled every `POLL`
+seconds, not Flower's `send_and_receive`, which pulls every 3 s), and the engine aggregates,
+evaluates and checkpoints exactly as in the simulator. Client models the evaluation scores on
+the clients' nodes (server.py) go out through `configure_evaluate` and come back through
+`aggregate_evaluate`. No reply can stop the server: one that fails any check, or raises
+anything while it is read, is refused in one line naming its node and client. Restarted with
+the same `out`, the run resumes from its last checkpoint (and each node from its client's state
+at that round: client.py).
+
+Identity: with `node-keys`, a node's claim to be client C at identify is accepted only if the
+key the SuperLink holds for it (`grid.get_nodes()`, node authentication) is site C's; another
+is refused and logged, and the run waits for the rightful node. Every reply must come from the
+node its message went to, whose key is its client's. Without `node-keys`, the start-up line
+says that any node may claim any client.
 """
 
 from __future__ import annotations
@@ -26,46 +37,42 @@ import json
 import logging
 import shlex
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
 from incofl.atomic import atomic_path, write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
-from incofl.data.partition import partition_for
 from incofl.data.sources import dataset_for
-from incofl.federation.codec import (
-    CodecError,
-    evaluate_content,
-    message_bytes,
-    read_scores,
-    read_update,
-    train_content,
-)
+from incofl.federation.codec import CodecError, evaluate_content, message_bytes, read_scores, read_update, train_content
 from incofl.federation.server import (
     EvalJob,
     EvalReply,
+    ExpectedScores,
+    ExpectedUpdate,
     FederatedEngine,
     RemoteTrainer,
     Reply,
     TrainJob,
     check_federated,
-    test_clients,
+    check_hashes,
+    check_scores,
+    check_update,
+    tested_on_nodes,
 )
 from incofl.federation.sitedata import test_sha256
-from incofl.fl.engine.engine import resolve_device
-from incofl.fl.engine.run import Run
+from incofl.fl.engine.run import Run, build_engine
 from incofl.fl.engine.rundir import claimed
 
 log = logging.getLogger("incofl.federation")
 app = ServerApp()
+POLL = 0.05  # seconds between pulls of the replies still awaited
 
 
 @dataclass(frozen=True)
@@ -78,12 +85,14 @@ class AppSettings:
     round_timeout: float = 600.0
     join_timeout: float = 120.0
     allow_missing: bool = False
+    node_keys: Path | None = None
 
     @classmethod
     def of(cls, run_config: dict[str, Any]) -> AppSettings:
         if not run_config.get("out"):
             raise ConfigError("run config: out: set the run directory")
         overrides = parse_overrides(shlex.split(str(run_config.get("set", ""))))
+        keys = str(run_config.get("node-keys", ""))
         return cls(
             str(run_config.get("config", "")) or None,
             overrides,
@@ -91,46 +100,144 @@ class AppSettings:
             float(run_config.get("round-timeout", 600.0)),
             float(run_config.get("join-timeout", 120.0)),
             bool(run_config.get("allow-missing", False)),
+            Path(keys) if keys else None,
         )
 
 
-def identify(grid: Grid, cfg: RunConfig, timeout: float, test: dict[int, str]) -> dict[int, int]:
+def spki(key: bytes, ssh: bool = False) -> bytes:
+    """A public key (PEM, as the SuperLink holds it; `ssh`: OpenSSH, as a site's file holds it) in
+    one form to compare (DER SubjectPublicKeyInfo); b'' if it is not one."""
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        public = serialization.load_ssh_public_key(key) if ssh else serialization.load_pem_public_key(key)
+    except (ValueError, TypeError):
+        return b""
+    return public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+@dataclass
+class Identity:
+    """Which node may speak for which client: with site keys (client -> key), only the node whose
+    key the SuperLink holds is that site's; without, any node (module docstring)."""
+
+    grid: Grid
+    keys: dict[int, bytes] | None = None
+    node_keys: dict[int, bytes] = field(default_factory=dict)  # node -> its key (the SuperLink's)
+
+    @classmethod
+    def load(cls, grid: Grid, folder: Path | None, clients: int) -> Identity:
+        """The sites' keys in `folder` (`node<client>.pub`), each client's; refused in one line
+        naming a missing or unreadable file."""
+        if folder is None:
+            log.warning("no node-keys: any node may claim any client (each client is bound to its node's word)")
+            return cls(grid)
+        keys = {}
+        for client in range(clients):
+            path = folder / f"node{client}.pub"
+            key = spki(path.read_bytes(), ssh=True) if path.is_file() else b""
+            if not key:
+                raise ConfigError(f"node-keys: {path}: no OpenSSH public key of client {client}'s site")
+            keys[client] = key
+        log.info("node keys from %s: each client is bound to its site's key", folder)
+        return cls(grid, keys)
+
+    def key(self, node: int) -> bytes:
+        """The key the SuperLink holds for `node` (b'' if none)."""
+        if node not in self.node_keys:
+            self.node_keys = {info.node_id: spki(bytes(info.public_key)) for info in self.grid.get_nodes()}
+        return self.node_keys.get(node, b"")
+
+    def refusal(self, node: int, client: int) -> str:
+        """Why `node` may not speak for `client` ('' if it may)."""
+        if self.keys is not None and self.key(node) != self.keys.get(client):
+            return f"node {node}'s key is not client {client}'s site's"
+        return ""
+
+    def stranger(self, node: int) -> bool:
+        """Whether `node` is known to be no site's (with site keys: its key is none of theirs)."""
+        return self.keys is not None and self.key(node) not in self.keys.values()
+
+
+def pushed(grid: Grid, messages: list[Message]) -> dict[str, int]:
+    """Push `messages`; the id of each one pushed -> its index."""
+    return {message_id: i for i, message_id in enumerate(grid.push_messages(messages)) if message_id}
+
+
+def pulled(grid: Grid, waiting: Iterable[str], timeout: float) -> Iterator[Message]:
+    """The replies to the messages `waiting` (their ids), each as it arrives: pulled every POLL
+    seconds until every one came or `timeout` passed."""
+    waiting, deadline = set(waiting), time.monotonic() + timeout
+    while waiting:
+        for reply in grid.pull_messages(list(waiting)):
+            if reply.metadata.reply_to_message_id in waiting:
+                waiting.discard(reply.metadata.reply_to_message_id)
+                yield reply
+        if not waiting or time.monotonic() >= deadline:
+            return
+        time.sleep(POLL)
+
+
+def identify(grid: Grid, cfg: RunConfig, timeout: float, test: dict[int, str], identity: Identity) -> dict[int, int]:
     """client -> node: every node that joins within `timeout` is asked which client it is (with
-    the run's config, which it checks its data against); stops with one line naming the
-    clients whose node did not join, the node that failed its check, or a client whose node
-    lacks the test split `test` asks of it (client -> its hash)."""
+    the run's config, which it checks its data against); a claim `identity` refuses, or a reply
+    that is not a claim, is logged and left out (the rightful node may still come). Stops with one
+    line naming the clients whose node did not join, the node that failed its check, a second
+    claim of one client, or a client whose node lacks the test split `test` asks of it (client -> its hash)."""
     content = RecordDict({"run": ConfigRecord({"config": json.dumps(cfg.model_dump())})})
     nodes: dict[int, int] = {}
     asked: set[int] = set()
+    pending: dict[str, int] = {}  # message -> node
     deadline = time.monotonic() + timeout
     while len(nodes) < cfg.clients and time.monotonic() < deadline:
-        new = [n for n in grid.get_node_ids() if n not in asked]
+        new = [node for node in grid.get_node_ids() if node not in asked]
         asked.update(new)
         queries = [Message(content, node, "query.identify") for node in new]
-        for reply in grid.send_and_receive(queries, timeout=max(deadline - time.monotonic(), 1.0)) if new else []:
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                raise ConfigError(f"node {node} refused the run: {reply.error.reason}")
-            client = int(reply.content.config_records["node"]["client"])
-            if client in nodes:
-                raise ConfigError(f"node {node} says it is client {client}, as node {nodes[client]} does")
-            if not 0 <= client < cfg.clients:
-                raise ConfigError(f"node {node} says it is client {client}: the run has clients 0..{cfg.clients - 1}")
-            if client in test and reply.content.config_records["node"]["test_sha256"] != test[client]:
-                raise ConfigError(
-                    f"node {node} (client {client}): its data file lacks the test split (or holds another), on "
-                    f"which this run scores client {client}'s model with what it keeps ({cfg.method}"
-                    f"{', bn_stats: local' if cfg.bn_stats == 'local' else ''}); export it with --test"
-                )
-            nodes[client] = node
+        pending |= {i: queries[k].metadata.dst_node_id for i, k in pushed(grid, queries).items()} if new else {}
+        for reply in grid.pull_messages(list(pending)) if pending else []:
+            node = pending.pop(reply.metadata.reply_to_message_id, None)
+            if node is not None:
+                claim(cfg, node, reply, nodes, test, identity)
         if len(nodes) < cfg.clients:
-            time.sleep(0.2)
+            time.sleep(POLL)
     missing = sorted(set(range(cfg.clients)) - set(nodes))
     if missing:
         raise ConfigError(
             f"no node joined for client(s) {', '.join(map(str, missing))} within {timeout:.0f} s (join-timeout)"
         )
     return nodes
+
+
+def claim(
+    cfg: RunConfig, node: int, reply: Message, nodes: dict[int, int], test: dict[int, str], identity: Identity
+) -> None:
+    """A node's answer to identify: its client added to `nodes`, or refused (module docstring of identify)."""
+    if reply.has_error():
+        if identity.stranger(node):  # not a site's node: it cannot stop the run
+            log.warning("identify: node %d: refused: its key is no site's (%s)", node, unanswered(node, reply))
+            return
+        raise ConfigError(f"node {node} refused the run: {reply.error.reason}")
+    try:
+        answer = reply.content.config_records["node"]
+        client, tested = answer["client"], answer["test_sha256"]
+        if type(client) is not int or not 0 <= client < cfg.clients or type(tested) is not str:
+            raise ValueError(f"client {str(client)[:20]}: the run has clients 0..{cfg.clients - 1}")
+    except (KeyError, TypeError, ValueError) as err:
+        log.warning("identify: node %d: refused: not a claim of a client (%s)", node, str(err)[:120])
+        return
+    why = identity.refusal(node, client)
+    if why:
+        log.warning("identify: node %d says it is client %d: refused: %s", node, client, why)
+        return
+    if client in nodes:
+        raise ConfigError(f"node {node} says it is client {client}, as node {nodes[client]} does")
+    if client in test and tested != test[client]:
+        raise ConfigError(
+            f"node {node} (client {client}): its data file lacks the test split (or holds another), on "
+            f"which this run scores client {client}'s model with what it keeps ({cfg.method}"
+            f"{', bn_stats: local' if cfg.bn_stats == 'local' else ''}); export it with --test"
+        )
+    nodes[client] = node
 
 
 def unanswered(node: int, reply: Message | None) -> str:
@@ -140,79 +247,149 @@ def unanswered(node: int, reply: Message | None) -> str:
         return "no reply within round-timeout (node gone?)" if node >= 0 else "no node"
     if reply.has_error():
         lines = [line.strip() for line in reply.error.reason.strip().splitlines() if line.strip()]
-        return f"the node's ClientApp failed: {lines[-1] if lines else 'no reason given'}"
+        return f"the node's ClientApp failed: {lines[-1][:300] if lines else 'no reason given'}"
     return ""
+
+
+def one_line(err: Exception) -> str:
+    """An exception raised while a reply was read, in one short line."""
+    text = str(err).strip().splitlines()
+    what = text[0][:300] if text else ""
+    return what if isinstance(err, CodecError) else f"unreadable ({type(err).__name__}: {what})"
+
+
+def accept_update(reply: Message, expected: ExpectedUpdate) -> Reply:
+    """A training reply read and checked against what the server accepts of its client (never
+    raises: what fails anything is refused, with why in `error`)."""
+    node = reply.metadata.src_node_id
+    try:
+        update, kept, state = read_update(reply.content, expected, "cpu")
+        bad_hash = check_hashes(kept, state)
+        why = bad_hash or check_update(expected, update)
+    except Exception as err:  # noqa: BLE001 (no reply can stop the server)
+        return Reply(error=one_line(err), node=node)
+    if why:  # its state hash kept all the same (the node saved that state): unless malformed
+        return Reply(error=why, state_sha256="" if bad_hash else state, node=node)
+    return Reply(update, kept, state, node=node)
+
+
+def accept_scores(reply: Message, job: EvalJob, expected: ExpectedScores) -> EvalReply:
+    """An evaluation reply read and checked (never raises, as accept_update)."""
+    node = reply.metadata.src_node_id
+    try:
+        client, scores = read_scores(reply.content, job.splits, expected)
+        why = check_scores(expected, client, scores)
+    except Exception as err:  # noqa: BLE001 (no reply can stop the server)
+        return EvalReply(error=one_line(err), node=node)
+    return EvalReply(client, scores, error=why, node=node)
 
 
 @dataclass
 class IncoflStrategy(Strategy):
     """incofl's round as a Flower strategy (server.Exchange): one message per planned client
-    (its own plan and start weights, so clients may hold different architectures), replies
-    decoded and handed to the engine, which checks them; the same for the client models an
-    evaluation scores on their nodes."""
+    (its own plan and start weights, so clients may hold different architectures), each reply
+    read and checked as it arrives (`aggregate_train`: from the node the message went to, whose
+    key is its client's) and handed to the engine; the same for the client models an evaluation
+    scores on their nodes."""
 
     grid: Grid
     nodes: dict[int, int]  # client -> node
     timeout: float
     out: Path
+    identity: Identity
     jobs: list[TrainJob] = field(default_factory=list)
-    replies: list[Reply] = field(default_factory=list)
+    expected: list[ExpectedUpdate] = field(default_factory=list)
     eval_jobs: list[EvalJob] = field(default_factory=list)
-    scores: list[EvalReply] = field(default_factory=list)
+    eval_expected: list[ExpectedScores] = field(default_factory=list)
+    sent: list[int] = field(default_factory=list)  # the job of each message configured
+    waiting: dict[str, int] = field(default_factory=dict)  # message id -> its job
+    arrived: list[tuple[int, Any]] = field(default_factory=list)  # the last replies read: (job, Reply or EvalReply)
     traffic: list[dict[str, int]] = field(default_factory=list)
     down: dict[int, int] = field(default_factory=dict)  # client -> bytes sent it by the last exchange
 
-    def train(self, round_: int, jobs: list[TrainJob]) -> list[Reply]:
-        """A round's training: configure, send and receive, aggregate (decode)."""
-        self.jobs = jobs
+    def train(self, round_: int, jobs: list[TrainJob], expected: list[ExpectedUpdate]) -> Iterator[tuple[int, Reply]]:
+        """A round's training: configure and push; each reply read and checked as it arrives
+        (server.Exchange), then the jobs without one."""
+        self.jobs, self.expected = jobs, expected
         messages = list(self.configure_train(round_ + 1, ArrayRecord(), ConfigRecord(), self.grid))
-        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
-        self.aggregate_train(round_ + 1, replies)
-        return self.replies
+        none = lambda i: self.unanswered(jobs[i].plan.client, Reply)  # noqa: E731
+        yield from self.exchange(messages, lambda reply: self.aggregate_train(round_ + 1, [reply]), len(jobs), none)
 
-    def evaluate(self, round_: int, jobs: list[EvalJob]) -> list[EvalReply]:
-        """An evaluation's client models: configure, send and receive, aggregate (decode)."""
-        self.eval_jobs = jobs
+    def evaluate(self, round_: int, jobs: list[EvalJob], expected: list[ExpectedScores]) -> list[EvalReply]:
+        """An evaluation's client models: configure, push, and each reply read as it arrives."""
+        self.eval_jobs, self.eval_expected = jobs, expected
         messages = list(self.configure_evaluate(round_, ArrayRecord(), ConfigRecord(), self.grid))
-        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
-        self.aggregate_evaluate(round_, replies)
-        return self.scores
+        none = lambda i: self.unanswered(jobs[i].client, EvalReply)  # noqa: E731
+        scores = dict(self.exchange(messages, lambda reply: self.aggregate_evaluate(round_, [reply]), len(jobs), none))
+        return [scores[i] for i in range(len(jobs))]
+
+    def unanswered(self, client: int, kind: type[Reply] | type[EvalReply]) -> Any:
+        """A job's reply when none came (or its client has no node)."""
+        node = self.nodes.get(client, -1)
+        return kind(error=unanswered(node, None), node=node)
+
+    def exchange(
+        self, messages: list[Message], read: Callable[[Message], Any], jobs: int, none: Callable[[int], Any]
+    ) -> Iterator[tuple[int, Any]]:
+        """Push `messages`, then (job index, what `read` made of it) for each reply as it arrives
+        (`read` leaves it in `arrived`), then (i, none(i)) for each of the `jobs` without one."""
+        self.waiting = {message_id: self.sent[i] for message_id, i in pushed(self.grid, messages).items()}
+        answered = set()
+        for reply in pulled(self.grid, self.waiting, self.timeout):
+            self.arrived = []
+            read(reply)
+            for i, got in self.arrived:
+                answered.add(i)
+                yield i, got
+        self.write_traffic()
+        yield from ((i, none(i)) for i in range(jobs) if i not in answered)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        messages = []
-        for job in self.jobs:
+        messages, self.sent = [], []
+        for i, job in enumerate(self.jobs):
             client = job.plan.client
             if client in self.nodes:
                 content = train_content(server_round - 1, job)
                 self.down[client] = message_bytes(content)
                 messages.append(Message(content, self.nodes[client], "train", group_id=str(server_round)))
+                self.sent.append(i)
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[None, MetricRecord]:
-        """Each planned client's reply decoded (or why there is none); the engine checks and
-        averages them (server.RemoteTrainer). Bytes each way go to federation.csv."""
-        by_node = {reply.metadata.src_node_id: reply for reply in replies}
-        self.replies = []
-        for job in self.jobs:
-            node = self.nodes.get(job.plan.client, -1)
-            reply = by_node.get(node)
-            self.replies.append(self.read(node, reply))
-            self.count("train", server_round, job.plan.client, node, reply)
-        self.write_traffic()
-        return None, MetricRecord({"replies": len(by_node)})
+        """Each reply to this round's messages read and checked against its client's expected
+        update (or why it is refused); the engine averages those accepted (server.RemoteTrainer).
+        Bytes each way go to federation.csv."""
+        for reply in replies:
+            i = self.waiting.get(reply.metadata.reply_to_message_id)
+            if i is None:
+                continue
+            client = self.jobs[i].plan.client
+            why = self.sender(client, reply)
+            accepted = Reply(error=why, node=self.nodes[client]) if why else accept_update(reply, self.expected[i])
+            self.arrived.append((i, accepted))
+            self.count("train", server_round, client, reply)
+        return None, MetricRecord({"replies": len(self.arrived)})
 
-    def count(self, stage: str, server_round: int, client: int, node: int, reply: Message | None) -> None:
-        """A message's bytes each way, for federation.csv (a client without a reply: none)."""
-        if reply is not None and reply.has_content():
+    def sender(self, client: int, reply: Message) -> str:
+        """Why a reply cannot be its client's ('' if it can): it must come from the node its
+        message went to, whose key is the client's, and hold content (module docstring)."""
+        node, src = self.nodes[client], reply.metadata.src_node_id
+        if src != node:
+            return f"a reply from node {src} to a message sent to node {node}"
+        return self.identity.refusal(src, client) or unanswered(node, reply)
+
+    def count(self, stage: str, server_round: int, client: int, reply: Message) -> None:
+        """A message's bytes each way, for federation.csv (a reply without content: none)."""
+        if reply.has_content():
             down, up = self.down[client], message_bytes(reply.content)
             self.traffic.append(
                 {
                     "round": server_round,
                     "stage": stage,
                     "client": client,
-                    "node": node,
+                    "node": self.nodes[client],
                     "down_bytes": down,
                     "up_bytes": up,
                 }
@@ -222,51 +399,33 @@ class IncoflStrategy(Strategy):
         with atomic_path(self.out / "federation.csv") as tmp:
             pd.DataFrame(self.traffic).to_csv(tmp, index=False)
 
-    @staticmethod
-    def read(node: int, reply: Message | None) -> Reply:
-        missing = unanswered(node, reply)
-        if missing:
-            return Reply(error=missing, node=node)
-        assert reply is not None
-        try:
-            update, kept, state = read_update(reply.content, "cpu")
-        except CodecError as err:
-            return Reply(error=str(err), node=node)
-        return Reply(update, kept, state, node=node)
-
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        messages = []
-        for job in self.eval_jobs:
+        messages, self.sent = [], []
+        for i, job in enumerate(self.eval_jobs):
             content = evaluate_content(server_round, job)
             self.down[job.client] = message_bytes(content)
             messages.append(Message(content, self.nodes[job.client], "evaluate", group_id=str(server_round)))
+            self.sent.append(i)
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Each job's scores decoded (or why there are none); the engine checks them."""
-        by_node = {reply.metadata.src_node_id: reply for reply in replies}
-        self.scores = []
-        for job in self.eval_jobs:
-            node = self.nodes[job.client]
-            reply = by_node.get(node)
-            self.scores.append(self.read_eval(node, reply, job.splits))
-            self.count("evaluate", server_round, job.client, node, reply)
-        self.write_traffic()
-        return MetricRecord({"replies": len(by_node)})
-
-    @staticmethod
-    def read_eval(node: int, reply: Message | None, splits: tuple[str, ...]) -> EvalReply:
-        missing = unanswered(node, reply)
-        if missing:
-            return EvalReply(error=missing, node=node)
-        assert reply is not None
-        try:
-            client, scores = read_scores(reply.content, splits)
-        except CodecError as err:
-            return EvalReply(error=str(err), node=node)
-        return EvalReply(client, scores, node=node)
+        """Each reply's scores read and checked against what the job expects (or why they are refused)."""
+        for reply in replies:
+            i = self.waiting.get(reply.metadata.reply_to_message_id)
+            if i is None:
+                continue
+            job = self.eval_jobs[i]
+            why = self.sender(job.client, reply)
+            read = (
+                EvalReply(error=why, node=self.nodes[job.client])
+                if why
+                else accept_scores(reply, job, self.eval_expected[i])
+            )
+            self.arrived.append((i, read))
+            self.count("evaluate", server_round, job.client, reply)
+        return MetricRecord({"replies": len(self.arrived)})
 
     def summary(self) -> None:
         log.info("incofl strategy: %d clients on nodes %s", len(self.nodes), self.nodes)
@@ -276,13 +435,12 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     """One federated run (module docstring); its summary."""
     cfg = load_run_config(settings.config, settings.overrides)
     check_federated(cfg)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     data = dataset_for(cfg)
-    engine = FederatedEngine(cfg, data, partition_for(cfg, data), resolve_device(cfg.device))
-    test = {client: test_sha256(data) for client in test_clients(cfg)}
-    nodes = identify(grid, cfg, settings.join_timeout, test)
-    strategy = IncoflStrategy(grid, nodes, settings.round_timeout, settings.out)
+    engine = build_engine(cfg, data, FederatedEngine)
+    identity = Identity.load(grid, settings.node_keys, cfg.clients)
+    test = {client: test_sha256(data) for client in tested_on_nodes(cfg)}
+    nodes = identify(grid, cfg, settings.join_timeout, test, identity)
+    strategy = IncoflStrategy(grid, nodes, settings.round_timeout, settings.out, identity)
     trainer = RemoteTrainer(strategy, settings.allow_missing)
     engine.federate(trainer)
     with claimed(settings.out):

@@ -7,7 +7,7 @@ produce and consume them live in their own modules."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,17 @@ class ClientPlan:
 
     def uploads(self, name: str) -> bool:
         return name not in self.keep and (self.upload is None or name in self.upload)
+
+    def uploaded(self, state: State) -> list[str]:
+        """The entries of `state` whose delta the client sends: every floating-point one it
+        uploads (the trainer's rule for what it sends, and the server's for what it accepts)."""
+        return [k for k, v in state.items() if v.is_floating_point() and self.uploads(k)]
+
+    def upload_params(self, state: State, params: Iterable[str]) -> int:
+        """The parameters (`params`: the model's parameter names; the rest is buffers) among the
+        uploaded entries of `state`: what the cost accounting counts."""
+        names = set(params)
+        return sum(state[k].numel() for k in self.uploaded(state) if k in names)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -31,6 +31,8 @@ from incofl.fl.engine.engine import Engine, resolve_device
 from incofl.fl.engine.estimate import Work
 from incofl.fl.engine.hardware import hardware_kind
 from incofl.fl.engine.rundir import claimed
+
+E = TypeVar("E", bound=Engine)
 
 
 def evaluated(round_: int, cfg: RunConfig) -> bool:
@@ -236,14 +238,20 @@ class Run:
         }
 
 
-def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:
-    """Run (or resume) one configured training run and return its summary."""
+def build_engine(cfg: RunConfig, data: ImageDataset | None, kind: type[E]) -> E:
+    """A run's engine as every entry point builds it (`incofl train`, a federation's server): the
+    config's threads, its data set (unless given), its partition and device; every input is
+    checked before an output is touched."""
     from incofl.data.sources import dataset_for
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
     data = data or dataset_for(cfg)
-    engine = Engine(cfg, data, partition_for(cfg, data), device)  # every input checked before --out is touched
+    return kind(cfg, data, partition_for(cfg, data), resolve_device(cfg.device))
+
+
+def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:
+    """Run (or resume) one configured training run and return its summary."""
+    engine = build_engine(cfg, data, Engine)
     with claimed(Path(out_dir)):
         return Run(cfg, engine, Path(out_dir)).execute()

@@ -62,7 +62,7 @@ def score(
     order = torch.arange(len(data)) if indices is None else indices
     if batch_statistics(model):
         order = mixed_order(order)
-    n = len(order) // batch_size * batch_size if drop_last and len(order) >= batch_size else len(order)
+    n = scored_samples(len(order), batch_size, drop_last)
     correct = loss = None
     for batch in order[:n].split(batch_size):
         x, y = data.batch(batch)
@@ -74,6 +74,12 @@ def score(
     if correct is None:
         return Scores([0], [0.0], n)
     return Scores(correct.tolist(), loss.tolist(), n)
+
+
+def scored_samples(count: int, batch_size: int, drop_last: bool = False) -> int:
+    """How many of `count` samples `score` scores: with `drop_last` those in full batches (all
+    when there are fewer than a batch)."""
+    return count // batch_size * batch_size if drop_last and count >= batch_size else count
 
 
 class GroupEvaluator:

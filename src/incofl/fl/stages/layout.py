@@ -43,6 +43,12 @@ class ClientEval:
     split: str
 
 
+def first_clients(groups: list[int]) -> list[int]:
+    """Each model group's first client (`groups`: each client's group, every group held): where
+    clients keep entries, its model is the one its group is scored with on the test set."""
+    return [groups.index(g) for g in range(max(groups) + 1)]
+
+
 # Scores of client models, in order: where the clients keep their entries (a simulator's engine
 # scores them itself, a real federation's server asks the clients' nodes)
 ClientScores = Callable[[list[ClientEval]], list[Scores]]
@@ -103,7 +109,7 @@ class GroupLayout(Layout):
         self.server_model = self.models[check_nested(self.models)]
         self.evaluator = GroupEvaluator(self.models, inputs.test, cfg.eval_batch_size, cfg.drop_last)
         self.groups = inputs.groups
-        self.first = [inputs.groups.index(g) for g in range(cfg.groups)]  # each model group's first client
+        self.first = first_clients(inputs.groups)
         self.personal = (
             None
             if inputs.held_out is None

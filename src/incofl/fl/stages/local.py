@@ -120,16 +120,26 @@ def client_batches(
     gen: torch.Generator,
     drop_last: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """E epochs of shuffled (augmented) mini-batches over the client's samples. A trailing
-    batch of one sample is skipped (BatchNorm cannot train on it); with `drop_last` every
-    incomplete batch is (the release's loaders: a client with fewer samples than a batch
-    does not train)."""
+    """E epochs of shuffled (augmented) mini-batches over the client's samples, those it trains on (`trains_on`)."""
     idx = torch.from_numpy(indices)
-    smallest = batch_size if drop_last else 2
     for _ in range(epochs):
         for batch in idx[torch.randperm(len(idx), generator=gen)].split(batch_size):
-            if len(batch) >= smallest:
+            if trains_on(len(batch), batch_size, drop_last):
                 yield data.batch(batch, gen)
+
+
+def trains_on(size: int, batch_size: int, drop_last: bool) -> bool:
+    """Whether a client trains on a batch of `size` samples: a trailing batch of one is skipped
+    (BatchNorm cannot train on it); with `drop_last` every incomplete batch is (the release's
+    loaders: a client with fewer samples than a batch does not train)."""
+    return size >= (batch_size if drop_last else 2)
+
+
+def local_steps(samples: int, epochs: int, batch_size: int, drop_last: bool) -> int:
+    """The local steps of a client with `samples` training samples (one a batch of `client_batches`)."""
+    full, rest = divmod(samples, batch_size)
+    sizes = [batch_size] * full + ([rest] if rest else [])
+    return epochs * sum(trains_on(size, batch_size, drop_last) for size in sizes)
 
 
 def train_step(

@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from incofl.config import RunConfig
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
 from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.sampling import group_of
@@ -31,6 +32,11 @@ def bn_statistics(model: nn.Module) -> frozenset[str]:
     return frozenset(f"{name}.{buffer}" for name, m in norms for buffer, _ in m.named_buffers(recurse=False))
 
 
+def local_statistics(cfg: RunConfig) -> bool:
+    """Whether each client keeps its BatchNorm running statistics (`bn_stats: local`, module docstring)."""
+    return cfg.bn_stats == "local"
+
+
 class FullPlanner(Stateful):
     """Every sampled client trains and uploads its whole (sub-)model. A planner is built from the
     method's parameters and the run's Setup (config, server entries, width levels, the model
@@ -40,7 +46,7 @@ class FullPlanner(Stateful):
         cfg, self.federation_of = setup.cfg, setup.federation
         self.clients, self.groups = cfg.clients, cfg.groups
         self.sizes = Counter(self.federation_of(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients))
-        self.keep = [bn_statistics(m) if cfg.bn_stats == "local" else frozenset() for m in setup.models]
+        self.keep = [bn_statistics(m) if local_statistics(cfg) else frozenset() for m in setup.models]
 
     def plan(self, round_: int, client: int) -> ClientPlan:
         group = group_of(client, self.clients, self.groups)

@@ -77,8 +77,7 @@ class Trainer:
         """A trained client's update, for every trainer: the delta of each uploaded
         floating-point entry from its `final` state (in state order), the entries it keeps, and
         with a `last_grad` plan its last mini-batch gradients. `params`: the model's parameter names."""
-        delta = {k: v.detach() - start[k] for k, v in final.items() if v.is_floating_point() and plan.uploads(k)}
-        uploaded = sum(v.numel() for k, v in delta.items() if k in params)  # parameters, not buffers
+        delta = {k: final[k].detach() - start[k] for k in plan.uploaded(final)}
         kept = {k: v.detach().clone() for k, v in final.items() if k in plan.keep}
         return ClientUpdate(
             plan.client,
@@ -89,7 +88,7 @@ class Trainer:
             federation=plan.federation,
             loss=loss,
             full=plan.full,
-            upload_params=uploaded,
+            upload_params=plan.upload_params(final, params),
             kept=kept,
             extra={"last_grad": last_grad} if plan.last_grad else {},
             view=plan.view,
