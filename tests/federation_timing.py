@@ -25,6 +25,9 @@ from test_federation_deploy import DEPLOYED
 NODE_STEPS = {
     "start Python": "pass",
     "import torch": "import torch",
+    "and timm, torchvision, pandas (incofl's engine imports them)": (
+        "import torch, timm.models.vision_transformer, torchvision.transforms.v2.functional, pandas"
+    ),
     "import flwr's and incofl's ClientApp": "import incofl.federation.clientapp",
     "read the site file, build the client's engine": (
         "import incofl.federation.clientapp\n"
@@ -35,7 +38,7 @@ NODE_STEPS = {
 }
 
 
-def node_costs(folder: Path, repeats: int = 3) -> dict[str, float]:
+def node_costs(folder: Path, repeats: int = 5) -> dict[str, float]:
     """Median seconds of each of NODE_STEPS in a fresh process, for client 0 of the timed run."""
     fields = {"config": str(folder / "run.yaml"), "site": str(folder / "site0.npz"), "state": str(folder / "state")}
     costs = {}
@@ -47,6 +50,20 @@ def node_costs(folder: Path, repeats: int = 3) -> dict[str, float]:
             times.append(time.perf_counter() - start)
         costs[step] = statistics.median(times)
     return costs
+
+
+def site_read(folder: Path, repeats: int = 5) -> float:
+    """Median seconds of reading client 0's site file (an uncompressed .npz) and checking it against the config."""
+    from incofl.config import load_run_config
+    from incofl.federation.sitedata import load_site
+
+    cfg = load_run_config(folder / "run.yaml")
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        load_site(folder / "site0.npz", cfg, 0)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def main(folder: Path, deployed: Path | None) -> None:
@@ -62,6 +79,7 @@ def main(folder: Path, deployed: Path | None) -> None:
     print(traffic.assign(cost_accounting_upload=costs).to_string())
     for step, seconds in node_costs(folder).items():
         print(f"a node's message, up to '{step}': {seconds:.2f} s")
+    print(f"of which reading the site file: {site_read(folder):.4f} s")
 
 
 if __name__ == "__main__":

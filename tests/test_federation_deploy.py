@@ -7,6 +7,7 @@ key registered with `flwr supernode register`), so that it can be killed alone. 
 
 - a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator;
 - a node with a key nobody registered is refused by the SuperLink;
+- only the federation's own SuperExecs (which hold `up`'s secret) can take a run's work;
 - client 2's flower-supernode SIGKILLed mid-round: with `allow-missing` the run ends without it;
 - once stopped, no process any of this started is left (a /proc scan, recorded while it ran).
 """
@@ -252,6 +253,26 @@ def test_a_node_whose_key_is_not_registered_is_refused(deployment):
     proc = deployment.supernode("stranger", stranger, 0, sites / "site0.npz", deployment.port + 4)
     assert proc.wait(timeout=120) != 0
     assert "Failed to activate SuperNode" in (deployment.root / "stranger.log").read_text()
+
+
+def test_only_the_federations_superexecs_can_take_its_runs_work(deployment):
+    """Flower's Runtime API hands a ServerApp's or a message's task to whoever asks; `up` starts the
+    SuperLink and its nodes with a secret that only its own SuperExecs hold."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.runtime.runtime_http_client import RuntimeHttpClient
+    from httpx import HTTPStatusError
+
+    ca = deployment.root / "sites" / "certificates" / "ca.pem"
+    for port, certificates in [(deployment.port, ca.read_bytes()), (deployment.port + 1, None)]:  # SuperLink, node 0
+        client = RuntimeHttpClient.from_server_address(
+            server_address=f"127.0.0.1:{port}",
+            insecure=certificates is None,
+            root_certificates=certificates,
+            interceptors=[],
+        )
+        with pytest.raises(HTTPStatusError, match="401 Unauthorized"):
+            client.AcquireTask(AcquireTaskRequest(supported_task_types=["flwr-serverapp", "flwr-clientapp"]))
+        client.close()
 
 
 def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment):

@@ -6,11 +6,13 @@ started; one that dies stops the rest, naming it.
 
 Secure by default: TLS on every API, with the certificates in `certificates` (`ca.pem`,
 `server.pem`, `server.key`: a server certificate for 127.0.0.1; default: `<sites>/certificates`,
-made there unless present), and
-node authentication: each node's P-384 key pair (`<sites>/keys/node<client>`, made unless
-`incofl federation export --keys` made it) is registered with `flwr supernode register` before
-the node starts, the SuperLink refuses any other node, and the ServerApp binds each client to
-its node's key (run config `node-keys`). `insecure`: neither, for a trusted loopback test only.
+made there unless present); node authentication: each node's P-384 key pair
+(`<sites>/keys/node<client>`, made unless `incofl federation export --keys` made it) is
+registered with `flwr supernode register` before the node starts, the SuperLink refuses any
+other node, and the ServerApp binds each client to its node's key (run config `node-keys`); and
+the SuperLink's and each node's work is run by a SuperExec that `up` starts with a fresh secret
+(Flower's process isolation), so that no other process can take it from their Runtime APIs.
+`insecure`: none of these, for a trusted loopback test only.
 
 Anyone who can connect to the SuperLink's port can use its Control API (`flwr run`: code that
 runs as this user); Flower 1.42 has no user authentication without OIDC, so on a shared host
@@ -208,8 +210,9 @@ def up(fed: LocalFederation) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGINT, interrupted)
     try:
-        config = start_link(fed, tls, procs)
-        start_nodes(fed, sites, tls, procs)
+        secret = None if fed.insecure else superexec_secret(fed.keys / "superexec.secret")
+        config = start_link(fed, tls, secret, procs)
+        start_nodes(fed, sites, tls, secret, procs)
         print(startup_line(fed, sites, tls is not None, config, procs.logs), flush=True)
         while not stop["signal"]:
             dead = procs.dead()
@@ -222,24 +225,63 @@ def up(fed: LocalFederation) -> int:
         procs.stop()
 
 
-def start_link(fed: LocalFederation, tls: tuple[Path, Path, Path] | None, procs: Processes) -> Path:
-    """The SuperLink, listening; the connection added to Flower's config (returned)."""
+def superexec_secret(path: Path) -> Path:
+    """A fresh shared secret (0600) for the SuperExecs `up` starts: with it, only they can take
+    the run's ServerApp task from the SuperLink's port and a node's messages from the node's."""
+    import secrets
+
+    from incofl.federation.credentials import write_secret
+
+    write_secret(path, secrets.token_bytes(32))
+    return path
+
+
+def isolated(secret: Path | None) -> list[str]:
+    """The flags with which a SuperLink or SuperNode waits for a SuperExec that proves itself with `secret`
+    (Flower 1.42 reads the secret only in process isolation; without one, its default: its own SuperExec)."""
+    return [] if secret is None else ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
+
+
+def start_superexec(
+    name: str, runtime: str, ca: Path | None, secret: Path | None, parent: int, procs: Processes
+) -> None:
+    """The SuperExec that runs the messages of the SuperLink or SuperNode at `runtime` (none without a secret)."""
+    if secret is None:
+        return
+    security = ["--insecure"] if ca is None else ["--root-certificates", str(ca)]
+    procs.start(
+        name,
+        [flower_tool("flower-superexec"), "--runtime-api-address", runtime, *security]
+        + ["--superexec-auth-secret-file", str(secret), "--parent-pid", str(parent)],
+    )
+
+
+def start_link(
+    fed: LocalFederation, tls: tuple[Path, Path, Path] | None, secret: Path | None, procs: Processes
+) -> Path:
+    """The SuperLink, listening, and its SuperExec; the connection added to Flower's config (returned)."""
     security = ["--insecure"] if tls is None else ["--ssl-ca-certfile", str(tls[0])]
     security += [] if tls is None else ["--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
     security += [] if fed.insecure else ["--enable-supernode-auth"]
     link = procs.start(
         "superlink",
-        [flower_tool("flower-superlink"), *security, "--disable-runtime-dependency-installation"]
+        [flower_tool("flower-superlink"), *security, *isolated(secret), "--disable-runtime-dependency-installation"]
         + ["--host", "127.0.0.1", "--port", str(fed.port)],
     )
     wait_for_port(fed.port, link)
-    return add_connection(fed.connection, f"127.0.0.1:{fed.port}", None if tls is None else tls[0])
+    address = f"127.0.0.1:{fed.port}"
+    start_superexec("superexec-superlink", address, None if tls is None else tls[0], secret, link.pid, procs)
+    return add_connection(fed.connection, address, None if tls is None else tls[0])
 
 
 def start_nodes(
-    fed: LocalFederation, sites: dict[int, Path], tls: tuple[Path, Path, Path] | None, procs: Processes
+    fed: LocalFederation,
+    sites: dict[int, Path],
+    tls: tuple[Path, Path, Path] | None,
+    secret: Path | None,
+    procs: Processes,
 ) -> None:
-    """One SuperNode per site file; unless insecure, its key registered first."""
+    """One SuperNode per site file (unless insecure, its key registered first) and its SuperExec."""
     from incofl.federation.credentials import node_key
 
     security = ["--insecure"] if tls is None else ["--root-certificates", str(tls[0])]
@@ -249,11 +291,15 @@ def start_nodes(
             private, public = node_key(fed.keys, client)
             procs.run([flower_tool("flwr"), "supernode", "register", str(public), fed.connection])
             auth = ["--auth-supernode-private-key", str(private)]
-        procs.start(
+        port = fed.port + 1 + i
+        node = procs.start(
             f"supernode{client}",
-            [flower_tool("flower-supernode"), *security, *auth, "--superlink", f"127.0.0.1:{fed.port}"]
-            + ["--port", str(fed.port + 1 + i), "--node-config", f'client={client} data-path="{path}"'],
+            [flower_tool("flower-supernode"), *security, *auth, *isolated(secret)]
+            + ["--superlink", f"127.0.0.1:{fed.port}", "--port", str(port)]
+            + ["--node-config", f'client={client} data-path="{path}"'],
         )
+        # a node's runtime API is plain HTTP on 127.0.0.1 (Flower's default): the secret is what guards it
+        start_superexec(f"superexec{client}", f"127.0.0.1:{port}", None, secret, node.pid, procs)
 
 
 def startup_line(fed: LocalFederation, sites: dict[int, Path], tls: bool, config: Path, logs: Path) -> str:
