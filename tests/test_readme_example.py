@@ -82,7 +82,7 @@ def test_example_clip_bounds_every_update(example):
         for i in range(3)
     ]
     clip = example["ClipUpdates"](METHODS["FedAvgClip"].parse_args({"max_norm": 0.5}), Setup(RunConfig(), []))
-    for u in clip(0, updates):
+    for u in (clip(0, u) for u in updates):
         assert float(torch.sqrt(sum(d.pow(2).sum() for d in u.delta.values()))) == pytest.approx(0.5, rel=1e-5)
 
 

@@ -15,7 +15,10 @@ What needs every update of a round before it can act says so and keeps what it n
   comparisons);
 - FedLAG's planner keeps its warm-up rounds' conflict signals (pairwise cosines).
 `finish` then averages, applies the post transforms, updates the server states and returns the
-round's report.
+round's report. Nothing of the server states changes before `finish`, but a fold left unfinished
+(a stopped run: a divergence, a federation's missing clients) leaves its components' round
+scratch (SCAFFOLD's sums of increments, FedNova's seen counts) behind: the run resumes from its
+checkpoint in a new engine.
 """
 
 from __future__ import annotations
