@@ -72,7 +72,7 @@ from incofl.fl.engine.rundir import claimed
 
 log = logging.getLogger("incofl.federation")
 app = ServerApp()
-POLL = 0.1  # seconds between pulls of the replies still awaited (a reply waits on the SuperLink no longer)
+POLL = 0.05  # seconds between pulls of the replies still awaited (a reply waits on the SuperLink no longer)
 
 
 @dataclass(frozen=True)
