@@ -274,7 +274,7 @@ def test_a_node_keeps_the_states_a_checkpoint_of_the_server_can_resume_from(tmp_
         (_nan, "holds NaN or Inf"),
         (_reshaped, "expected float32"),
         (_impostor, "reply for client"),
-        (_inf_samples, "num_samples: a float"),
+        (_inf_samples, "num_samples: of type float"),
     ],
 )
 def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, change, why):

@@ -116,7 +116,7 @@ def _first(train, method):
 @pytest.mark.parametrize(
     "method,lie,why",
     [
-        ("SCAFFOLD", lambda c: _metric(c, "num_samples", math.inf), "num_samples: a float, expected a int"),
+        ("SCAFFOLD", lambda c: _metric(c, "num_samples", math.inf), "num_samples: of type float, expected int"),
         (
             "SCAFFOLD",
             lambda c: _metric(c, "num_samples", c.metric_records["metrics"]["num_samples"] * 1000),

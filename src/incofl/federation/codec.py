@@ -121,7 +121,7 @@ def read_metric(record: MetricRecord | ConfigRecord, key: str, kind: type, what:
         raise CodecError(f"{what}: no {key}")
     value = record[key]
     if type(value) is not kind:
-        raise CodecError(f"{what} {key}: a {type(value).__name__}, expected a {kind.__name__}")
+        raise CodecError(f"{what} {key}: of type {type(value).__name__}, expected {kind.__name__}")
     return value
 
 
