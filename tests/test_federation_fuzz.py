@@ -1,5 +1,5 @@
 """The federation server's checks of every reply (docs/federation.md): honest replies of tiny
-in-process runs (SCAFFOLD's optional extras, FedLAG's last gradients and held-out scores,
+in-process runs (SCAFFOLD's increments, sent after a local step, FedLAG's last gradients and held-out scores,
 FedNova's steps, HeteroFL's width views), captured once, are accepted; each named lie, and
 random changes of any part a server can know (every metric, record, array, .npy header, dtype,
 hash and score), are refused without an exception escaping."""
@@ -94,7 +94,7 @@ def test_every_honest_reply_is_accepted(honest):
 
     train, scores = honest
     assert {m for m, *_ in train} == set(RUNS) and {m for m, *_ in scores} == {"FedLAG"}
-    assert any(e.extra and not e.extra["scaffold_increment"][1] for m, _, e in train if m == "SCAFFOLD")
+    assert all(set(e.extra) == {"scaffold_increment"} for m, _, e in train if m == "SCAFFOLD")
     assert all(set(e.extra) == {"last_grad"} for m, _, e in train if m == "FedLAG")
     assert all(not accept_update(reply, expected).error for _, reply, expected in train)
     assert all(not accept_scores(reply, job, expected).error for _, reply, job, expected in scores)
@@ -229,12 +229,9 @@ def _a_value_lie(metrics: MetricRecord, key: str, value) -> bool:
 
 
 def _change_record(content: RecordDict, data) -> bool:
-    """A record removed (but an optional extra: a client may leave it out), or one added (an
-    array, metric or config record; an extra's name too)."""
+    """A record removed, or one added (an array, metric or config record; an extra's name too)."""
     if data.draw(st.booleans()) and len(content):
         name = data.draw(st.sampled_from(sorted(content)))
-        if name == "extra.scaffold_increment":
-            return False
         del content[name]
         return True
     names = NAMES | st.sampled_from(["extra.last_grad", "extra.scaffold_increment", "delta", "classes", "kept"])

@@ -91,16 +91,14 @@ def read_state(record: ArrayRecord, expected: Expected, what: str, device: torch
     }
 
 
-def check_records(
-    content: RecordDict, arrays: set[str], optional: set[str], metrics: set[str], configs: set[str]
-) -> None:
-    """The message holds exactly these records (`optional` array records may be left out)."""
+def check_records(content: RecordDict, arrays: set[str], metrics: set[str], configs: set[str]) -> None:
+    """The message holds exactly these records."""
     for kind, got, want in (
         ("array", set(content.array_records), arrays),
         ("metric", set(content.metric_records), metrics),
         ("config", set(content.config_records), configs),
     ):
-        extra = got - want - (optional if kind == "array" else set())
+        extra = got - want
         if extra or want - got:
             raise CodecError(f"{kind} records other than expected: {short(extra | (want - got))}")
 
@@ -262,8 +260,7 @@ def read_update(
     its state's, if its form is what `expected` allows (module docstring): its values are
     server.check_update's to check."""
     extras = {EXTRA + key: key for key in expected.extra}
-    required = {EXTRA + key for key, (_, needed) in expected.extra.items() if needed}
-    check_records(content, {*UPDATE_ARRAYS.values(), *required}, set(extras), {"metrics"}, {"kept"})
+    check_records(content, {*UPDATE_ARRAYS.values(), *extras}, {"metrics"}, {"kept"})
     check_budget(content, expected.states())
     m = content.metric_records["metrics"]
     kinds = update_metrics()
@@ -282,9 +279,7 @@ def read_update(
     update = ClientUpdate(
         delta=read_state(arrays["delta"], expected.delta, "delta", device),
         extra={
-            key: read_state(arrays[name], expected.extra[key][0], f"extra {key}", device)
-            for name, key in extras.items()
-            if name in arrays
+            key: read_state(arrays[name], expected.extra[key], f"extra {key}", device) for name, key in extras.items()
         },
         classes=classes,
         **{name: bool(value) if name in flags else value for name, value in values.items()},
@@ -331,7 +326,7 @@ def read_scores(content: RecordDict, splits: tuple[str, ...], expected: Expected
     """The client a reply names and its scores on `splits` (the splits asked), if its form is
     what `expected` allows: exactly these metrics, each of its type, one entry per exit
     (server.check_scores checks the values)."""
-    check_records(content, set(), set(), {"scores"}, set())
+    check_records(content, set(), {"scores"}, set())
     m = content.metric_records["scores"]
     keys = {"client", *(f"{split}.{part}" for split in splits for part in ("correct", "loss", "n"))}
     if set(m) != keys:

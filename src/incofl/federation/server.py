@@ -87,12 +87,12 @@ class TrainJob:
 class ExpectedUpdate:
     """What the server accepts from a planned client: the plan's client, group, federation and
     `full`, the delta of exactly the uploaded entries (each its start entry's shape and dtype),
-    the `extra` states the run's components declare (key -> entries, required), the client's
+    exactly the `extra` states the run's components declare for it (key -> entries), the client's
     share size and local steps, the parameters uploaded and the classes it holds."""
 
     plan: ClientPlan
     delta: Expected
-    extra: dict[str, tuple[Expected, bool]]
+    extra: dict[str, Expected]
     num_samples: int
     steps: int
     upload_params: int
@@ -103,7 +103,7 @@ class ExpectedUpdate:
 
     def states(self) -> list[Expected]:
         """Every state a reply may hold (the delta, each extra, the classes): the message's byte budget."""
-        return [self.delta, *(entries for entries, _ in self.extra.values()), self.classes_entry()]
+        return [self.delta, *self.extra.values(), self.classes_entry()]
 
 
 @dataclass
@@ -307,12 +307,13 @@ class FederatedEngine(Engine):
         cfg = self.cfg
         params = [name for name, _ in self.models[plan.group].named_parameters()]
         samples = len(self.parts[plan.client])
+        steps = local_steps(samples, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
         return ExpectedUpdate(
             plan,
             {k: (tuple(start[k].shape), start[k].dtype) for k in plan.uploaded(start)},
-            expected_extra([c for _, c in self.components()], plan, start, params),
+            expected_extra([c for _, c in self.components()], plan, start, params, steps),
             samples,
-            local_steps(samples, cfg.local_epochs, cfg.batch_size, cfg.drop_last),
+            steps,
             plan.upload_params(start, params),
             self.client.trainer.classes(plan.client).cpu(),
         )

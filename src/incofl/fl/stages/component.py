@@ -36,11 +36,12 @@ class Sent:
     """An entry of `ClientUpdate.extra` that a component's clients send: a state with one tensor
     per parameter the client trained, of that parameter's shape and dtype in its start weights.
     `asked_by`: the `ClientPlan` flag that asks for it (sent exactly when set; None: every round);
-    `optional`: a client may leave it out (SCAFFOLD's, after a round without a local step)."""
+    `stepped_only`: sent exactly when the client took a local step (SCAFFOLD's: a round without
+    one moves nothing), which the server knows from the client's share and the batch size."""
 
     key: str
     asked_by: str | None = None
-    optional: bool = False
+    stepped_only: bool = False
 
 
 Expected = dict[str, tuple[tuple[int, ...], torch.dtype]]  # entry -> its shape and dtype
@@ -95,21 +96,20 @@ def restore(saved: Any, like: Any) -> Any:
 
 
 def expected_extra(
-    components: Iterable[Stateful], plan: ClientPlan, start: State, params: Iterable[str]
-) -> dict[str, tuple[Expected, bool]]:
-    """What a planned client's update may hold in `extra`, from the run's components'
-    declarations: key -> (each entry's shape and dtype, whether it must be there). `start`: the
-    client's start weights (their shapes are the sub-model's), `params`: its model's parameter
-    names (the rest of `start` is buffers, which no client trains)."""
+    components: Iterable[Stateful], plan: ClientPlan, start: State, params: Iterable[str], steps: int
+) -> dict[str, Expected]:
+    """Exactly what a planned client's update holds in `extra`, from the run's components'
+    declarations: key -> each entry's shape and dtype. `start`: the client's start weights (their
+    shapes are the sub-model's), `params`: its model's parameter names (the rest of `start` is
+    buffers, which no client trains), `steps`: the local steps it takes."""
     trained = {
         name: (tuple(start[name].shape), start[name].dtype)
         for name in params
         if name in start and (plan.trainable is None or name in plan.trainable)
     }
-    expected: dict[str, tuple[Expected, bool]] = {}
-    for component in components:
-        for sent in component.sends:
-            asked = sent.asked_by is None or bool(getattr(plan, sent.asked_by))
-            if asked:
-                expected[sent.key] = (trained, not sent.optional)
-    return expected
+    return {
+        sent.key: trained
+        for component in components
+        for sent in component.sends
+        if (sent.asked_by is None or getattr(plan, sent.asked_by)) and (steps > 0 or not sent.stepped_only)
+    }

@@ -92,7 +92,7 @@ class Scaffold(Objective):
     session_type = ScaffoldSession
     state = ("c",)  # the c_i are in the client store
     scratch = ("totals",)  # within a round only
-    sends = (Sent("scaffold_increment", optional=True),)  # none after a round without a local step
+    sends = (Sent("scaffold_increment", stepped_only=True),)
 
     def __init__(self, hp: ScaffoldParams, setup: Setup):
         super().__init__(hp, setup)
