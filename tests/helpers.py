@@ -45,7 +45,7 @@ def engine_on(data: ImageDataset, **settings: Any) -> Engine:
 
 def kept_by(engine: Engine) -> dict[int, State]:
     """What each client keeps (ClientPlan.keep), from the engine's client store."""
-    return {client: engine.clients.get(KEPT, client) for client in engine.clients.clients(KEPT)}
+    return {client: engine.store.get(KEPT, client) for client in engine.store.clients(KEPT)}
 
 
 def unavailable(reason: str) -> NoReturn:

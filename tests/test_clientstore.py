@@ -215,8 +215,8 @@ TINY = {
 
 def _fingerprints(engine) -> tuple[str, dict]:
     """The weights' hash (with kept entries) and every client's stored states."""
-    spaces = {space for space, _ in engine.clients.entries}
-    return engine.fingerprint(), {(s, c): engine.clients.get(s, c) for s in spaces for c in engine.clients.clients(s)}
+    spaces = {space for space, _ in engine.store.entries}
+    return engine.fingerprint(), {(s, c): engine.store.get(s, c) for s in spaces for c in engine.store.clients(s)}
 
 
 @pytest.mark.slow
@@ -229,7 +229,7 @@ def test_a_tiny_budget_computes_what_unlimited_memory_does(data, method, setting
             engine.run_round(round_)
         runs.append(engine)
     (h0, stored0), (h1, stored1) = (_fingerprints(e) for e in runs)
-    assert runs[0].clients.used == 0 and runs[1].clients.scratch is None  # all on disk / all in memory
+    assert runs[0].store.used == 0 and runs[1].store.scratch is None  # all on disk / all in memory
     assert h0 == h1 and stored0.keys() == stored1.keys() and stored0
     for key, s in stored0.items():
         assert s.keys() == stored1[key].keys() and all(torch.equal(v, stored1[key][k]) for k, v in s.items())

@@ -130,7 +130,7 @@ def test_client_update_is_a_real_difference(synthetic, tmp_path):
     part = make_partition(synthetic.y_train, kind="iid", num_clients=6, alpha=1.0, seed=0)
     engine = Engine(cfg, synthetic, part, torch.device("cpu"))
     before = {k: v.clone() for k, v in engine.states[0].items()}
-    update = engine.client.trainer.train_client(0, engine.planner.plan(0, 5), engine.sub_state(1), engine.objective)
+    update = engine.runner.trainer.train_client(0, engine.planner.plan(0, 5), engine.sub_state(1), engine.objective)
     assert update.group == 1 and update.steps == int(np.ceil(len(part.parts[5]) / 32))
     assert max(d.abs().max().item() for d in update.delta.values()) > 0
     assert all(torch.equal(before[k], engine.states[0][k]) for k in before)  # global untouched by training

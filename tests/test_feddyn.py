@@ -71,7 +71,7 @@ def test_two_rounds_of_two_clients_equal_the_algorithm_by_hand():
     split = TensorSplit(x.numpy(), y.numpy(), np.zeros(3), np.ones(3), torch.device("cpu"), 2)
     parts = [np.arange(4 * k, 4 * k + 4) for k in range(M)]
     store = ClientStore()
-    setup = Setup(cfg, list(model.state_dict()), models=[model], federation=GroupWise.federation, clients=store)
+    setup = Setup(cfg, list(model.state_dict()), models=[model], federation=GroupWise.federation, store=store)
     hp = METHODS["FedDyn"].parse_args({"alpha": ALPHA})
     objective, aggregator, post = DynObjective(hp, setup), GroupWise(hp, setup), DynCorrection(hp, setup)
     runner = ClientRunner(cfg, objective, [model], split, parts, store)
@@ -120,7 +120,7 @@ def test_tiny_alpha_leaves_fedavgs_local_step_and_the_server_applies_1_plus_p_ov
         for plan in dyn.plan(round_):
             start = dyn.sub_state(plan.group)
             ours, theirs, far = (
-                e.client.trainer.train_client(round_, plan, start, e.objective) for e in (dyn, avg, real)
+                e.runner.trainer.train_client(round_, plan, start, e.objective) for e in (dyn, avg, real)
             )
             assert _deltas_close(ours.delta, theirs.delta, rtol=1e-4, atol=1e-7)
             assert not _deltas_close(far.delta, theirs.delta, rtol=1e-4, atol=1e-7)

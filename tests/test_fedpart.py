@@ -280,7 +280,7 @@ def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data
     cfg, round_, client = engine.cfg, 3, 1
     plan = engine.planner.plan(round_, client)
     start = {k: v.clone() for k, v in engine.sub_state(0).items()}
-    update = engine.client.trainer.train_client(round_, plan, engine.sub_state(0), engine.objective)
+    update = engine.runner.trainer.train_client(round_, plan, engine.sub_state(0), engine.objective)
     trained = engine.models[0].state_dict()
     assert plan.trainable == {"layer2.0.conv1.weight", "layer2.0.bn1.weight", "layer2.0.bn1.bias"}
     for name, _ in engine.models[0].named_parameters():

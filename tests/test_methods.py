@@ -76,7 +76,7 @@ def _hp(method, **args):
 
 def _train_client(engine, round_, client):
     plan = engine.planner.plan(round_, client)
-    return engine.client.trainer.train_client(round_, plan, engine.sub_state(plan.group), engine.objective)
+    return engine.runner.trainer.train_client(round_, plan, engine.sub_state(plan.group), engine.objective)
 
 
 def _states_equal(a, b):
@@ -234,7 +234,7 @@ def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
     scaffold.run_round(0)
     assert _states_equal(fedavg, scaffold)
     for client, (_group, c_i) in expected.items():
-        stored = scaffold.clients.get("scaffold", client)
+        stored = scaffold.store.get("scaffold", client)
         assert c_i.keys() == stored.keys()
         assert all(torch.allclose(stored[k], v, rtol=1e-5, atol=1e-6) for k, v in c_i.items())
     # groupwise: one c per group, c = (1/K_g) * sum over the group's sampled clients, K_g = 2 clients per group
@@ -249,7 +249,7 @@ def test_inco_scaffold_keeps_one_c_on_the_server_names_over_all_clients(data):
     engine = _engine(data, "InCoScaffold")
     engine.run_round(0)
     ((state, c),) = engine.objective.c.items()
-    c_local = [engine.clients.get("scaffold", int(i)) for i in engine.schedule[0]]
+    c_local = [engine.store.get("scaffold", int(i)) for i in engine.schedule[0]]
     held = set().union(*(c_i.keys() for c_i in c_local))
     assert state == 0 and set(c) == held
     k = "fc.weight"
@@ -266,7 +266,7 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     names = [k for k, _ in model.named_parameters()]
     objective.c = {0: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
     c_i = {k: torch.randn_like(p) for k, p in model.named_parameters()}
-    objective.clients.put("scaffold", 7, c_i)
+    objective.store.put("scaffold", 7, c_i)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     lr = 0.1
     xb, yb = split.batch(torch.arange(4))
@@ -304,13 +304,13 @@ def test_moon_uses_the_global_model_until_a_client_has_a_previous_one():
     loss = session.loss(x, y)
     assert torch.allclose(loss, F.cross_entropy(model(x), y) + 2.0 * math.log(2), atol=1e-5)
     session.end(ClientUpdate(3, 0, {}, 4, 1))
-    (stored,) = unpack(objective.clients.get("moon", 3))
+    (stored,) = unpack(objective.store.get("moon", 3))
     assert stored.keys() == {k for k, v in model.state_dict().items() if v.is_floating_point()}
     with torch.no_grad():
         model.fc.weight.add_(1.0)
     assert not torch.equal(stored["fc.weight"], model.fc.weight)  # a copy, not the live weights
     objective.session(ctx).end(ClientUpdate(3, 0, {}, 4, 1))
-    (stored,) = unpack(objective.clients.get("moon", 3))
+    (stored,) = unpack(objective.store.get("moon", 3))
     assert torch.equal(stored["fc.weight"], model.fc.weight)
 
 

@@ -172,7 +172,7 @@ def test_every_pipeline_option_reaches_the_engine():
     data = _images(40, channels=1, size=28)
     default = _engine(data)
     assert default.train_data.augmentation == Augmentation()  # synthetic: no augmentation by default
-    assert default.train_data.input_size == 28 and not default.client.trainer.cfg.drop_last
+    assert default.train_data.input_size == 28 and not default.runner.trainer.cfg.drop_last
     engine = _engine(
         data,
         augment="crop_flip",

@@ -48,7 +48,7 @@ def node_of(engine, client: int) -> ClientRunner:
         train.augmentation,
     )
     method, store = METHODS[cfg.method], ClientStore()  # the node's own store: what its client keeps
-    objective = method.objective.cls(method.parse_args(cfg.method_args), Setup(cfg, [], clients=store))
+    objective = method.objective.cls(method.parse_args(cfg.method_args), Setup(cfg, [], store=store))
     return ClientRunner(cfg, objective, copy.deepcopy(engine.models), split, {client: np.arange(len(own))}, store)
 
 
@@ -63,7 +63,7 @@ def test_a_node_trains_its_client_as_the_simulator_does(data):
     for t in range(engine.cfg.rounds):
         plans = engine.plan(t)
         starts = {plan.client: engine.start(plan) for plan in plans}
-        updates = engine.client.train_round(t, plans, engine.start)
+        updates = engine.runner.train_round(t, plans, engine.start)
         for plan, update in zip(plans, updates, strict=True):
             if plan.client == client:
                 mine = node.train(t, plan, starts[client])

@@ -59,7 +59,7 @@ def undeclared_changes(engine: Engine, rounds: int) -> list[str]:
     """`role.attribute` of every undeclared attribute a round changed, over the first `rounds`."""
     changed = []
     for round_ in range(rounds):
-        components = [*engine.components(), ("clients' objective", engine.client.objective)]
+        components = [*engine.components(), ("clients' objective", engine.runner.objective)]
         before = {role: attributes(c) for role, c in components}
         engine.observe(engine.run_round(round_))
         for role, component in components:
@@ -161,7 +161,7 @@ def test_a_session_sees_server_state_only_as_delivered(broadcasts, data):
             engine.observe(engine.run_round(round_))
     finally:
         METHODS.pop("Peeking")
-    assert engine.client.objective is not engine.objective and int(engine.objective.rounds_done) == 2
+    assert engine.runner.objective is not engine.objective and int(engine.objective.rounds_done) == 2
     per_round = len(engine.schedule[0])
-    assert engine.client.objective.seen == [0] * per_round + [1 if broadcasts else 0] * per_round
+    assert engine.runner.objective.seen == [0] * per_round + [1 if broadcasts else 0] * per_round
     assert engine.objective.seen == []  # the server's objective opens no session

@@ -42,7 +42,7 @@ def test_a_round_holds_no_update_but_the_one_in_flight(method, data):
     consumer's loop still names) is gone: deltas and extras (SCAFFOLD's increments) alike. The
     engine that kept the round's updates until aggregation fails this."""
     engine = engine_on(data, method=method, **SETTINGS)
-    train, refs, alive = engine.client.trainer.train, [], []
+    train, refs, alive = engine.runner.trainer.train, [], []
 
     def watched(*args):
         for update in train(*args):
@@ -51,7 +51,7 @@ def test_a_round_holds_no_update_but_the_one_in_flight(method, data):
             refs.append([weakref.ref(t) for t in _tensors(update)])
             yield update
 
-    engine.client.trainer.train = watched
+    engine.runner.trainer.train = watched
     engine.run_round(0)
     assert len(refs) == 6 and all(refs) and alive == [0] * 6
 
@@ -59,7 +59,7 @@ def test_a_round_holds_no_update_but_the_one_in_flight(method, data):
 def _trained_round(engine):
     plans = engine.plan(0)
     engine.deliver(plans)
-    return plans, engine.client.train_round(0, plans, engine.start)
+    return plans, engine.runner.train_round(0, plans, engine.start)
 
 
 def test_updates_in_any_order_or_left_out_fold_to_the_same_bits(data):

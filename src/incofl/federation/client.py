@@ -3,7 +3,7 @@ the config and that client's data alone (sitedata.py), used for its trainer, obj
 evaluation.
 
 A planned round: the objective receives the server's broadcast (SCAFFOLD's c), then the
-engine's client side (`Engine.client`) lays what this client keeps over the server's start
+engine's client side (`Engine.runner`) lays what this client keeps over the server's start
 weights and trains exactly as the simulator does (the config's trainer, the method's objective,
 the client's own batch stream). An evaluation scores the client's model (its group's global
 weights with what it keeps) with the layout's own scoring (the held-out share, the test split).
@@ -111,7 +111,7 @@ class SiteClient:
         with torch.random.fork_rng(devices=[]):
             self.engine = Engine(cfg, data, partition, resolve_device(cfg.device))
         self.states = NodeState(Path(state_dir) / run_key(cfg) / f"client{client}", cfg.checkpoint_every)
-        self.fresh = self.engine.clients.state_dict()  # a client before its first round: it keeps nothing
+        self.fresh = self.engine.store.state_dict()  # a client before its first round: it keeps nothing
 
     def restore(self, round_: int, expected: str) -> None:
         """What the client kept after round `round_` (1-based; none before its first round),
@@ -123,7 +123,7 @@ class SiteClient:
                 f"client {self.client}: its state after round {round_} in {self.states.folder} is not the one "
                 "it reported to the server (the node's state-dir moved, deleted or another node's?)"
             )
-        self.engine.clients.load_state_dict(state)
+        self.engine.store.load_state_dict(state)
 
     def train(self, round_: int, job: TrainJob) -> tuple[ClientUpdate, str, str]:
         """One planned round (0-based `round_`) from the server's start weights and its
@@ -134,11 +134,11 @@ class SiteClient:
             raise ValueError(f"a plan for client {plan.client} sent to client {self.client}'s node")
         engine = self.engine
         self.restore(round_, job.state_sha256)
-        engine.client.objective.receive(plan.federation, job.broadcast)
-        update = engine.client.train(round_, plan, job.start)
-        state = engine.clients.state_dict()
+        engine.runner.objective.receive(plan.federation, job.broadcast)
+        update = engine.runner.train(round_, plan, job.start)
+        state = engine.store.state_dict()
         self.states.save(round_ + 1, state)
-        kept = engine.clients.get(KEPT, self.client)
+        kept = engine.store.get(KEPT, self.client)
         return update, "" if kept is None else state_sha256(kept), store_sha256(state)
 
     def evaluate(self, round_: int, job: EvalJob) -> list[Scores]:
@@ -146,5 +146,5 @@ class SiteClient:
         if job.client != self.client:
             raise ValueError(f"an evaluation of client {job.client} sent to client {self.client}'s node")
         self.restore(round_, job.state_sha256)
-        state = self.engine.client.overlay(self.client, job.start)
+        state = self.engine.runner.overlay(self.client, job.start)
         return [self.engine.layout.score(ClientEval(self.client, job.group, split), state) for split in job.splits]

@@ -315,7 +315,7 @@ class FederatedEngine(Engine):
             samples,
             steps,
             plan.upload_params(start, params),
-            self.client.trainer.classes(plan.client).cpu(),
+            self.runner.trainer.classes(plan.client).cpu(),
         )
 
     def observe(self, report: RoundReport) -> None:

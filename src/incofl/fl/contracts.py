@@ -122,7 +122,7 @@ class Setup:
     layout: Layout | None = None  # the run's model layout (width splitting's components read its levels)
     models: list[nn.Module] = field(default_factory=list)  # one per model group (the layout's)
     federation: Callable[[int], int] = own_federation  # a model group -> the server state it trains (aggregator's)
-    clients: ClientStore | None = None  # the run's per-client state store (None: a component alone keeps its own)
+    store: ClientStore | None = None  # the run's per-client state store (None: a component alone keeps its own)
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,8 @@ class Engine:
         """The method's component of each stage, the client side, and the server states they start from."""
         cfg, server = self.cfg, self.server_model.state_dict()
         aggregator = method.aggregator.cls
-        self.clients = ClientStore(cfg.client_memory_mb)  # what each client keeps across rounds
-        setup = Setup(cfg, list(server), self.layout, self.models, aggregator.federation, self.clients)
+        self.store = ClientStore(cfg.client_memory_mb)  # what each client keeps across rounds
+        setup = Setup(cfg, list(server), self.layout, self.models, aggregator.federation, self.store)
         self.objective = method.objective.cls(hp, setup)  # the server's side (its state, broadcast, round end)
         client_objective = method.objective.cls(hp, setup)  # the clients' side: sessions, what is delivered
         self.aggregator = aggregator(hp, setup)
@@ -122,7 +122,7 @@ class Engine:
         self.observers = [self.costs, *(observer.cls(hp, setup) for observer in method.observers)]
         self.observers += analyses_for(cfg, self.models, self.test_data)  # none unless `analyses` lists rounds
         self.planner = method.planner.cls(hp, setup)
-        self.client = ClientRunner(cfg, client_objective, self.models, self.train_data, self.parts, self.clients)
+        self.runner = ClientRunner(cfg, client_objective, self.models, self.train_data, self.parts, self.store)
         if self.aggregator.shared:
             self.states = [{k: v.detach().clone() for k, v in server.items()}]
         else:
@@ -150,7 +150,7 @@ class Engine:
 
     def client_state(self, client: int, group: int) -> dict[str, torch.Tensor]:
         """The weights of a client's model: its group's global sub-state with what it keeps."""
-        return self.client.overlay(client, self.sub_state(group))
+        return self.runner.overlay(client, self.sub_state(group))
 
     def plan(self, round_: int) -> list[ClientPlan]:
         """The round's sampled clients (the seeded schedule), each with its planner's plan."""
@@ -167,7 +167,7 @@ class Engine:
         state only through what was delivered, in the simulator as in a real federation."""
         for federation in sorted({plan.federation for plan in plans}):
             sent = self.objective.broadcast(federation)
-            self.client.objective.receive(federation, {k: v.clone() for k, v in sent.items()})
+            self.runner.objective.receive(federation, {k: v.clone() for k, v in sent.items()})
 
     tick: Callable[[], object] | None = None  # called as each client's update is folded in (a progress bar)
 
@@ -176,7 +176,7 @@ class Engine:
         update folded in as soon as it is trained; the round's report."""
         plans = self.plan(round_)
         self.deliver(plans)
-        return self.conclude(round_, plans, self.client.stream_round(round_, plans, self.start))
+        return self.conclude(round_, plans, self.runner.stream_round(round_, plans, self.start))
 
     def conclude(self, round_: int, plans: list[ClientPlan], updates: Iterable[ClientUpdate]) -> RoundReport:
         """The server side of a round, given its plans and their clients' updates (in any order:
@@ -215,7 +215,7 @@ class Engine:
 
     def kept_sha256(self) -> dict[int, str]:
         """Each client that keeps entries -> their SHA-256."""
-        return {c: state_sha256(self.clients.get(KEPT, c)) for c in self.clients.clients(KEPT)}
+        return {c: state_sha256(self.store.get(KEPT, c)) for c in self.store.clients(KEPT)}
 
     def state_dict(self) -> dict[str, Any]:
         """The server states, every component's state by its role, and what clients keep."""
@@ -223,7 +223,7 @@ class Engine:
             "states": [{k: v.cpu() for k, v in s.items()} for s in self.states],
             "components": {role: c.state_dict() for role, c in self.components()},
             "kinds": self.kinds(),
-            "clients": self.clients.state_dict(),
+            "clients": self.store.state_dict(),
         }
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
@@ -242,7 +242,7 @@ class Engine:
                 state[k].copy_(v)
         for role, component in self.components():
             component.load_state_dict(payload["components"][role])
-        self.clients.load_state_dict(payload["clients"])
+        self.store.load_state_dict(payload["clients"])
 
     def kinds(self) -> dict[str, str]:
         """Each component's role -> its class's name."""

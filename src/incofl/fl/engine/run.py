@@ -139,7 +139,7 @@ class Run:
                 raise Diverged(done["diverged_round"], done["diverged"])
             return done
         self.resume()
-        self.engine.clients.attach(self.clientstate)  # after resume: drops files its checkpoint does not name
+        self.engine.store.attach(self.clientstate)  # after resume: drops files its checkpoint does not name
         self.log.info(
             "run %s %s alpha=%s seed=%d: rounds %d..%d",
             cfg.name,

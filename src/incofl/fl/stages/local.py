@@ -65,7 +65,7 @@ class Objective(Stateful):
 
     def __init__(self, hp: Params, setup: Setup):
         self.hp = hp
-        self.clients = setup.clients or ClientStore()  # what each client keeps across rounds
+        self.store = setup.store or ClientStore()  # what each client keeps across rounds
 
     def begin(self, initial: dict[str, torch.Tensor]) -> None:
         """Once before training (again on resume): the server model's initial weights (read-only)."""

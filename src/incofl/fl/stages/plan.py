@@ -44,12 +44,12 @@ class FullPlanner(Stateful):
 
     def __init__(self, hp: Any, setup: Setup):
         cfg, self.federation_of = setup.cfg, setup.federation
-        self.clients, self.groups = cfg.clients, cfg.groups
+        self.num_clients, self.groups = cfg.clients, cfg.groups
         self.sizes = Counter(self.federation_of(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients))
         self.keep = [bn_statistics(m) if local_statistics(cfg) else frozenset() for m in setup.models]
 
     def plan(self, round_: int, client: int) -> ClientPlan:
-        group = group_of(client, self.clients, self.groups)
+        group = group_of(client, self.num_clients, self.groups)
         federation = self.federation_of(group)
         return ClientPlan(client, group, federation, self.sizes[federation], keep=self.keep[group])
 

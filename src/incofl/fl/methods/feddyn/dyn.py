@@ -35,7 +35,7 @@ class DynSession(Session):
 
     def __init__(self, objective: DynObjective, ctx: ClientContext):
         super().__init__(objective, ctx)
-        g = objective.clients.get(SPACE, ctx.client) or {}  # absent: zero (never trained)
+        g = objective.store.get(SPACE, ctx.client) or {}  # absent: zero (never trained)
         self.terms = [
             (name, p, ctx.global_state[name], g[name].to(p.device) if name in g else None)
             for name, p in ctx.model.named_parameters()
@@ -62,7 +62,7 @@ class DynSession(Session):
         for name, p, start, g in self.terms:
             moved = (p.detach() - start).mul_(-alpha)
             new[name] = moved if g is None else moved.add_(g)
-        self.objective.clients.put(SPACE, self.ctx.client, new)
+        self.objective.store.put(SPACE, self.ctx.client, new)
         return update
 
 

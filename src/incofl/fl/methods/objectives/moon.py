@@ -74,7 +74,7 @@ class MoonSession(Session):
     def __init__(self, objective: Moon, ctx: ClientContext):
         super().__init__(objective, ctx)
         self.frozen = objective.borrow(ctx)
-        self.previous = previous = unpack(objective.clients.get(SPACE, ctx.client) or {})
+        self.previous = previous = unpack(objective.store.get(SPACE, ctx.client) or {})
         self.frozen[0].load_state_dict(ctx.global_state)
         for model, state in zip(self.frozen[1:], previous, strict=False):
             model.load_state_dict(state, strict=False)  # float entries only: BN batch counters stay
@@ -95,7 +95,7 @@ class MoonSession(Session):
             k: v.detach().to("cpu", copy=True) for k, v in self.ctx.model.state_dict().items() if v.is_floating_point()
         }
         pool = [*self.previous, model][-int(self.objective.hp.pool_size) :]
-        self.objective.clients.put(SPACE, self.ctx.client, pack(pool))
+        self.objective.store.put(SPACE, self.ctx.client, pack(pool))
         self.objective.spare[self.ctx.group].append(self.frozen)
         return update
 

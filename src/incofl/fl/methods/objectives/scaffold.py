@@ -52,7 +52,7 @@ class ScaffoldSession(Session):
     def __init__(self, objective: Scaffold, ctx: ClientContext):
         super().__init__(objective, ctx)
         c = objective.c.setdefault(ctx.federation, {})
-        self.c_i = c_i = objective.clients.get(SPACE, ctx.client) or {}  # absent: zero (never trained)
+        self.c_i = c_i = objective.store.get(SPACE, ctx.client) or {}  # absent: zero (never trained)
         self.corrections: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weight, c - c_i)
         for name, p in _trainable(ctx):  # c moves to the device after a resume
             c[name] = c[name].to(p.device) if name in c else torch.zeros_like(p.detach())
@@ -83,7 +83,7 @@ class ScaffoldSession(Session):
             change = -(c[name] + update.delta[name] / (update.steps * ctx.lr))
             new[name] = c_i[name] + change.cpu() if name in c_i else change.cpu()
             increment[name] = change / ctx.federation_size
-        self.objective.clients.put(SPACE, ctx.client, new)
+        self.objective.store.put(SPACE, ctx.client, new)
         update.extra["scaffold_increment"] = increment
         return update
 
