@@ -291,7 +291,7 @@ def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment)
 
 def test_once_stopped_no_process_it_started_is_left(deployment):
     deployment.stop()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # orphans exit on their own, seconds after their parent (up to 13 s here)
     while (left := deployment.started.alive()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert len(deployment.started.seen) >= 8  # up, its SuperLink, nodes, SuperExecs, ServerApps, ClientApps
