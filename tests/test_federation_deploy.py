@@ -283,6 +283,7 @@ def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment)
     deployment.flwr_run(out, set='"rounds=1"', **{"allow-missing": "true", "round-timeout": 30})
     deployment.wait_for(log, timeout=120, text="Receiving: train message", count=trained + 1)
     node.send_signal(signal.SIGKILL)  # the node itself, as a crash would: its own helpers are left to notice
+    node.wait(timeout=30)  # reaped, as its parent would: Flower's helpers watch for their parent's pid to go
     deployment.wait_for(out / "summary.json", timeout=300)
     rounds = pd.read_csv(out / "rounds.csv", dtype={"missing": str})
     assert rounds["missing"].tolist() == [str(ELSEWHERE)]
@@ -291,7 +292,7 @@ def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment)
 
 def test_once_stopped_no_process_it_started_is_left(deployment):
     deployment.stop()
-    deadline = time.monotonic() + 60  # orphans exit on their own, seconds after their parent (up to 13 s here)
+    deadline = time.monotonic() + 60  # Flower's helpers exit on their own, seconds after their parent
     while (left := deployment.started.alive()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert len(deployment.started.seen) >= 8  # up, its SuperLink, nodes, SuperExecs, ServerApps, ClientApps
