@@ -44,8 +44,8 @@ def write_config(folder: Path, **settings: Any) -> Path:
 
 def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
     """Every client's data file (with the test split where the run needs it); the node configs that point at them."""
-    from incofl.federation.server import tested_on_nodes
-    from incofl.federation.sitedata import export_client
+    from incofl.deploy.server import tested_on_nodes
+    from incofl.deploy.sitedata import export_client
 
     data = dataset_for(cfg)
     partition = partition_for(cfg, data)
@@ -59,8 +59,8 @@ def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
 
 def run_both(tmp: Path, grid_apps: dict | None = None, **settings: Any) -> tuple[dict, dict, Path, Path]:
     """The run of `settings` by the simulator and by the in-process federation: both summaries and folders."""
-    from incofl.federation.inprocess import InProcessGrid
-    from incofl.federation.serverapp import AppSettings, serve
+    from incofl.deploy.inprocess import InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
 
     config = write_config(tmp, **settings)
     cfg = load_run_config(config)

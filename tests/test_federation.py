@@ -48,8 +48,8 @@ EQUAL = {name: federated(name) for name in sorted(METHODS)} | {
 
 
 def test_codec_round_trip_is_exact():
-    from incofl.federation.codec import read_train, read_update, train_content, update_content
-    from incofl.federation.server import ExpectedUpdate, TrainJob
+    from incofl.deploy.codec import read_train, read_update, train_content, update_content
+    from incofl.deploy.server import ExpectedUpdate, TrainJob
 
     gen = torch.Generator().manual_seed(0)
     start = {"w": torch.randn(3, 4, generator=gen), "n": torch.tensor(7)}
@@ -100,7 +100,7 @@ def test_flower_path_equals_the_simulator(tmp_path, case):
 
 
 def test_static_bn_of_the_width_models_is_refused_by_name():
-    from incofl.federation.server import check_federated
+    from incofl.deploy.server import check_federated
 
     with pytest.raises(ConfigError, match="method HeteroFL cannot run .*eval_bn: static gathers BN statistics"):
         check_federated(RunConfig(dataset="digits", method="HeteroFL", models=["preresnet18"]))
@@ -112,9 +112,9 @@ def test_static_bn_of_the_width_models_is_refused_by_name():
 def test_a_node_without_the_test_split_its_model_is_scored_on_is_refused_before_the_first_round(tmp_path):
     """FedPer scores client 0's model (its personal layers are on its node) on the test split:
     a node whose file lacks it is refused by name before any round."""
-    from incofl.federation.inprocess import InProcessGrid
-    from incofl.federation.serverapp import AppSettings, serve
-    from incofl.federation.sitedata import export_client
+    from incofl.deploy.inprocess import InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.sitedata import export_client
 
     config = write_config(tmp_path, methods=["FedPer"], holdout=0.2)
     cfg = load_run_config(config)
@@ -128,7 +128,7 @@ def test_a_node_without_the_test_split_its_model_is_scored_on_is_refused_before_
 
 
 def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):
-    from incofl.federation.sitedata import load_site
+    from incofl.deploy.sitedata import load_site
 
     cfg = load_run_config(write_config(tmp_path))
     nodes = export_sites(cfg, tmp_path)
@@ -148,14 +148,14 @@ def _scheduled(round_: int) -> list[int]:
 
 
 def _node_of(client: int) -> int:
-    from incofl.federation.inprocess import FIRST_NODE
+    from incofl.deploy.inprocess import FIRST_NODE
 
     return FIRST_NODE + client  # export_sites lists the clients in order
 
 
 def _silent_from(round_: int):
     """A node that dies before replying to its round-`round_` (1-based) training message."""
-    from incofl.federation.clientapp import app
+    from incofl.deploy.clientapp import app
 
     def node(message, context):
         dead = message.metadata.message_type == "train" and int(message.metadata.group_id) >= round_
@@ -166,7 +166,7 @@ def _silent_from(round_: int):
 
 def _corrupting(change):
     """A node whose training replies are changed by `change(content)` after honest training."""
-    from incofl.federation.clientapp import app
+    from incofl.deploy.clientapp import app
 
     def node(message, context):
         reply = app(message, context)
@@ -208,9 +208,9 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
     """Round 2's first client never answers: the run stops naming it, after round 1's checkpoint;
     with its node back, the same command resumes and ends with the simulator's weights, though
     the other nodes' clients (SCAFFOLD's c_i, FedPer's personal layers) had trained round 2 already."""
-    from incofl.federation.inprocess import InProcessGrid
-    from incofl.federation.server import MissingClients
-    from incofl.federation.serverapp import AppSettings, serve
+    from incofl.deploy.inprocess import InProcessGrid
+    from incofl.deploy.server import MissingClients
+    from incofl.deploy.serverapp import AppSettings, serve
 
     lost = _scheduled(1)[0]
     config = write_config(tmp_path, methods=[method], **settings)
@@ -237,16 +237,16 @@ def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from
     round it trains next, its node refuses to start from a fresh state, and the run stops naming it."""
     import shutil
 
-    from incofl.federation.inprocess import InProcessGrid
-    from incofl.federation.server import MissingClients
-    from incofl.federation.serverapp import AppSettings, serve
+    from incofl.deploy.inprocess import InProcessGrid
+    from incofl.deploy.server import MissingClients
+    from incofl.deploy.serverapp import AppSettings, serve
 
     config = write_config(tmp_path, methods=["SCAFFOLD"], rounds=4)
     cfg = load_run_config(config)
     nodes = export_sites(cfg, tmp_path)
     first = set(_scheduled(0))
     wiped = next(c for r in range(1, 4) for c in _scheduled(r) if c in first)  # trains in round 1 and again
-    from incofl.federation.clientapp import app
+    from incofl.deploy.clientapp import app
 
     def forgetful(message, context):  # the node's state folder deleted after its first round
         reply = app(message, context)
@@ -263,7 +263,7 @@ def test_a_node_keeps_the_states_a_checkpoint_of_the_server_can_resume_from(tmp_
     """Saved after rounds 1, 2, 4, 5 with checkpoints every 2 rounds: the state after round 2
     (the checkpoint at 4 resumes from it for a client that did not train in 3 or 4) is kept
     until one at or before a later checkpoint replaces it; a resumed round reads the last state before it."""
-    from incofl.federation.client import NodeState
+    from incofl.deploy.client import NodeState
 
     states = NodeState(tmp_path / "client0", checkpoint_every=2)
     for round_ in (1, 2, 4, 5):
@@ -290,8 +290,8 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
     """A reply with a NaN, a wrong shape or another client's id is never averaged in: logged by
     node and client; with allow-missing the run goes on without it and rounds.csv names it."""
 
-    from incofl.federation.inprocess import InProcessGrid
-    from incofl.federation.serverapp import AppSettings, serve
+    from incofl.deploy.inprocess import InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
 
     bad = _scheduled(0)[0]
     config = write_config(tmp_path, rounds=1)
@@ -306,7 +306,7 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
 
 def test_export_writes_one_clients_samples_and_refuses_a_client_out_of_range(tmp_path, capsys):
     from incofl.cli import run
-    from incofl.federation.sitedata import load_site
+    from incofl.deploy.sitedata import load_site
 
     config = write_config(tmp_path)
     out = tmp_path / "site1.npz"
@@ -320,8 +320,8 @@ def test_export_writes_one_clients_samples_and_refuses_a_client_out_of_range(tmp
 
 def test_export_without_client_writes_every_clients_file_with_the_test_split_where_the_run_needs_it(tmp_path):
     from incofl.cli import run
-    from incofl.federation.server import tested_on_nodes
-    from incofl.federation.sitedata import load_site
+    from incofl.deploy.server import tested_on_nodes
+    from incofl.deploy.sitedata import load_site
 
     config = write_config(tmp_path, methods=["FedPer"], holdout=0.2)
     assert run(["federation", "export", "--config", str(config), "--out", str(tmp_path / "sites")]) == 0
@@ -334,7 +334,7 @@ def test_export_without_client_writes_every_clients_file_with_the_test_split_whe
 
 def test_federation_up_refuses_bad_input_in_one_line_before_starting_anything(tmp_path, monkeypatch, capsys):
     from incofl.cli import run
-    from incofl.federation.local import add_connection
+    from incofl.deploy.local import add_connection
 
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
     (tmp_path / "empty").mkdir()
@@ -383,8 +383,8 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
     node may claim any client."""
     import json
 
-    from incofl.federation.inprocess import FIRST_NODE, InProcessGrid
-    from incofl.federation.serverapp import AppSettings, Identity, serve
+    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, Identity, serve
 
     config = write_config(tmp_path, rounds=1)
     sites = export_sites(load_run_config(config), tmp_path)
@@ -414,7 +414,7 @@ def test_the_codec_maps_every_field_of_the_plan_and_the_update_by_its_type():
     fails loudly at its first message (never silently left behind)."""
     from dataclasses import dataclass, fields
 
-    from incofl.federation.codec import CodecError, plan_records, read_plan, update_metrics
+    from incofl.deploy.codec import CodecError, plan_records, read_plan, update_metrics
 
     @dataclass(frozen=True)
     class Planned(ClientPlan):

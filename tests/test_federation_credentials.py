@@ -1,4 +1,4 @@
-"""What `incofl federation up` and `export --keys` secure a federation with (federation/credentials.py,
+"""What `incofl federation up` and `export --keys` secure a federation with (deploy/credentials.py,
 local.py): private keys that no other user can read at any moment, node keys made once, a
 server certificate the CA signs for 127.0.0.1, and a start-up line that says what is secured
 and who can run code. Fast: nothing is started."""
@@ -13,8 +13,8 @@ import pytest
 if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from incofl.federation import credentials  # noqa: E402
-from incofl.federation.local import LocalFederation, startup_line  # noqa: E402
+from incofl.deploy import credentials  # noqa: E402
+from incofl.deploy.local import LocalFederation, startup_line  # noqa: E402
 
 
 @pytest.fixture

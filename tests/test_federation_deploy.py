@@ -246,7 +246,7 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
 
 
 def test_a_node_whose_key_is_not_registered_is_refused(deployment):
-    from incofl.federation.credentials import node_key
+    from incofl.deploy.credentials import node_key
 
     stranger = node_key(deployment.root / "stranger", 0)[0]  # claims client 0, with a key nobody registered
     sites = deployment.root / "sites"

@@ -97,8 +97,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_federation_export(args: argparse.Namespace) -> int:
     from incofl.data.partition import partition_for
     from incofl.data.sources import dataset_for
-    from incofl.federation.server import tested_on_nodes
-    from incofl.federation.sitedata import export_client
+    from incofl.deploy.server import tested_on_nodes
+    from incofl.deploy.sitedata import export_client
 
     cfg = load_run_config(args.config, parse_overrides(args.set))
     data = dataset_for(cfg)
@@ -120,13 +120,13 @@ def cmd_federation_export(args: argparse.Namespace) -> int:
 
 
 def _node_key(folder: Path, client: int) -> Path:
-    from incofl.federation.credentials import node_key  # cryptography comes with the flower extra
+    from incofl.deploy.credentials import node_key  # cryptography comes with the flower extra
 
     return node_key(folder, client)[0]
 
 
 def cmd_federation_up(args: argparse.Namespace) -> int:
-    from incofl.federation.local import LocalFederation, up
+    from incofl.deploy.local import LocalFederation, up
 
     fed = LocalFederation(
         Path(args.sites),

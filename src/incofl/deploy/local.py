@@ -80,7 +80,7 @@ class LocalFederation:
         unless present); None when insecure."""
         if self.insecure:
             return None
-        from incofl.federation.credentials import certificates
+        from incofl.deploy.credentials import certificates
 
         if self.certificates is None:
             return certificates(self.sites.resolve() / "certificates")
@@ -230,7 +230,7 @@ def superexec_secret(path: Path) -> Path:
     the run's ServerApp task from the SuperLink's port and a node's messages from the node's."""
     import secrets
 
-    from incofl.federation.credentials import write_secret
+    from incofl.deploy.credentials import write_secret
 
     write_secret(path, secrets.token_bytes(32))
     return path
@@ -282,7 +282,7 @@ def start_nodes(
     procs: Processes,
 ) -> None:
     """One SuperNode per site file (unless insecure, its key registered first) and its SuperExec."""
-    from incofl.federation.credentials import node_key
+    from incofl.deploy.credentials import node_key
 
     security = ["--insecure"] if tls is None else ["--root-certificates", str(tls[0])]
     for i, (client, path) in enumerate(sorted(sites.items())):

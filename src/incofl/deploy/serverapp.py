@@ -50,8 +50,8 @@ from flwr.serverapp.strategy import Strategy
 from incofl.atomic import atomic_path, write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
 from incofl.data.sources import dataset_for
-from incofl.federation.codec import CodecError, evaluate_content, message_bytes, read_scores, read_update, train_content
-from incofl.federation.server import (
+from incofl.deploy.codec import CodecError, evaluate_content, message_bytes, read_scores, read_update, train_content
+from incofl.deploy.server import (
     EvalJob,
     EvalReply,
     ExpectedScores,
@@ -66,11 +66,11 @@ from incofl.federation.server import (
     check_update,
     tested_on_nodes,
 )
-from incofl.federation.sitedata import test_sha256
+from incofl.deploy.sitedata import test_sha256
 from incofl.fl.engine.run import Run, build_engine
 from incofl.fl.engine.rundir import claimed
 
-log = logging.getLogger("incofl.federation")
+log = logging.getLogger("incofl.deploy")
 app = ServerApp()
 POLL = 0.05  # seconds between pulls of the replies still awaited (a reply waits on the SuperLink no longer)
 

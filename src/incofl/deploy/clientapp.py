@@ -21,8 +21,8 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from incofl.config import RunConfig
-from incofl.federation.client import SiteClient
-from incofl.federation.codec import read_evaluate, read_train, scores_content, update_content
+from incofl.deploy.client import SiteClient
+from incofl.deploy.codec import read_evaluate, read_train, scores_content, update_content
 
 STATE = "incofl"  # the node's Context.state record: the run's config
 app = ClientApp()

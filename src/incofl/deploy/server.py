@@ -51,7 +51,7 @@ from incofl.models.family import exit_logits
 from incofl.registry import METHODS, layout_of
 from incofl.spec import WIDTH_LAYOUT
 
-log = logging.getLogger("incofl.federation")
+log = logging.getLogger("incofl.deploy")
 SHA256 = re.compile(r"([0-9a-f]{64})?")  # a reply's hashes: hex SHA-256 digests, or '' (nothing kept)
 
 

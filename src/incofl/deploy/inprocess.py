@@ -16,7 +16,7 @@ from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from incofl.federation.clientapp import app as client_app
+from incofl.deploy.clientapp import app as client_app
 
 NodeApp = Callable[[Message, Context], Message]
 FIRST_NODE = 101  # node ids (1 is the SuperLink's)

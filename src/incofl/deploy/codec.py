@@ -27,7 +27,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.constant import SType
 
-from incofl.federation.server import EvalJob, ExpectedScores, ExpectedUpdate, TrainJob
+from incofl.deploy.server import EvalJob, ExpectedScores, ExpectedUpdate, TrainJob
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Index, State, View
 from incofl.fl.stages.component import Expected
 from incofl.fl.stages.evaluation import Scores

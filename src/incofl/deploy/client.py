@@ -30,8 +30,8 @@ import torch
 
 from incofl.atomic import save_tensors
 from incofl.config import RunConfig
-from incofl.federation.server import EvalJob, TrainJob
-from incofl.federation.sitedata import load_site, test_sha256
+from incofl.deploy.server import EvalJob, TrainJob
+from incofl.deploy.sitedata import load_site, test_sha256
 from incofl.fl.contracts import ClientUpdate
 from incofl.fl.engine.checkpoint import semantic_config
 from incofl.fl.engine.engine import Engine, resolve_device
