@@ -329,20 +329,8 @@ def cmd_analysis(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from incofl.bench import benchmark, format_per_client, format_report, per_client
 
-    if args.per_client:
-        measured = per_client(
-            model=args.model,
-            clients=args.clients,
-            samples=args.samples,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            threads=args.threads,
-            repeats=args.repeats,
-            device=args.device,
-        )
-        print(json.dumps(measured, indent=2) if args.json else format_per_client(measured))
-        return 0
-    result = benchmark(
+    measure, show = (per_client, format_per_client) if args.per_client else (benchmark, format_report)
+    result = measure(
         model=args.model,
         clients=args.clients,
         samples=args.samples,
@@ -352,7 +340,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         device=args.device,
     )
-    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    print(json.dumps(result, indent=2) if args.json else show(result))
     return 0
 
 
