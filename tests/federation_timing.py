@@ -1,16 +1,19 @@
 """docs/performance.md's Flower numbers: seconds per round of the same digits run through the
-simulator and the in-process Flower path, bytes per round each way, and what a deployed node
-pays for every message before it trains (each message is a fresh `flwr-clientapp` process), in
-a fresh folder.
+simulator, the in-process Flower path and `incofl federation up` with both sites (its defaults:
+TLS, node keys, each node's warm executor), bytes per round each way, and what a node whose
+messages each run in a fresh `flwr-clientapp` process (Flower's own SuperExec: a node started
+apart, or `up --insecure`) pays for each message before it trains, in a fresh folder.
 
-    PYTHONPATH=src python tests/federation_timing.py /tmp/timing [DEPLOYED_RUN_DIR]
+    cd tests && PYTHONPATH=../src:. python federation_timing.py /tmp/timing [DEPLOYED_RUN_DIR]
 
-DEPLOYED_RUN_DIR: a localhost deployment's run folder of the same run (test_federation_deploy.py's
-`deployed`, kept with pytest --basetemp), whose rounds are printed beside them.
+DEPLOYED_RUN_DIR: another deployment's run folder of the same run (test_federation_deploy.py's
+`deployed`, one node under `up` and one started apart, kept with pytest --basetemp), whose
+rounds are printed beside them.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 from federation_helpers import run_both
-from test_federation_deploy import DEPLOYED
+from test_federation_deploy import DEPLOYED, REPO, _free_port
 
 # What a fresh process does before a message's training, step by step (each step includes the ones before).
 NODE_STEPS = {
@@ -66,10 +69,33 @@ def site_read(folder: Path, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+def deployed_by_up(folder: Path) -> Path:
+    """The timed run on `incofl federation up --sites` (both clients' files, its defaults); its run folder."""
+    env = {**os.environ, "FLWR_HOME": str(folder / "flwr-home"), "PYTHONPATH": str(REPO / "src")}
+    incofl = [sys.executable, "-m", "incofl.cli", "federation"]
+    sites, out, port = folder / "sites", folder / "deployed", _free_port(1 + DEPLOYED["clients"])
+    subprocess.run([*incofl, "export", "--config", folder / "run.yaml", "--out", sites, "--keys"], env=env, check=True)
+    with open(folder / "up.log", "w") as log:
+        up = subprocess.Popen([*incofl, "up", "--sites", sites, "--port", str(port)], stdout=log, env=env)
+        try:
+            while "federation up:" not in (folder / "up.log").read_text():
+                time.sleep(0.2)
+            settings = f'config="{folder / "run.yaml"}" out="{out}" node-keys="{sites / "keys"}" round-timeout=120'
+            flwr = [Path(sys.executable).parent / "flwr", "run", REPO / "flower-app", "incofl-local"]
+            subprocess.run([*flwr, "--run-config", settings], env=env, check=True, capture_output=True)
+            while not (out / "summary.json").exists():
+                time.sleep(0.2)
+        finally:
+            up.terminate()
+            up.wait(timeout=60)
+    return out
+
+
 def main(folder: Path, deployed: Path | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     _, _, sim, fed = run_both(folder, **DEPLOYED)
-    runs = {"simulator": sim, "in-process Flower": fed, **({"localhost deployment": deployed} if deployed else {})}
+    runs = {"simulator": sim, "in-process Flower": fed, "incofl federation up": deployed_by_up(folder)}
+    runs |= {"a node under up, one apart": deployed} if deployed else {}
     for name, run in runs.items():
         seconds = pd.read_csv(run / "rounds.csv")["seconds"].tolist()
         print(f"{name}: seconds per round {', '.join(f'{s:.2f}' for s in seconds)}")

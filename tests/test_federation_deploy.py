@@ -1,11 +1,13 @@
 """A real deployment on 127.0.0.1 (docs/federation.md), started as a user starts one, shared by
 the tests of this module (in this order, on one xdist worker): site data files and node keys
 (`incofl federation export --keys`), `incofl federation up` as it starts by default (TLS with
-certificates it makes, node authentication), which runs flower-superlink and a flower-supernode
-for client 0; client 1's node is started here, as a site elsewhere would start it (its
-key registered with `flwr supernode register`), so that it can be killed alone. Then:
+certificates it makes, node authentication), which runs flower-superlink and a SuperNode for
+client 0 with incofl's warm executor; client 1's node is started here, as a site elsewhere would
+start it (flower-supernode with Flower's own SuperExec; its key registered with
+`flwr supernode register`), so that it can be killed alone. Then:
 
 - a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator;
+- up's node ran all its messages in its one executor process, the other node each in a fresh one;
 - a node with a key nobody registered is refused by the SuperLink;
 - only the federation's own SuperExecs (which hold `up`'s secret) can take a run's work;
 - client 1's flower-supernode SIGKILLed mid-round: with `allow-missing` the run ends without it;
@@ -95,6 +97,7 @@ class Started:
     def __init__(self) -> None:
         self.roots: list[int] = []
         self.seen: dict[int, int] = {}  # pid -> start time
+        self.commands: dict[int, str] = {}  # pid -> its command line when first seen
         self.sessions: set[int] = set()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
@@ -119,7 +122,8 @@ class Started:
             if pid in visited or pid not in procs:
                 continue
             visited.add(pid)
-            self.seen.setdefault(pid, procs[pid][3])
+            if pid not in self.seen:
+                self.seen[pid], self.commands[pid] = procs[pid][3], _command(pid)
             self.sessions.add(procs[pid][2])
             todo += children.get(pid, [])
 
@@ -243,6 +247,31 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     simulated = train(load_run_config(deployment.config), tmp_path / "simulator")
     assert deployed["state_sha256"] == simulated["state_sha256"]
     assert deployed["final_acc"] == simulated["final_acc"]
+
+
+def test_ups_node_runs_every_message_in_its_one_warm_executor(deployment):
+    """After the run above: up's node (client 0) ran identify, train and evaluate in one long-lived
+    executor process (no flwr-clientapp of its own); the node started apart, one flwr-clientapp each."""
+    commands = list(deployment.started.commands.values())
+    own = f"127.0.0.1:{deployment.port + 1}"  # up's node's Runtime API
+    executors = [c.split() for c in commands if "incofl.deploy.executor" in c]
+    assert len(executors) == 1 and own in executors[0]
+    clientapps = [c.split() for c in commands if "flwr-clientapp" in c]
+    assert len(clientapps) >= 3 and not any(own in c for c in clientapps)  # elsewhere: identify, 2 trains
+
+
+def test_the_supernode_wrapper_caps_the_sleeps_of_flowers_node_loop():
+    import inspect
+
+    import flwr.supernode.start_client_internal as loop
+
+    from incofl.deploy.supernode import capped_time
+
+    assert "time.sleep(3)" in inspect.getsource(loop)  # the constant it cuts short, still there
+    shim = capped_time(0.05)
+    start = time.monotonic()
+    shim.sleep(3)
+    assert time.monotonic() - start < 1 and shim.monotonic is time.monotonic
 
 
 def test_a_node_whose_key_is_not_registered_is_refused(deployment):

@@ -26,7 +26,8 @@ from incofl.deploy.codec import read_evaluate, read_train, scores_content, updat
 
 STATE = "incofl"  # the node's Context.state record: the run's config
 app = ClientApp()
-_sites: dict[tuple[int, int, str, str], SiteClient] = {}  # (run, node, config, data) -> its client, built once
+# (run, node, config, data) -> its client, built once; a node's executor (executor.py) keeps it between messages
+_sites: dict[tuple[int, int, str, str], SiteClient] = {}
 
 
 def node_client(context: Context) -> int:
@@ -44,6 +45,8 @@ def site(context: Context) -> SiteClient:
     data = str(context.node_config["data-path"])
     key = (context.run_id, context.node_id, config, data)
     if key not in _sites:
+        for old in [k for k in _sites if k[0] != context.run_id]:  # a long-lived process keeps the latest run's only
+            del _sites[old]
         cfg = RunConfig(**json.loads(config))
         _sites[key] = SiteClient(cfg, node_client(context), data, state_dir(context))
     return _sites[key]

@@ -10,9 +10,13 @@ made there unless present); node authentication: each node's P-384 key pair
 (`<sites>/keys/node<client>`, made unless `incofl federation export --keys` made it) is
 registered with `flwr supernode register` before the node starts, the SuperLink refuses any
 other node, and the ServerApp binds each client to its node's key (run config `node-keys`); and
-the SuperLink's and each node's work is run by a SuperExec that `up` starts with a fresh secret
-(Flower's process isolation), so that no other process can take it from their Runtime APIs.
-`insecure`: none of these, for a trusted loopback test only.
+the SuperLink's and each node's work is run by a process that `up` starts with a fresh secret
+(Flower's process isolation), so that no other process can take it from their Runtime APIs: the
+SuperLink's by Flower's SuperExec, each node's by incofl's warm executor (executor.py: one process
+for all the node's messages, which runs incofl's ClientApp only). `insecure`: none of these, for a
+trusted loopback test only (each message in a fresh `flwr-clientapp`, Flower's default). Every
+node runs as `python -m incofl.deploy.supernode` (supernode.py: Flower's SuperNode, with its
+hard-coded 3 s wait after an empty pull cut short).
 
 Anyone who can connect to the SuperLink's port can use its Control API (`flwr run`: code that
 runs as this user); Flower 1.42 has no user authentication without OIDC, so on a shared host
@@ -164,8 +168,8 @@ class Processes:
     def __init__(self, logs: Path):
         self.logs, self.procs = logs, []
         logs.mkdir(parents=True, exist_ok=True)
-        # Flower starts its own helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH;
-        # each SuperExec looks for a message to run every TASK_POLL seconds (Flower's default: 1)
+        # Flower starts its own helpers (flwr-serverapp, flwr-clientapp) from PATH; each SuperExec and
+        # executor looks for a message to run every TASK_POLL seconds (Flower's default: 1)
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         self.env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(TASK_POLL), **os.environ, "PATH": path}
 
@@ -242,16 +246,24 @@ def isolated(secret: Path | None) -> list[str]:
     return [] if secret is None else ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
 
 
-def start_superexec(
-    name: str, runtime: str, ca: Path | None, secret: Path | None, parent: int, procs: Processes
-) -> None:
-    """The SuperExec that runs the messages of the SuperLink or SuperNode at `runtime` (none without a secret)."""
+def start_superexec(name: str, runtime: str, ca: Path, secret: Path | None, parent: int, procs: Processes) -> None:
+    """The SuperExec that runs the SuperLink's ServerApps, from its Runtime API at `runtime` (none without a secret)."""
     if secret is None:
         return
-    security = ["--insecure"] if ca is None else ["--root-certificates", str(ca)]
     procs.start(
         name,
-        [flower_tool("flower-superexec"), "--runtime-api-address", runtime, *security]
+        [flower_tool("flower-superexec"), "--runtime-api-address", runtime, "--root-certificates", str(ca)]
+        + ["--superexec-auth-secret-file", str(secret), "--parent-pid", str(parent)],
+    )
+
+
+def start_executor(name: str, runtime: str, secret: Path | None, parent: int, procs: Processes) -> None:
+    """The warm executor (executor.py) that runs the messages of the SuperNode at `runtime` (none without a secret)."""
+    if secret is None:
+        return
+    procs.start(
+        name,
+        [sys.executable, "-m", "incofl.deploy.executor", "--runtime-api-address", runtime]
         + ["--superexec-auth-secret-file", str(secret), "--parent-pid", str(parent)],
     )
 
@@ -270,7 +282,8 @@ def start_link(
     )
     wait_for_port(fed.port, link)
     address = f"127.0.0.1:{fed.port}"
-    start_superexec("superexec-superlink", address, None if tls is None else tls[0], secret, link.pid, procs)
+    if tls is not None:
+        start_superexec("superexec-superlink", address, tls[0], secret, link.pid, procs)
     return add_connection(fed.connection, address, None if tls is None else tls[0])
 
 
@@ -281,7 +294,7 @@ def start_nodes(
     secret: Path | None,
     procs: Processes,
 ) -> None:
-    """One SuperNode per site file (unless insecure, its key registered first) and its SuperExec."""
+    """One SuperNode per site file (unless insecure, its key registered first) and its executor."""
     from incofl.deploy.credentials import node_key
 
     security = ["--insecure"] if tls is None else ["--root-certificates", str(tls[0])]
@@ -294,12 +307,12 @@ def start_nodes(
         port = fed.port + 1 + i
         node = procs.start(
             f"supernode{client}",
-            [flower_tool("flower-supernode"), *security, *auth, *isolated(secret)]
+            [sys.executable, "-m", "incofl.deploy.supernode", *security, *auth, *isolated(secret)]
             + ["--superlink", f"127.0.0.1:{fed.port}", "--port", str(port)]
             + ["--node-config", f'client={client} data-path="{path}"'],
         )
         # a node's runtime API is plain HTTP on 127.0.0.1 (Flower's default): the secret is what guards it
-        start_superexec(f"superexec{client}", f"127.0.0.1:{port}", None, secret, node.pid, procs)
+        start_executor(f"executor{client}", f"127.0.0.1:{port}", secret, node.pid, procs)
 
 
 def startup_line(fed: LocalFederation, sites: dict[int, Path], tls: bool, config: Path, logs: Path) -> str:
