@@ -29,8 +29,8 @@ def federated(name: str) -> dict[str, Any]:
     """What a registered method needs of the tiny federated run (digits, 4 clients, 2 rounds),
     from its registry entry: a new method is tested by being registered."""
     method, out = METHODS[name], {"methods": [name]}
-    if method.width:  # colour images and batch BN at evaluation (static BN is refused federated)
-        out |= WIDTH
+    if method.width:  # colour images and batch BN at evaluation (static BN is refused federated), 24 images a client
+        out |= {**WIDTH, "client_samples": 24}
         if method.objective.exits:
             out |= {"models": ["resnet110"], "width_rates": [0.5, 1.0], "exits": [2, 4]}
     if method.planner.personal:  # personal layers kept on the nodes, scored there on the held-out share
