@@ -69,8 +69,27 @@ def site_read(folder: Path, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def deployed_by_up(folder: Path) -> Path:
-    """The timed run on `incofl federation up --sites` (both clients' files, its defaults); its run folder."""
+def cpu_seconds(root: int) -> float:
+    """CPU seconds (user and system) used so far by the live descendants of process `root`."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        if stat:
+            fields = stat[stat.rindex(")") + 2 :].split()
+            children.setdefault(int(fields[1]), []).append((int(entry.name), int(fields[11]) + int(fields[12])))
+    ticks, todo = 0, [root]
+    while todo:
+        for pid, used in children.get(todo.pop(), []):
+            ticks, todo = ticks + used, [*todo, pid]
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def deployed_by_up(folder: Path, idle: float = 30.0) -> tuple[Path, float]:
+    """The timed run on `incofl federation up --sites` (both clients' files, its defaults): its run
+    folder, and the share of a core that the federation used idle for `idle` seconds before it."""
     env = {**os.environ, "FLWR_HOME": str(folder / "flwr-home"), "PYTHONPATH": str(REPO / "src")}
     incofl = [sys.executable, "-m", "incofl.cli", "federation"]
     sites, out, port = folder / "sites", folder / "deployed", _free_port(1 + DEPLOYED["clients"])
@@ -80,6 +99,10 @@ def deployed_by_up(folder: Path) -> Path:
         try:
             while "federation up:" not in (folder / "up.log").read_text():
                 time.sleep(0.2)
+            time.sleep(15)  # settled: each node's executor imports torch and the engine as it starts
+            before = cpu_seconds(up.pid)
+            time.sleep(idle)
+            share = (cpu_seconds(up.pid) - before) / idle
             settings = f'config="{folder / "run.yaml"}" out="{out}" node-keys="{sites / "keys"}" round-timeout=120'
             flwr = [Path(sys.executable).parent / "flwr", "run", REPO / "flower-app", "incofl-local"]
             subprocess.run([*flwr, "--run-config", settings], env=env, check=True, capture_output=True)
@@ -88,13 +111,15 @@ def deployed_by_up(folder: Path) -> Path:
         finally:
             up.terminate()
             up.wait(timeout=60)
-    return out
+    return out, share
 
 
 def main(folder: Path, deployed: Path | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     _, _, sim, fed = run_both(folder, **DEPLOYED)
-    runs = {"simulator": sim, "in-process Flower": fed, "incofl federation up": deployed_by_up(folder)}
+    up, idle = deployed_by_up(folder)
+    print(f"incofl federation up, idle: {idle:.1%} of a core")
+    runs = {"simulator": sim, "in-process Flower": fed, "incofl federation up": up}
     runs |= {"a node under up, one apart": deployed} if deployed else {}
     for name, run in runs.items():
         seconds = pd.read_csv(run / "rounds.csv")["seconds"].tolist()

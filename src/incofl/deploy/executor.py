@@ -77,10 +77,12 @@ def run_task(address: str, token: str) -> None:
     try:
         if reply is not None and context is not None:
             push_message(client, reply, context)
-        push_task_output(client=client, context=context, sub_status=status, details=details)
-    finally:
-        heartbeat.stop()
-        client.close()
+    except Exception as ex:  # noqa: BLE001 (the node then reports the task failed; this process serves the next)
+        log(ERROR, "Failed to push the reply", exc_info=ex)
+        status, details = SubStatus.FAILED, f"pushing the reply: {type(ex)}:<'{ex}'>"
+    push_task_output(client=client, context=context, sub_status=status, details=details)  # logs its own errors
+    heartbeat.stop()
+    client.close()
 
 
 def serve(address: str, secret: bytes, poll: float) -> None:
