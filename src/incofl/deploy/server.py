@@ -39,6 +39,7 @@ import torch
 
 from incofl.config import ConfigError, RunConfig
 from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundReport, State
+from incofl.fl.engine.divergence import first_nonfinite
 from incofl.fl.engine.engine import Engine
 from incofl.fl.engine.fold import RoundFold
 from incofl.fl.stages.component import Expected, expected_extra
@@ -187,7 +188,7 @@ def check_update(expected: ExpectedUpdate, update: ClientUpdate) -> str:
         return "classes other than those the client holds"
     states = {"delta": update.delta, **{f"extra {k}": v for k, v in update.extra.items()}}
     for what, state in states.items():
-        bad = next((k for k, v in state.items() if not torch.isfinite(v).all()), None)
+        bad = first_nonfinite(state)
         if bad is not None:
             return f"{what} {bad} holds NaN or Inf"
     return ""
