@@ -33,7 +33,7 @@ def test_a_private_key_is_0600_from_the_moment_it_exists_and_renamed_into_place(
         seen.append((Path(dst).name, os.stat(src).st_mode & 0o777))  # the file before it has its name
         replace(src, dst)
 
-    monkeypatch.setattr(credentials.os, "replace", checked)
+    monkeypatch.setattr(os, "replace", checked)  # every atomic write renames through it
     private, public = credentials.node_key(tmp_path / "keys", 3)
     assert (private.name, public.name) == ("node3", "node3.pub")
     assert ("node3", 0o600) in seen and private.stat().st_mode & 0o777 == 0o600

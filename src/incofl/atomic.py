@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 
-def _create_temporary(path: Path) -> Path:
-    """An empty new file beside `path`, `.<name>~<random>~<host>~<pid>.tmp`: host and pid tell a
-    killed writer's leftovers, the random part makes the name unguessable."""
+def _create_temporary(path: Path, mode: int) -> Path:
+    """An empty new file beside `path`, `.<name>~<random>~<host>~<pid>.tmp`, of `mode` less the
+    umask from the moment it exists: host and pid tell a killed writer's leftovers, the random
+    part makes the name unguessable."""
     while True:
         tmp = path.with_name(f".{path.name}~{secrets.token_hex(4)}~{socket.gethostname()}~{os.getpid()}.tmp")
-        try:  # 0o666 less the umask: readable like any file this user writes (shared caches)
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode))
         except FileExistsError:
             continue
         return tmp
@@ -61,11 +62,13 @@ def fsync(path: Path) -> None:
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a new temporary path beside `path`; move it onto `path` only if the block succeeds."""
+def atomic_path(path: str | os.PathLike, mode: int = 0o666) -> Iterator[Path]:
+    """Yield a new temporary path beside `path`; move it onto `path` only if the block succeeds.
+    `mode` (less the umask) holds from the file's creation: 0o666, readable like any file this
+    user writes (shared caches); 0o600 for a secret, never readable by another user."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _create_temporary(path)
+    tmp = _create_temporary(path, mode)
     try:
         yield tmp
         fsync(tmp)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
-import secrets
 from pathlib import Path
 
 from cryptography import x509
@@ -20,30 +18,21 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from incofl.atomic import atomic_path
+
 PEM = serialization.Encoding.PEM
 CERTIFICATE_DAYS = 365
 
 
 def write_secret(path: Path, data: bytes) -> None:
     """`data` at `path`, readable by this user only from the moment the file exists (module docstring)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}~{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(path, mode=0o600) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_public(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}~{secrets.token_hex(8)}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def node_key(folder: Path, client: int) -> tuple[Path, Path]:
