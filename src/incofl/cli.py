@@ -281,8 +281,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     c.check_not_itself(args.rerun, args.committed)
     rerun, committed = c.read_runs(args.rerun), c.read_runs(args.committed)
     c.check_same_experiment(rerun, committed)
-    table = c.compare(rerun, committed, args.metric, args.tolerance)
-    print(c.to_markdown(table, args.metric), end="")
+    table = c.compare(rerun, committed, args.metric, args.margin)
+    print(c.to_markdown(table, args.metric, declared=args.margin is not None), end="")
     return c.exit_code(table)
 
 
@@ -506,11 +506,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("committed", help="root of the committed run directories (e.g. results/runs)")
     p.add_argument("--metric", choices=STATISTICS, default="final_acc", help="the statistic compared (default: final)")
     p.add_argument(
+        "--margin",
         "--tolerance",
         type=_points,
         metavar="POINTS",
-        help="a fixed tolerance in points (default: the standard error of the committed cell's mean, "
-        "from the committed seeds' spread)",
+        help="the equivalence margin in points: a cell is reproduced when the 95 percent interval of rerun - "
+        "committed lies inside +-POINTS, whatever the number of seeds (default: one seed standard deviation of "
+        "the committed runs, pooled over cells; --tolerance is its old name)",
     )
     p.set_defaults(func=cmd_compare)
     p = _add_report(

@@ -20,15 +20,16 @@ judged on the evidence:
 - otherwise the difference of the means (rerun - committed) and its 95% t-interval: paired,
   from the within-seed differences, when every rerun seed has a committed twin (the seed's
   shared partition, sampling and initialisation cancel), else Welch's from both sides' seeds;
-- the tolerance tol is the standard error of the committed cell's mean, from the committed
-  runs' seed spread pooled over every cell (a 3-seed cell alone estimates it badly):
-  tol = s_pooled / sqrt(n_committed of the cell). A difference within it moves the cell less
-  than the committed table's own uncertainty;
-- REPRODUCED when the whole interval lies inside [-tol, tol] (the evidence says the difference
-  is small: two one-sided tests at 2.5%), NOT REPRODUCED when it lies wholly outside (it says
-  the difference is larger than tol), INCONCLUSIVE when it crosses +-tol.
+- the margin: how far a cell's mean may move and still count as reproduced, in points, declared
+  (`--margin`) or by default one seed standard deviation of the committed runs (their variance
+  pooled over every cell). It does not shrink with the number of seeds: more seeds narrow the
+  interval, never the margin, so they make a yes easier, not harder;
+- REPRODUCED when the whole interval lies inside [-margin, margin] (two one-sided tests at 2.5%),
+  NOT REPRODUCED when it lies wholly outside, INCONCLUSIVE when it crosses +-margin; an
+  inconclusive cell says how many seeds a side would make a yes reachable at its observed spread
+  (`seeds_needed`).
 
-Why tol is this, and the verdict's power for cross-CPU noise drawn from the committed spread:
+Why this margin, and the verdict's simulated power for cross-CPU drift of the committed spread:
 docs/workflow.md, "Did my rerun reproduce?" (`python tests/test_compare.py` prints the numbers).
 """
 
@@ -67,6 +68,11 @@ IDENTICAL, REPRODUCED, INCONCLUSIVE, NOT_REPRODUCED = "IDENTICAL", "REPRODUCED",
 PASSED = (IDENTICAL, REPRODUCED)
 # exit codes of `incofl compare` (2: bad input); `make run` fails on 1 and reports 3
 EXIT = {REPRODUCED: 0, NOT_REPRODUCED: 1, INCONCLUSIVE: 3}
+# the default margin, in committed seed standard deviations (docs/workflow.md says why one)
+MARGIN_SDS = 1.0
+# seeds_needed: the chance of REPRODUCED it aims at for a rerun that changed nothing (a power
+# of 80%, the usual planning target), and the most seeds it looks at
+POWER, MAX_SEEDS = 0.8, 10_000
 
 
 def paired_interval(d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -96,12 +102,30 @@ def welch_interval(rerun: np.ndarray, committed: np.ndarray) -> tuple[Any, Any, 
     return diff, diff - half, diff + half
 
 
-def decide(low: Any, high: Any, tol: Any) -> np.ndarray:
-    """The statistical verdict of intervals [low, high] against +-tol (NaN bounds: inconclusive)."""
-    low, high, tol = np.asarray(low, float), np.asarray(high, float), np.asarray(tol, float)
-    inside = (low >= -tol) & (high <= tol)
-    outside = (low > tol) | (high < -tol)
+def decide(low: Any, high: Any, margin: Any) -> np.ndarray:
+    """The statistical verdict of intervals [low, high] against +-margin (NaN: inconclusive)."""
+    low, high, margin = np.asarray(low, float), np.asarray(high, float), np.asarray(margin, float)
+    inside = (low >= -margin) & (high <= margin)
+    outside = (low > margin) | (high < -margin)
     return np.where(inside, REPRODUCED, np.where(outside, NOT_REPRODUCED, INCONCLUSIVE))
+
+
+def seeds_needed(variances: tuple[float, ...], margin: float) -> int | None:
+    """The fewest seeds a side with which a rerun that changed nothing is REPRODUCED with
+    probability POWER at this spread: the smallest n with (t_.975 + t_.90) * sqrt(var / n) <=
+    margin (the interval's half-width plus the mean's own 80% spread), var the variance of one
+    seed's difference. One variance: paired differences (n - 1 degrees of freedom); two, each
+    side's seed variance: Welch with n seeds a side. None: no n up to MAX_SEEDS (margin 0, NaN)."""
+    var = float(sum(variances))
+    if not margin > 0 or math.isnan(var):
+        return None
+    if var == 0:
+        return 2  # no spread: the interval is the difference itself
+    n = np.arange(2, MAX_SEEDS + 1)
+    df = n - 1 if len(variances) == 1 else (n - 1) * var**2 / sum(v**2 for v in variances)
+    width = (student_t.ppf(0.975, df) + student_t.ppf((1 + POWER) / 2, df)) * np.sqrt(var / n)
+    fits = np.flatnonzero(width <= margin)
+    return int(n[fits[0]]) if len(fits) else None
 
 
 def seed_spread(committed: pd.DataFrame, metric: str) -> float:
@@ -113,9 +137,10 @@ def seed_spread(committed: pd.DataFrame, metric: str) -> float:
     return math.sqrt(float(groups.var(ddof=1).fillna(0).mul(groups.count() - 1).sum() / df))
 
 
-def tolerance(committed: pd.DataFrame, metric: str, n_committed: int) -> float:
-    """The module docstring's tol for a cell of `n_committed` committed seeds."""
-    return seed_spread(committed, metric) / math.sqrt(n_committed)
+def default_margin(committed: pd.DataFrame, metric: str) -> float:
+    """The module docstring's default margin: MARGIN_SDS committed seed standard deviations, the
+    same for every cell and whatever its number of seeds (NaN: no committed cell has two)."""
+    return MARGIN_SDS * seed_spread(committed, metric)
 
 
 def _settings(run: pd.Series) -> dict[str, Any]:
@@ -207,14 +232,14 @@ def _divergence_mismatch(rerun: pd.DataFrame, twins: pd.DataFrame) -> str | None
     return None
 
 
-def judge(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, tol: float) -> dict[str, Any]:
+def judge(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, margin: float) -> dict[str, Any]:
     """One cell's verdict and its evidence (the module docstring's rules)."""
     twins = committed.set_index("seed")
     same = sum(run["seed"] in twins.index and _identical(run, twins.loc[run["seed"]]) for _, run in rerun.iterrows())
     row: dict[str, Any] = {"identical": same}
     done_r, done_c = completed(rerun), completed(committed)
     if len(done_r) and len(done_c):
-        row |= {"rerun": done_r[metric].mean(), "committed": done_c[metric].mean(), "tolerance": tol}
+        row |= {"rerun": done_r[metric].mean(), "committed": done_c[metric].mean()}
     if same == len(rerun):
         return row | {"verdict": IDENTICAL, "why": f"{same} of {same} seeds bit-identical"}
     where = _deterministic(rerun, committed)
@@ -224,40 +249,60 @@ def judge(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, tol: float)
     mismatch = _divergence_mismatch(rerun, twins)
     if mismatch is not None:
         return row | {"verdict": NOT_REPRODUCED, "why": f"{where}; {mismatch}"}
-    return row | _statistics(done_r, done_c, metric, tol, where)
+    return row | _statistics(done_r, done_c, metric, margin, where)
 
 
-def _statistics(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, tol: float, where: str) -> dict[str, Any]:
-    twins = committed.set_index("seed")[metric]
+def _interval(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str) -> tuple[str, tuple, tuple, int]:
+    """The test, (difference, low, high), the variances seeds_needed reads and the seeds a side."""
+    twins, ours = committed.set_index("seed")[metric], rerun[metric].to_numpy(float)
     if len(rerun) >= 2 and set(rerun["seed"]) <= set(twins.index):
-        test = "paired"
-        diff, low, high = paired_interval(rerun[metric].to_numpy(float) - twins.loc[rerun["seed"]].to_numpy(float))
-    else:
-        test = "Welch"
-        diff, low, high = welch_interval(rerun[metric].to_numpy(float), committed[metric].to_numpy(float))
-    verdict = str(decide(low, high, tol))
-    why = f"{where}; {test}" + (": one seed, no interval" if math.isnan(low) else "")
-    return {"difference": float(diff), "low": float(low), "high": float(high), "verdict": verdict, "why": why}
+        d = ours - twins.loc[rerun["seed"]].to_numpy(float)
+        return "paired", paired_interval(d), (float(np.var(d, ddof=1)),), len(d)
+    theirs = committed[metric].to_numpy(float)
+    spread = tuple(float(np.var(x, ddof=1)) if len(x) > 1 else math.nan for x in (ours, theirs))
+    return "Welch", welch_interval(ours, theirs), spread, min(len(ours), len(theirs))
 
 
-def compare(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, tol: float | None = None) -> pd.DataFrame:
+def _statistics(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, margin: float, where: str) -> dict[str, Any]:
+    test, (diff, low, high), spread, seeds = _interval(rerun, committed, metric)
+    verdict = str(decide(low, high, margin))
+    row = {"difference": float(diff), "low": float(low), "high": float(high), "verdict": verdict}
+    if math.isnan(low):
+        return row | {"why": f"{where}; {test}: one seed, no interval"}
+    if verdict != INCONCLUSIVE:
+        return row | {"why": f"{where}; {test}"}
+    needed = seeds_needed(spread, margin)
+    return row | {"seeds_needed": needed, "why": f"{where}; {test}; {_reach(needed, seeds)}"}
+
+
+def _reach(needed: int | None, seeds: int) -> str:
+    """What an inconclusive cell would take, in words (seeds_needed)."""
+    if needed is None:
+        return f"no number of seeds up to {MAX_SEEDS:,} reaches a yes at this margin"
+    if needed <= seeds:
+        return "the interval fits the margin but the difference lies near it"
+    return f"a yes reachable with {needed} seeds a side at this spread"
+
+
+def compare(rerun: pd.DataFrame, committed: pd.DataFrame, metric: str, margin: float | None = None) -> pd.DataFrame:
     """One row per cell of either side: seeds of each side, identical seeds, means, difference,
-    interval, tolerance, verdict and why (NOT REPRODUCED for a cell missing on one side). `tol`:
-    a fixed tolerance in points instead of the committed cell's standard error."""
+    interval, margin, the seeds a side an inconclusive cell needs, verdict and why (NOT
+    REPRODUCED for a cell missing on one side). `margin`: declared, in points (default:
+    default_margin)."""
+    margin = default_margin(committed, metric) if margin is None else margin
     keys = sorted(set(map(tuple, committed[CELL].to_numpy())) | set(map(tuple, rerun[CELL].to_numpy())))
     ours, theirs = dict(tuple(committed.groupby(CELL))), dict(tuple(rerun.groupby(CELL)))
     rows = []
     for key in keys:
         r, c = theirs.get(key, rerun.iloc[:0]), ours.get(key, committed.iloc[:0])
-        row = dict(zip(CELL, key, strict=True)) | {"n_rerun": len(r), "n_committed": len(c)}
+        row = dict(zip(CELL, key, strict=True)) | {"n_rerun": len(r), "n_committed": len(c), "margin": margin}
         if len(r) and len(c):
-            cell_tol = tol if tol is not None else tolerance(committed, metric, len(completed(c)) or 1)
-            row |= judge(r, c, metric, cell_tol)
+            row |= judge(r, c, metric, margin)
         else:
             row |= {"verdict": NOT_REPRODUCED, "why": f"not in the {'rerun' if not len(r) else 'committed runs'}"}
         rows.append(row)
     table = pd.DataFrame(rows)
-    for column in ("identical", "rerun", "committed", "difference", "low", "high", "tolerance"):
+    for column in ("identical", "rerun", "committed", "difference", "low", "high", "seeds_needed"):
         if column not in table:
             table[column] = math.nan
     return table
@@ -281,18 +326,31 @@ def _cell_text(r: Any) -> str:
     means = f"{_number(r.rerun, '.2f')} | {_number(r.committed, '.2f')} | {_number(r.difference, '+.2f')}"
     interval = f"[{r.low:+.2f}, {r.high:+.2f}]" if not math.isnan(r.low) else ""
     verdict = r.verdict if r.verdict in PASSED else f"**{r.verdict}**"
-    return f"{seeds} {means} | {interval} | {_number(r.tolerance, '.2f')} | {verdict} ({r.why}) |"
+    return f"{seeds} {means} | {interval} | {verdict} ({r.why}) |"
 
 
-def to_markdown(table: pd.DataFrame, metric: str) -> str:
-    """The per-cell table and the overall verdict line."""
+def _margin_text(margin: float, declared: bool) -> str:
+    """The margin and where it comes from, as the report records it."""
+    if declared:
+        return f"+-{margin:.2f} points (declared: --margin)"
+    if math.isnan(margin):
+        return "none (no committed cell has two seeds to measure their spread; --margin POINTS sets one)"
+    return f"+-{margin:.2f} points (the default: {MARGIN_SDS:g} seed standard deviation of the committed runs)"
+
+
+def to_markdown(table: pd.DataFrame, metric: str, declared: bool = False) -> str:
+    """The margin, the per-cell table and the overall verdict line; `declared`: the margin was
+    given (--margin), not the default."""
+    margin = float(table["margin"].iloc[0])
     lines = [
         f"**Reproduction** of {metric} (points): identical seeds (the same final weights); else rerun - "
-        "committed and its 95% interval against +-tol: inside, reproduced; outside, not; across, inconclusive.",
+        "committed and its 95% interval against the margin: inside, reproduced; outside, not; across, "
+        "inconclusive.",
         "",
-        "| cell | seeds rerun / committed | identical | rerun | committed | difference | 95% interval | tol "
-        "| verdict |",
-        "| :--- | :---: | :---: | :---: | :---: | :---: | :---: | :---: | :--- |",
+        f"Margin: {_margin_text(margin, declared)}.",
+        "",
+        "| cell | seeds rerun / committed | identical | rerun | committed | difference | 95% interval | verdict |",
+        "| :--- | :---: | :---: | :---: | :---: | :---: | :---: | :--- |",
         *(_cell_text(r) for r in table.itertuples()),
         "",
         verdict(table),
