@@ -57,6 +57,32 @@ def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
     return nodes
 
 
+def signed_sites(cfg: RunConfig, folder: Path) -> tuple[list[dict[str, int | str]], dict[int, bytes]]:
+    """As export_sites, signed both ways as `incofl federation export --keys` makes a federation:
+    the server's key pair and each client's node key in `folder/keys`, every file carrying the
+    server's public key, every node config its node's private key (`node-key`); and each node's
+    public key as a SuperLink holds it (PEM, by the node ids of an InProcessGrid over them)."""
+    from cryptography.hazmat.primitives import serialization
+
+    from incofl.deploy.credentials import node_key
+    from incofl.deploy.inprocess import FIRST_NODE
+    from incofl.deploy.server import tested_on_nodes
+    from incofl.deploy.signing import private_key, server_key
+    from incofl.deploy.sitedata import export_client
+
+    keys = folder / "keys"
+    server = server_key(keys)[1].read_bytes()
+    data, partition = dataset_for(cfg), partition_for(cfg, dataset_for(cfg))
+    nodes, pems = [], {}
+    for client in range(cfg.clients):
+        path, (private, _) = folder / f"site{client}.npz", node_key(keys, client)
+        export_client(cfg, data, partition, client, path, client in tested_on_nodes(cfg), server_key=server)
+        nodes.append({"client": client, "data-path": str(path), "node-key": str(private)})
+        pem = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        pems[FIRST_NODE + client] = private_key(private).public_key().public_bytes(*pem)
+    return nodes, pems
+
+
 def run_both(tmp: Path, grid_apps: dict | None = None, **settings: Any) -> tuple[dict, dict, Path, Path]:
     """The run of `settings` by the simulator and by the in-process federation: both summaries and folders."""
     from incofl.deploy.inprocess import InProcessGrid

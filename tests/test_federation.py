@@ -16,7 +16,7 @@ import torch
 if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from federation_helpers import TINY, WIDTH, export_sites, metrics, run_both, write_config  # noqa: E402
+from federation_helpers import TINY, WIDTH, export_sites, metrics, run_both, signed_sites, write_config  # noqa: E402
 
 from incofl.config import ConfigError, RunConfig, load_run_config  # noqa: E402
 from incofl.data.partition import partition_for  # noqa: E402
@@ -383,29 +383,28 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
     node may claim any client."""
     import json
 
+    from incofl.deploy.credentials import node_key
     from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
     from incofl.deploy.serverapp import AppSettings, Identity, serve
 
     config = write_config(tmp_path, rounds=1)
-    sites = export_sites(load_run_config(config), tmp_path)
-    keys = _site_keys(len(sites) + 2)  # the sites', the impostor's, the stranger's
-    (tmp_path / "keys").mkdir()
-    for client, (ssh, _) in enumerate(keys[: len(sites)]):
-        (tmp_path / "keys" / f"node{client}.pub").write_bytes(ssh)
-    nodes = [sites[0], *sites, sites[1]]  # FIRST_NODE: the impostor, with a copy of client 0's file; last: the stranger
+    sites, pems = signed_sites(load_run_config(config), tmp_path)
+    own = node_key(tmp_path / "impostor", 0)[0]  # a key pair of its own, signing as client 0
+    nodes = [{**sites[0], "node-key": str(own)}, *sites, sites[1]]  # first: the impostor; last: the stranger
     impostor, stranger = FIRST_NODE, FIRST_NODE + len(sites) + 1
-    pems = [keys[-2][1], *(pem for _, pem in keys[: len(sites)]), keys[-1][1]]
+    pem = _site_keys(2)
+    keys = {impostor: pem[0][1], stranger: pem[1][1]} | {node + 1: key for node, key in pems.items()}
 
     def failing(message, context):
         raise RuntimeError("no data here")
 
-    grid = InProcessGrid(nodes, apps={stranger: failing}, keys={FIRST_NODE + i: pem for i, pem in enumerate(pems)})
+    grid = InProcessGrid(nodes, apps={stranger: failing}, keys=keys)
     settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, node_keys=tmp_path / "keys")
     serve(grid, settings)
     assert f"node {impostor} says it is client 0: refused: node {impostor}'s key is not client 0's" in caplog.text
-    assert f"identify: node {stranger}: refused: its key is no site's" in caplog.text
+    assert f"identify: node {stranger}: the node's ClientApp failed: RuntimeError: no data here" in caplog.text
     assert json.loads((tmp_path / "federation" / "federation.json").read_text())["nodes"]["0"] == impostor + 1
-    Identity.load(grid, None, len(sites))
+    Identity.load(grid, AppSettings(str(config), {}, tmp_path), len(sites), 1)
     assert "no node-keys: any node may claim any client" in caplog.text
 
 

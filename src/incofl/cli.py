@@ -107,16 +107,27 @@ def cmd_federation_export(args: argparse.Namespace) -> int:
     tested = set(tested_on_nodes(cfg))  # the clients this config's evaluation scores on the test split
     if args.client is None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
+    keys = (Path(args.out) if args.client is None else Path(args.out).parent) / "keys"
+    server = _server_key(keys)  # every site's file carries its public half: its node acts on nothing else
     for client in clients:
         out = Path(args.out) / f"site{client}.npz" if args.client is None else Path(args.out)
         test = args.test or client in tested
-        samples = export_client(cfg, data, partition, client, out, test=test)
+        samples = export_client(cfg, data, partition, client, out, test=test, server_key=server.read_bytes())
         key = f"; node key {_node_key(out.parent / 'keys', client)}" if args.keys else ""
         print(
             f"{out}: client {client} of {cfg.clients} ({cfg.dataset} alpha={cfg.alpha}), {samples} samples"
             f"{', and the test split' if test else ''}{key}"
         )
     return 0
+
+
+def _server_key(folder: Path) -> Path:
+    """The server's public key in `folder` (`server.pub`; its private half `server`, for the ServerApp), made once."""
+    from incofl.deploy.signing import server_key
+
+    private, public = server_key(folder)
+    print(f"server key {private} (the ServerApp's: node-keys/server, or server-key); {public} in each site file")
+    return public
 
 
 def _node_key(folder: Path, client: int) -> Path:

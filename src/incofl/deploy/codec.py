@@ -28,6 +28,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.constant import SType
 
 from incofl.deploy.server import EvalJob, ExpectedScores, ExpectedUpdate, TrainJob
+from incofl.deploy.signing import SignatureError, digest, sign, statement, verify
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Index, State, View
 from incofl.fl.stages.component import Expected
 from incofl.fl.stages.evaluation import Scores
@@ -37,6 +38,7 @@ UPDATE_ARRAYS = {"delta": "delta", "classes": "classes"}  # ClientUpdate's tenso
 UPDATE_KEPT_ON_NODE = ("kept", "view")  # never sent: what the client keeps; the server's own plan's view
 NPY_HEADER = 1024  # the most bytes an array's .npy header may take (an honest one: 128)
 WIRE = {"int": int, "float": float, "bool": int}  # a metric field's declared type -> the type it travels as
+SIGNATURE = "incofl.signature"  # the config record of a message's signature (signing.py)
 
 
 class CodecError(ValueError):
@@ -345,3 +347,67 @@ def read_scores(content: RecordDict, splits: tuple[str, ...], expected: Expected
             raise CodecError(f"scores {split}: counts must be integers, losses floats")
         scores.append(Scores(correct, loss, read_metric(m, f"{split}.n", int, "scores")))
     return read_metric(m, "client", int, "scores"), scores
+
+
+# Signatures (signing.py): the statement each side signs, the record that carries it
+def instruction_statement(content: RecordDict, run: int, node: int, kind: str, round_: int) -> bytes:
+    return statement("instruction", run=run, node=node, type=kind, round=round_, content=digest(content, SIGNATURE))
+
+
+def reply_statement(content: RecordDict, run: int, round_: int, client: int, answers: str, kind: str) -> bytes:
+    text = digest(content, SIGNATURE)
+    return statement("reply", run=run, round=round_, client=client, answers=answers, type=kind, content=text)
+
+
+def signed(content: RecordDict, signature: bytes, round_: int) -> RecordDict:
+    """`content` with its signature (and the round it is signed for) in the SIGNATURE record."""
+    content[SIGNATURE] = ConfigRecord({"round": round_, "signature": signature})
+    return content
+
+
+def unsigned(content: RecordDict) -> RecordDict:
+    """`content` without its signature record."""
+    return RecordDict({name: record for name, record in content.items() if name != SIGNATURE})
+
+
+def signature_of(content: RecordDict) -> tuple[int, bytes]:
+    """The round and signature a message's SIGNATURE record holds; SignatureError if none or malformed."""
+    record = content.config_records.get(SIGNATURE)
+    if record is None:
+        raise SignatureError("it is not signed")
+    round_, signature = record.get("round"), record.get("signature")
+    if set(record) != {"round", "signature"} or type(round_) is not int or type(signature) is not bytes:
+        raise SignatureError("its signature record is malformed")
+    return round_, signature
+
+
+def sign_instruction(content: RecordDict, key: Any, run: int, node: int, kind: str, round_: int) -> RecordDict:
+    """An instruction for `node` signed with the server's key (its round in the signature record)."""
+    return signed(content, sign(key, instruction_statement(content, run, node, kind, round_)), round_)
+
+
+def open_instruction(content: RecordDict, public: Any, run: int, node: int, kind: str) -> tuple[RecordDict, int]:
+    """An instruction's content without its signature and the round it is for, if the server
+    signed it for this run, this node and this type; SignatureError otherwise."""
+    round_, signature = signature_of(content)
+    verify(public, instruction_statement(content, run, node, kind, round_), signature, "the server")
+    return unsigned(content), round_
+
+
+def sign_reply(
+    content: RecordDict, key: Any, run: int, round_: int, client: int, answers: str, kind: str
+) -> RecordDict:
+    """A reply signed with its site's node key, bound to what it answers."""
+    return signed(content, sign(key, reply_statement(content, run, round_, client, answers, kind)), round_)
+
+
+def open_reply(
+    content: RecordDict, public: Any, run: int, round_: int, client: int, answers: str, kind: str
+) -> RecordDict:
+    """A reply's content without its signature, if client `client`'s site signed it as the
+    answer to the instruction `answers` (of type `kind`, round `round_`, this run); SignatureError otherwise."""
+    signed_round, signature = signature_of(content)
+    if signed_round != round_:
+        raise SignatureError(f"it is signed for round {signed_round}, asked in round {round_}")
+    verify(public, reply_statement(content, run, round_, client, answers, kind), signature, f"client {client}'s site")
+    return unsigned(content)

@@ -14,6 +14,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
+from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from incofl.deploy.clientapp import app as client_app
@@ -43,13 +44,13 @@ class InProcessGrid(Grid):
         }
         self.apps, self.keys = apps or {}, keys or {}
         self.replies: dict[str, Message] = {}
-        self._run = None
+        self._run = Run.create_empty(run_id)
 
-    def set_run(self, run) -> None:  # noqa: ANN001 (flwr's Run)
+    def set_run(self, run: Run) -> None:
         self._run = run
 
     @property
-    def run(self):  # noqa: ANN201
+    def run(self) -> Run:
         return self._run
 
     def create_message(

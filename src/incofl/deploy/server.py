@@ -191,7 +191,23 @@ def check_update(expected: ExpectedUpdate, update: ClientUpdate) -> str:
         bad = first_nonfinite(state)
         if bad is not None:
             return f"{what} {bad} holds NaN or Inf"
+        bad = first_too_large(state)
+        if bad is not None:
+            return f"{what} {bad} holds values so large that the round's sums would overflow"
     return ""
+
+
+def first_too_large(state: State) -> str | None:
+    """The first floating-point tensor whose squares sum past a quarter of its dtype's largest
+    value (in float64): each entry then stays below half the square root of that value (9.2e18
+    in float32), so that neither the round's sample-weighted sums (up to 3.7e19 samples) nor a
+    norm of it (InCo's step takes them) overflow; an honest update is many orders below."""
+    for name, t in state.items():
+        if t.is_floating_point():
+            squares = torch.linalg.vector_norm(t, dtype=torch.float64) ** 2
+            if not bool(squares <= torch.finfo(t.dtype).max / 4):
+                return name
+    return None
 
 
 def check_hashes(kept_sha256: str, state_sha256: str) -> str:

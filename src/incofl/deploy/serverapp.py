@@ -29,6 +29,15 @@ key the SuperLink holds for it (`grid.get_nodes()`, node authentication) is site
 is refused and logged, and the run waits for the rightful node. Every reply must come from the
 node its message went to, whose key is its client's. Without `node-keys`, the start-up line
 says that any node may claim any client.
+
+Signatures (signing.py): every instruction is signed with the server's key (`server-key`, by
+default `<node-keys>/server`, made by `incofl federation export`), which the nodes check against
+the public half their data files carry; with `node-keys`, every reply must be signed with its
+client's site key (`node<client>.pub`) over its content and what it answers (the run, the round,
+the client, the id and type of the message it answers), checked before anything in it is read:
+a reply in another site's name is refused whatever header it carries. Replies are pulled
+through a guarded inbox (inbox.py): one that does not decode is its node's fault, a message
+the server did not ask for is ignored, and no reply holds a round past its deadline.
 """
 
 from __future__ import annotations
@@ -50,7 +59,18 @@ from flwr.serverapp.strategy import Strategy
 from incofl.atomic import atomic_path, write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
 from incofl.data.sources import dataset_for
-from incofl.deploy.codec import CodecError, evaluate_content, message_bytes, read_scores, read_update, train_content
+from incofl.deploy.codec import (
+    CodecError,
+    evaluate_content,
+    message_bytes,
+    open_reply,
+    read_scores,
+    read_update,
+    sign_instruction,
+    train_content,
+    unsigned,
+)
+from incofl.deploy.inbox import Inbox, Pulled
 from incofl.deploy.server import (
     EvalJob,
     EvalReply,
@@ -66,6 +86,7 @@ from incofl.deploy.server import (
     check_update,
     tested_on_nodes,
 )
+from incofl.deploy.signing import SERVER, SignatureError, private_key, public_key
 from incofl.deploy.sitedata import test_sha256
 from incofl.fl.engine.run import Run, build_engine
 from incofl.fl.engine.rundir import claimed
@@ -86,13 +107,14 @@ class AppSettings:
     join_timeout: float = 120.0
     allow_missing: bool = False
     node_keys: Path | None = None
+    server_key: Path | None = None  # None: `node-keys`' `server`, if node-keys is set
 
     @classmethod
     def of(cls, run_config: dict[str, Any]) -> AppSettings:
         if not run_config.get("out"):
             raise ConfigError("run config: out: set the run directory")
         overrides = parse_overrides(shlex.split(str(run_config.get("set", ""))))
-        keys = str(run_config.get("node-keys", ""))
+        keys, server = str(run_config.get("node-keys", "")), str(run_config.get("server-key", ""))
         return cls(
             str(run_config.get("config", "")) or None,
             overrides,
@@ -101,7 +123,12 @@ class AppSettings:
             float(run_config.get("join-timeout", 120.0)),
             bool(run_config.get("allow-missing", False)),
             Path(keys) if keys else None,
+            Path(server) if server else None,
         )
+
+    def server_key_path(self) -> Path | None:
+        """The server's private key: `server-key`, else `<node-keys>/server`; None without either."""
+        return self.server_key or (self.node_keys / SERVER if self.node_keys else None)
 
 
 def spki(key: bytes, ssh: bool = False) -> bytes:
@@ -119,19 +146,28 @@ def spki(key: bytes, ssh: bool = False) -> bytes:
 @dataclass
 class Identity:
     """Which node may speak for which client: with site keys (client -> key), only the node whose
-    key the SuperLink holds is that site's; without, any node (module docstring)."""
+    key the SuperLink holds is that site's, and only a reply signed with that key is its; without,
+    any node (module docstring). The server's key signs every instruction of run `run`."""
 
     grid: Grid
     keys: dict[int, bytes] | None = None
     node_keys: dict[int, bytes] = field(default_factory=dict)  # node -> its key (the SuperLink's)
+    run: int = 0
+    server: Any = None  # the server's private key (None: instructions go unsigned)
 
     @classmethod
-    def load(cls, grid: Grid, folder: Path | None, clients: int) -> Identity:
-        """The sites' keys in `folder` (`node<client>.pub`), each client's; refused in one line
-        naming a missing or unreadable file."""
+    def load(cls, grid: Grid, settings: AppSettings, clients: int, run: int) -> Identity:
+        """The sites' keys in node-keys (`node<client>.pub`), each client's, and the server's
+        private key; refused in one line naming a missing or unreadable file."""
+        server_path, folder = settings.server_key_path(), settings.node_keys
+        if server_path is not None and not server_path.is_file():
+            raise ConfigError(f"server-key: no {server_path}; make it with incofl federation export")
+        server = private_key(server_path) if server_path is not None else None
+        if server is None:
+            log.warning("no server key: the nodes cannot tell this server's messages from another's")
         if folder is None:
             log.warning("no node-keys: any node may claim any client (each client is bound to its node's word)")
-            return cls(grid)
+            return cls(grid, run=run, server=server)
         keys = {}
         for client in range(clients):
             path = folder / f"node{client}.pub"
@@ -140,7 +176,21 @@ class Identity:
                 raise ConfigError(f"node-keys: {path}: no OpenSSH public key of client {client}'s site")
             keys[client] = key
         log.info("node keys from %s: each client is bound to its site's key", folder)
-        return cls(grid, keys)
+        return cls(grid, keys, run=run, server=server)
+
+    def instruction(self, content: RecordDict, node: int, kind: str, round_: int, group: str = "") -> Message:
+        """A message to `node`, signed with the server's key where there is one."""
+        if self.server is not None:
+            content = sign_instruction(RecordDict(dict(content.items())), self.server, self.run, node, kind, round_)
+        return Message(content, node, kind, group_id=group)
+
+    def opened(self, reply: Message, client: int, answers: str, kind: str, round_: int) -> RecordDict:
+        """A reply's content, with site keys only if client `client`'s site signed it as the answer
+        to `answers` (SignatureError otherwise), before anything in it is read."""
+        if self.keys is None:
+            return unsigned(reply.content)
+        public = public_key(self.keys[client], f"client {client}'s key")
+        return open_reply(reply.content, public, self.run, round_, client, answers, kind)
 
     def key(self, node: int) -> bytes:
         """The key the SuperLink holds for `node` (b'' if none)."""
@@ -154,31 +204,26 @@ class Identity:
             return f"node {node}'s key is not client {client}'s site's"
         return ""
 
-    def stranger(self, node: int) -> bool:
-        """Whether `node` is known to be no site's (with site keys: its key is none of theirs)."""
-        return self.keys is not None and self.key(node) not in self.keys.values()
 
-
-def pushed(grid: Grid, messages: list[Message]) -> dict[str, int]:
-    """Push `messages`; the id of each one pushed -> its index."""
-    return {message_id: i for i, message_id in enumerate(grid.push_messages(messages)) if message_id}
-
-
-def pulled(grid: Grid, waiting: Iterable[str], timeout: float) -> Iterator[Message]:
-    """The replies to the messages `waiting` (their ids), each as it arrives: pulled every POLL
-    seconds until every one came or `timeout` passed."""
+def pulled(inbox: Inbox, waiting: Iterable[str], timeout: float) -> Iterator[Pulled]:
+    """The replies to the messages `waiting` (their ids), each as it arrives (or why it cannot be
+    read: inbox.py): pulled every POLL seconds until every one came or `timeout` passed, however
+    long a reply takes to upload."""
     waiting, deadline = set(waiting), time.monotonic() + timeout
     while waiting:
-        for reply in grid.pull_messages(list(waiting)):
-            if reply.metadata.reply_to_message_id in waiting:
-                waiting.discard(reply.metadata.reply_to_message_id)
-                yield reply
+        for got in inbox.pull(waiting, deadline):
+            waiting.discard(got.answers)
+            yield got
         if not waiting or time.monotonic() >= deadline:
+            inbox.forget(waiting)
             return
         time.sleep(POLL)
 
 
-def identify(grid: Grid, cfg: RunConfig, timeout: float, test: dict[int, str], identity: Identity) -> dict[int, int]:
+IDENTIFY = "query.identify"
+
+
+def identify(inbox: Inbox, cfg: RunConfig, timeout: float, test: dict[int, str], identity: Identity) -> dict[int, int]:
     """client -> node: every node that joins within `timeout` is asked which client it is (with
     the run's config, which it checks its data against); a claim `identity` refuses, or a reply
     that is not a claim, is logged and left out (the rightful node may still come). Stops with one
@@ -188,33 +233,49 @@ def identify(grid: Grid, cfg: RunConfig, timeout: float, test: dict[int, str], i
     nodes: dict[int, int] = {}
     asked: set[int] = set()
     pending: dict[str, int] = {}  # message -> node
+    refusals: dict[int, str] = {}  # node -> why it refused the run (with site keys: no error stops it)
     deadline = time.monotonic() + timeout
     while len(nodes) < cfg.clients and time.monotonic() < deadline:
-        new = [node for node in grid.get_node_ids() if node not in asked]
+        new = [node for node in identity.grid.get_node_ids() if node not in asked]
         asked.update(new)
-        queries = [Message(content, node, "query.identify") for node in new]
-        pending |= {i: queries[k].metadata.dst_node_id for i, k in pushed(grid, queries).items()} if new else {}
-        for reply in grid.pull_messages(list(pending)) if pending else []:
-            node = pending.pop(reply.metadata.reply_to_message_id, None)
-            if node is not None:
-                claim(cfg, node, reply, nodes, test, identity)
+        queries = [identity.instruction(content, node, IDENTIFY, 0) for node in new]
+        pending |= {i: queries[k].metadata.dst_node_id for i, k in inbox.push(queries).items()}
+        for got in inbox.pull(pending, deadline):
+            node = pending.pop(got.answers)
+            if got.message is None:
+                log.warning("identify: node %d: refused: %s", node, got.why)
+            else:
+                claim(cfg, node, got, nodes, test, identity, refusals)
         if len(nodes) < cfg.clients:
             time.sleep(POLL)
+    inbox.forget(pending)
     missing = sorted(set(range(cfg.clients)) - set(nodes))
     if missing:
+        why = "".join(f"; node {node} refused the run: {reason}" for node, reason in refusals.items())
         raise ConfigError(
-            f"no node joined for client(s) {', '.join(map(str, missing))} within {timeout:.0f} s (join-timeout)"
+            f"no node joined for client(s) {', '.join(map(str, missing))} within {timeout:.0f} s (join-timeout){why}"
         )
     return nodes
 
 
 def claim(
-    cfg: RunConfig, node: int, reply: Message, nodes: dict[int, int], test: dict[int, str], identity: Identity
+    cfg: RunConfig,
+    node: int,
+    got: Pulled,
+    nodes: dict[int, int],
+    test: dict[int, str],
+    identity: Identity,
+    refusals: dict[int, str],
 ) -> None:
-    """A node's answer to identify: its client added to `nodes`, or refused (module docstring of identify)."""
+    """A node's answer to identify: its client added to `nodes`, or refused (module docstring of
+    identify). With site keys an error reply (which no one signs) cannot stop the run: it is
+    logged, and named if the run ends for want of that client."""
+    reply = got.message
+    assert reply is not None
     if reply.has_error():
-        if identity.stranger(node):  # not a site's node: it cannot stop the run
-            log.warning("identify: node %d: refused: its key is no site's (%s)", node, unanswered(node, reply))
+        if identity.keys is not None:  # unsigned: perhaps not the node's own
+            log.warning("identify: node %d: %s", node, unanswered(node, reply))
+            refusals[node] = unanswered(node, reply)
             return
         raise ConfigError(f"node {node} refused the run: {reply.error.reason}")
     try:
@@ -226,6 +287,10 @@ def claim(
         log.warning("identify: node %d: refused: not a claim of a client (%s)", node, str(err)[:120])
         return
     why = identity.refusal(node, client)
+    try:
+        identity.opened(reply, client, got.answers, IDENTIFY, 0)
+    except SignatureError as err:
+        why = why or str(err)
     if why:
         log.warning("identify: node %d says it is client %d: refused: %s", node, client, why)
         return
@@ -258,12 +323,11 @@ def one_line(err: Exception) -> str:
     return what if isinstance(err, CodecError) else f"unreadable ({type(err).__name__}: {what})"
 
 
-def accept_update(reply: Message, expected: ExpectedUpdate) -> Reply:
-    """A training reply read and checked against what the server accepts of its client (never
-    raises: what fails anything is refused, with why in `error`)."""
-    node = reply.metadata.src_node_id
+def accept_update(content: RecordDict, node: int, expected: ExpectedUpdate) -> Reply:
+    """A training reply's content read and checked against what the server accepts of its client
+    (never raises: what fails anything is refused, with why in `error`)."""
     try:
-        update, kept, state = read_update(reply.content, expected, "cpu")
+        update, kept, state = read_update(content, expected, "cpu")
         bad_hash = check_hashes(kept, state)
         why = bad_hash or check_update(expected, update)
     except Exception as err:  # noqa: BLE001 (no reply can stop the server)
@@ -273,11 +337,10 @@ def accept_update(reply: Message, expected: ExpectedUpdate) -> Reply:
     return Reply(update, kept, state, node=node)
 
 
-def accept_scores(reply: Message, job: EvalJob, expected: ExpectedScores) -> EvalReply:
-    """An evaluation reply read and checked (never raises, as accept_update)."""
-    node = reply.metadata.src_node_id
+def accept_scores(content: RecordDict, node: int, job: EvalJob, expected: ExpectedScores) -> EvalReply:
+    """An evaluation reply's content read and checked (never raises, as accept_update)."""
     try:
-        client, scores = read_scores(reply.content, job.splits, expected)
+        client, scores = read_scores(content, job.splits, expected)
         why = check_scores(expected, client, scores)
     except Exception as err:  # noqa: BLE001 (no reply can stop the server)
         return EvalReply(error=one_line(err), node=node)
@@ -292,7 +355,7 @@ class IncoflStrategy(Strategy):
     key is its client's) and handed to the engine; the same for the client models an evaluation
     scores on their nodes."""
 
-    grid: Grid
+    inbox: Inbox
     nodes: dict[int, int]  # client -> node
     timeout: float
     out: Path
@@ -311,16 +374,18 @@ class IncoflStrategy(Strategy):
         """A round's training: configure and push; each reply read and checked as it arrives
         (server.Exchange), then the jobs without one."""
         self.jobs, self.expected = jobs, expected
-        messages = list(self.configure_train(round_ + 1, ArrayRecord(), ConfigRecord(), self.grid))
+        messages = list(self.configure_train(round_ + 1, ArrayRecord(), ConfigRecord(), self.identity.grid))
         none = lambda i: self.unanswered(jobs[i].plan.client, Reply)  # noqa: E731
-        yield from self.exchange(messages, lambda reply: self.aggregate_train(round_ + 1, [reply]), len(jobs), none)
+        read = lambda reply: self.aggregate_train(round_ + 1, [reply])  # noqa: E731
+        yield from self.exchange(messages, read, len(jobs), none, Reply)
 
     def evaluate(self, round_: int, jobs: list[EvalJob], expected: list[ExpectedScores]) -> list[EvalReply]:
         """An evaluation's client models: configure, push, and each reply read as it arrives."""
         self.eval_jobs, self.eval_expected = jobs, expected
-        messages = list(self.configure_evaluate(round_, ArrayRecord(), ConfigRecord(), self.grid))
+        messages = list(self.configure_evaluate(round_, ArrayRecord(), ConfigRecord(), self.identity.grid))
         none = lambda i: self.unanswered(jobs[i].client, EvalReply)  # noqa: E731
-        scores = dict(self.exchange(messages, lambda reply: self.aggregate_evaluate(round_, [reply]), len(jobs), none))
+        read = lambda reply: self.aggregate_evaluate(round_, [reply])  # noqa: E731
+        scores = dict(self.exchange(messages, read, len(jobs), none, EvalReply))
         return [scores[i] for i in range(len(jobs))]
 
     def unanswered(self, client: int, kind: type[Reply] | type[EvalReply]) -> Any:
@@ -329,18 +394,28 @@ class IncoflStrategy(Strategy):
         return kind(error=unanswered(node, None), node=node)
 
     def exchange(
-        self, messages: list[Message], read: Callable[[Message], Any], jobs: int, none: Callable[[int], Any]
+        self,
+        messages: list[Message],
+        read: Callable[[Message], Any],
+        jobs: int,
+        none: Callable[[int], Any],
+        kind: type[Reply] | type[EvalReply],
     ) -> Iterator[tuple[int, Any]]:
         """Push `messages`, then (job index, what `read` made of it) for each reply as it arrives
-        (`read` leaves it in `arrived`), then (i, none(i)) for each of the `jobs` without one."""
-        self.waiting = {message_id: self.sent[i] for message_id, i in pushed(self.grid, messages).items()}
+        (`read` leaves it in `arrived`; one that cannot be read: refused as a `kind`), then
+        (i, none(i)) for each of the `jobs` without one."""
+        self.waiting = {message_id: self.sent[i] for message_id, i in self.inbox.push(messages).items()}
         answered = set()
-        for reply in pulled(self.grid, self.waiting, self.timeout):
+        for got in pulled(self.inbox, self.waiting, self.timeout):
             self.arrived = []
-            read(reply)
-            for i, got in self.arrived:
+            if got.message is None:  # it does not decode, or never arrived whole: its node's fault
+                i = self.waiting[got.answers]
+                self.arrived.append((i, kind(error=got.why, node=got.node)))
+            else:
+                read(got.message)
+            for i, got_reply in self.arrived:
                 answered.add(i)
-                yield i, got
+                yield i, got_reply
         self.write_traffic()
         yield from ((i, none(i)) for i in range(jobs) if i not in answered)
 
@@ -353,7 +428,8 @@ class IncoflStrategy(Strategy):
             if client in self.nodes:
                 content = train_content(server_round - 1, job)
                 self.down[client] = message_bytes(content)
-                messages.append(Message(content, self.nodes[client], "train", group_id=str(server_round)))
+                node, group = self.nodes[client], str(server_round)
+                messages.append(self.identity.instruction(content, node, "train", server_round, group))
                 self.sent.append(i)
         return messages
 
@@ -365,20 +441,28 @@ class IncoflStrategy(Strategy):
             i = self.waiting.get(reply.metadata.reply_to_message_id)
             if i is None:
                 continue
-            client = self.jobs[i].plan.client
-            why = self.sender(client, reply)
-            accepted = Reply(error=why, node=self.nodes[client]) if why else accept_update(reply, self.expected[i])
-            self.arrived.append((i, accepted))
+            client, node = self.jobs[i].plan.client, self.nodes[self.jobs[i].plan.client]
+            content, why = self.opened(client, reply, "train", server_round)
+            accepted = accept_update(content, node, self.expected[i]) if content is not None else None
+            self.arrived.append((i, accepted or Reply(error=why, node=node)))
             self.count("train", server_round, client, reply)
         return None, MetricRecord({"replies": len(self.arrived)})
 
-    def sender(self, client: int, reply: Message) -> str:
-        """Why a reply cannot be its client's ('' if it can): it must come from the node its
-        message went to, whose key is the client's, and hold content (module docstring)."""
+    def opened(self, client: int, reply: Message, kind: str, server_round: int) -> tuple[RecordDict | None, str]:
+        """A reply's content if it can be its client's, else (None, why): it must come from the
+        node its message went to, whose key is the client's, hold content, and (with site keys)
+        be signed by the client's site as the answer to this message (module docstring)."""
         node, src = self.nodes[client], reply.metadata.src_node_id
         if src != node:
-            return f"a reply from node {src} to a message sent to node {node}"
-        return self.identity.refusal(src, client) or unanswered(node, reply)
+            return None, f"a reply from node {src} to a message sent to node {node}"
+        why = self.identity.refusal(src, client) or unanswered(node, reply)
+        if why:
+            return None, why
+        answers = reply.metadata.reply_to_message_id
+        try:
+            return self.identity.opened(reply, client, answers, kind, server_round), ""
+        except SignatureError as err:
+            return None, str(err)
 
     def count(self, stage: str, server_round: int, client: int, reply: Message) -> None:
         """A message's bytes each way, for federation.csv (a reply without content: none)."""
@@ -406,7 +490,8 @@ class IncoflStrategy(Strategy):
         for i, job in enumerate(self.eval_jobs):
             content = evaluate_content(server_round, job)
             self.down[job.client] = message_bytes(content)
-            messages.append(Message(content, self.nodes[job.client], "evaluate", group_id=str(server_round)))
+            node, group = self.nodes[job.client], str(server_round)
+            messages.append(self.identity.instruction(content, node, "evaluate", server_round, group))
             self.sent.append(i)
         return messages
 
@@ -416,14 +501,10 @@ class IncoflStrategy(Strategy):
             i = self.waiting.get(reply.metadata.reply_to_message_id)
             if i is None:
                 continue
-            job = self.eval_jobs[i]
-            why = self.sender(job.client, reply)
-            read = (
-                EvalReply(error=why, node=self.nodes[job.client])
-                if why
-                else accept_scores(reply, job, self.eval_expected[i])
-            )
-            self.arrived.append((i, read))
+            job, node = self.eval_jobs[i], self.nodes[self.eval_jobs[i].client]
+            content, why = self.opened(job.client, reply, "evaluate", server_round)
+            read = accept_scores(content, node, job, self.eval_expected[i]) if content is not None else None
+            self.arrived.append((i, read or EvalReply(error=why, node=node)))
             self.count("evaluate", server_round, job.client, reply)
         return MetricRecord({"replies": len(self.arrived)})
 
@@ -437,14 +518,18 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     check_federated(cfg)
     data = dataset_for(cfg)
     engine = build_engine(cfg, data, FederatedEngine)
-    identity = Identity.load(grid, settings.node_keys, cfg.clients)
+    identity = Identity.load(grid, settings, cfg.clients, grid.run.run_id)
     test = {client: test_sha256(data) for client in tested_on_nodes(cfg)}
-    nodes = identify(grid, cfg, settings.join_timeout, test, identity)
-    strategy = IncoflStrategy(grid, nodes, settings.round_timeout, settings.out, identity)
-    trainer = RemoteTrainer(strategy, settings.allow_missing)
-    engine.federate(trainer)
-    with claimed(settings.out):
-        summary = Run(cfg, engine, settings.out).execute()
+    inbox = Inbox(grid)
+    try:
+        nodes = identify(inbox, cfg, settings.join_timeout, test, identity)
+        strategy = IncoflStrategy(inbox, nodes, settings.round_timeout, settings.out, identity)
+        trainer = RemoteTrainer(strategy, settings.allow_missing)
+        engine.federate(trainer)
+        with claimed(settings.out):
+            summary = Run(cfg, engine, settings.out).execute()
+    finally:
+        inbox.close()
     write_json(
         settings.out / "federation.json",
         {

@@ -10,6 +10,8 @@ partition was drawn with: a node refuses a run whose config would partition othe
 `test`, it also holds the data set's test split, on which the node of a client that keeps
 entries of its model scores that model when the run's evaluation asks (each model group's first
 client's, as the simulator reports it); the server checks its hash (`test_sha256`) against its own.
+It carries the server's public key too (`server_key`, OpenSSH): the node acts only on
+instructions signed with it (signing.py).
 """
 
 from __future__ import annotations
@@ -73,10 +75,16 @@ def test_sha256(data: ImageDataset) -> str:
 
 
 def export_client(
-    cfg: RunConfig, data: ImageDataset, partition: Partition, client: int, out: str | Path, test: bool = False
+    cfg: RunConfig,
+    data: ImageDataset,
+    partition: Partition,
+    client: int,
+    out: str | Path,
+    test: bool = False,
+    server_key: bytes = b"",
 ) -> int:
     """Write `client`'s share of `data` to `out` (.npz, atomically), with `test` the test split
-    too (module docstring); returns its sample count."""
+    too, and the server's public key (module docstring); returns its sample count."""
     if not 0 <= client < cfg.clients:
         raise ConfigError(f"--client {client}: the config has clients 0..{cfg.clients - 1}")
     part = partition.parts[client]
@@ -95,8 +103,19 @@ def export_client(
             x_test=data.x_test if test else data.x_test[:0],
             y_test=data.y_test if test else data.y_test[:0],
             settings=json.dumps(partition_settings(cfg)),
+            server_key=np.bytes_(server_key),
         )
     return len(part)
+
+
+def site_server_key(path: str | Path) -> bytes:
+    """The server's public key a site's data file carries (b'' if none: it was exported without one)."""
+    try:
+        with np.load(path) as f:
+            return bytes(f["server_key"].item()) if "server_key" in f.files else b""
+    except (OSError, ValueError) as err:
+        why = f"not a site data file ({err})"
+        raise ConfigError(f"data-path {path}: {why}; make one with incofl federation export") from None
 
 
 def load_site(path: str | Path, cfg: RunConfig, client: int) -> tuple[SiteDataset, Partition]:

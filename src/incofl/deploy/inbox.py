@@ -1,0 +1,187 @@
+"""The ServerApp's pushes and pulls, guarded: no message a node sends can stop the server or
+hold it past a deadline.
+
+Flower 1.42's `HttpGrid.pull_messages` (superlink/grid/http_grid.py) takes every reply the
+SuperLink holds for the ids asked, and with them every message any node addressed to the
+SuperLink itself; then, one message after another, pulls each one's objects, retrying an object
+not yet uploaded up to 500 times about 10 s apart (`pull_objects`' defaults: 7200 s), and decodes
+it, raising out of the call on the first it cannot decode. The SuperLink forgets the messages it
+hands out, so a raise loses the whole batch. Here, on an `HttpGrid`, the same Runtime API calls
+are made message by message (`Inbox.pull`):
+
+- a message that answers none of the ids the caller waits for (one a node sent unasked, or a
+  late reply) is ignored without pulling its objects (logged; its objects let go);
+- each awaited reply's objects are pulled in a worker thread, with `pull_objects`' own bounds
+  set to the caller's deadline (`max_time`) and a backoff of at most 1 s, so the caller never
+  waits on one reply: a node that announces a reply and never uploads it (or uploads it slowly)
+  has it counted missing at the deadline, whatever the other replies do;
+- a reply that does not decode is dropped, as its node's fault (`Pulled.why`).
+
+Any other grid (the in-process one of the tests) is pulled through its own `pull_messages`,
+an id at a time once a batch raises. Pushes are guarded too: a push that raises, or a message
+the SuperLink does not take, is logged and left unanswered (its client counts as missing).
+Written against Flower 1.42.0's HttpGrid (its `_runtime_client`, `node` and `_run`); another
+version is refused before the run starts (`check_flower`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Any
+
+from flwr.app import Message
+from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest  # pylint: disable=E0611
+from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
+from flwr.serverapp import Grid
+from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
+from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents, pull_objects
+from flwr.superlink.grid.http_grid import HttpGrid
+
+log = logging.getLogger("incofl.deploy")
+FLOWER = "1.42.0"  # the HttpGrid whose calls Inbox makes itself
+BACKOFF = 1.0  # seconds: the longest wait between two tries of an object not yet uploaded (Flower's: 10)
+WORKERS = 4  # replies whose objects are pulled at once
+
+
+def check_flower(grid: Grid) -> None:
+    """Refuse, in one line, an HttpGrid of a Flower version whose calls this module was not checked against."""
+    if isinstance(grid, HttpGrid) and version("flwr") != FLOWER:
+        raise RuntimeError(f"incofl's ServerApp: written for flwr {FLOWER}'s HttpGrid, found flwr {version('flwr')}")
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """A reply to the message `answers`, from the node its header names: the message, or why there is none."""
+
+    answers: str
+    node: int
+    message: Message | None = None
+    why: str = ""
+
+
+def one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200] if text else ''}"
+
+
+class Inbox:
+    """Guarded pushes and pulls on `grid` (module docstring)."""
+
+    def __init__(self, grid: Grid):
+        check_flower(grid)
+        self.grid = grid
+        self.http = isinstance(grid, HttpGrid)
+        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="incofl-pull") if self.http else None
+        self.fetching: dict[str, Future[Pulled]] = {}  # awaited id -> its reply's objects being pulled
+
+    def push(self, messages: list[Message]) -> dict[str, int]:
+        """message id -> index in `messages`, of those the SuperLink took (module docstring)."""
+        if not messages:
+            return {}
+        try:
+            ids = list(self.grid.push_messages(messages))
+        except Exception as err:  # noqa: BLE001 (a failed push leaves its clients missing, never stops the run)
+            log.warning("%d message(s) could not be sent: %s", len(messages), one_line(err))
+            return {}
+        taken = {message_id: i for i, message_id in enumerate(ids) if message_id}
+        for i in set(range(len(messages))) - set(taken.values()):
+            log.warning("the SuperLink did not take the message to node %d", messages[i].metadata.dst_node_id)
+        return taken
+
+    def pull(self, awaited: Collection[str], deadline: float) -> list[Pulled]:
+        """The replies to `awaited` ids that are in (decoded, or why not), none of any other id."""
+        if not awaited:
+            return []
+        if not self.http:
+            return self._pull_other(set(awaited))
+        self._announce({i for i in awaited if i not in self.fetching}, set(awaited), deadline)
+        done = [i for i, future in self.fetching.items() if future.done()]
+        return [self.fetching.pop(i).result() for i in done]
+
+    def forget(self, awaited: Collection[str]) -> None:
+        """Stop waiting for these ids (their deadline passed): a pull still running ends by its own bound."""
+        for message_id in awaited:
+            self.fetching.pop(message_id, None)
+
+    def _announce(self, ask: set[str], awaited: set[str], deadline: float) -> None:
+        """Ask the SuperLink for the replies to `ask`; start pulling the objects of each awaited one."""
+        grid: Any = self.grid
+        try:
+            res = grid._runtime_client.PullMessages(PullAppMessagesRequest(message_ids=sorted(ask)))
+        except Exception as err:  # noqa: BLE001 (the SuperLink unreachable for a moment: asked again next time)
+            log.warning("pulling replies failed (asked again): %s", one_line(err))
+            return
+        for proto, tree in zip(res.messages_list, res.message_object_trees, strict=False):
+            answers, node = proto.metadata.reply_to_message_id, proto.metadata.src_node_id
+            if answers not in awaited or answers in self.fetching:
+                log.warning("node %d: a message that answers nothing the server waits for: ignored", node)
+                self._confirm(proto.metadata.message_id)
+                continue
+            assert self.pool is not None
+            self.fetching[answers] = self.pool.submit(self._fetch, proto, tree, deadline)
+
+    def _fetch(self, proto: Any, tree: Any, deadline: float) -> Pulled:
+        """One reply's objects, pulled within the deadline, and decoded (never raises)."""
+        grid: Any = self.grid
+        message_id = proto.metadata.message_id
+        answers, node = proto.metadata.reply_to_message_id, proto.metadata.src_node_id
+        pull = make_pull_object_fn_protobuf(grid._runtime_client.PullObject, grid.node, grid._run.run_id)
+        try:
+            ids = [t.object_id for t in iterate_object_tree(tree)]
+            left = max(deadline - time.monotonic(), 0.1)
+            contents = pull_objects(ids, pull, max_time=left, initial_backoff=0.2, backoff_cap=BACKOFF)
+        except Exception as err:  # noqa: BLE001 (not uploaded by the deadline, or not there)
+            self._confirm(message_id)
+            return Pulled(answers, node, why=f"its reply was not uploaded in time ({one_line(err)})")
+        self._confirm(message_id)
+        try:
+            message = inflate_object_from_contents(message_id, contents)
+            if not isinstance(message, Message):
+                raise TypeError(f"a {type(message).__name__}, not a message")
+            meta = message.metadata  # its own bytes: they must say what the SuperLink checked it against
+            if (meta.reply_to_message_id, meta.src_node_id) != (answers, node):
+                raise ValueError("its header is not the one it was announced with")
+        except Exception as err:  # noqa: BLE001 (bytes Flower cannot decode: the node's fault)
+            return Pulled(answers, node, why=f"its reply does not decode ({one_line(err)})")
+        message.metadata.__dict__["_message_id"] = message_id  # as HttpGrid.pull_messages sets it
+        return Pulled(answers, node, message)
+
+    def _confirm(self, message_id: str) -> None:
+        """Let the SuperLink drop a message's objects (best effort)."""
+        grid: Any = self.grid
+        request = ConfirmMessageReceivedRequest(node=grid.node, run_id=grid._run.run_id, message_object_id=message_id)
+        try:
+            grid._runtime_client.ConfirmMessageReceived(request)
+        except Exception as err:  # noqa: BLE001
+            log.debug("confirming message %s failed: %s", message_id[:12], one_line(err))
+
+    def _pull_other(self, awaited: set[str]) -> list[Pulled]:
+        """Another grid's pull_messages, an id at a time once a batch raises."""
+        try:
+            messages = list(self.grid.pull_messages(sorted(awaited)))
+        except Exception:  # noqa: BLE001 (one reply that does not decode must not take the others with it)
+            messages = []
+            for message_id in sorted(awaited):
+                try:
+                    messages += list(self.grid.pull_messages([message_id]))
+                except Exception as err:  # noqa: BLE001
+                    messages.append(Pulled(message_id, -1, why=f"its reply does not decode ({one_line(err)})"))
+        return [m if isinstance(m, Pulled) else self._of(m) for m in messages if self._answers(m) in awaited]
+
+    @staticmethod
+    def _answers(m: Message | Pulled) -> str:
+        return m.answers if isinstance(m, Pulled) else m.metadata.reply_to_message_id
+
+    @staticmethod
+    def _of(message: Message) -> Pulled:
+        return Pulled(message.metadata.reply_to_message_id, message.metadata.src_node_id, message)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
