@@ -77,5 +77,102 @@ def test_the_startup_line_says_what_is_secured_and_who_can_run_code(tmp_path):
     assert "TLS, node authentication" in secure and f'node-keys="{tmp_path.resolve() / "keys"}"' in secure
     insecure = startup_line(LocalFederation(tmp_path, insecure=True), sites, False, config, logs)
     assert "any node may claim any client and traffic is plain" in insecure and "node-keys" not in insecure
+    assert "insecure=true" in insecure and "insecure" not in secure.splitlines()[2]
     for line in (secure, insecure):
         assert "on a shared host any local user" in line and line.count("\n") == 2
+
+
+def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp_path, open_umask):
+    """Under a umask that lets anyone read: a site's data file 0600, the keys folder 0700; an existing
+    site file, private key, server key, secret or logs folder that group or others may read is refused
+    in one line naming it (issue 51: they were written 0644 in a 0755 folder, and reused unchecked)."""
+    from federation_helpers import write_config
+
+    from incofl.config import ConfigError, load_run_config
+    from incofl.deploy.local import Processes
+    from incofl.deploy.sitedata import load_site
+
+    config = write_config(tmp_path, clients=2, ratio=1.0, rounds=1)
+    from incofl.cli import run as incofl
+
+    assert incofl(["federation", "export", "--config", str(config), "--out", str(tmp_path / "sites"), "--keys"]) == 0
+    sites = tmp_path / "sites"
+    assert (sites / "site0.npz").stat().st_mode & 0o777 == 0o600
+    assert (sites / "keys").stat().st_mode & 0o777 == 0o700
+    assert {p.stat().st_mode & 0o777 for p in (sites / "keys").iterdir()} == {0o600}
+    fed = LocalFederation(sites)
+    assert set(fed.site_files()) == {0, 1}
+    credentials.certificates(sites / "certificates")
+    loose = [sites / "site1.npz", sites / "keys" / "node1", sites / "certificates" / "server.key"]
+    for path in loose:
+        path.chmod(0o644)
+    cfg = load_run_config(config)
+    checks = [
+        (lambda: load_site(sites / "site1.npz", cfg, 1), sites / "site1.npz"),
+        (fed.site_files, sites / "site1.npz"),
+        (lambda: credentials.node_key(sites / "keys", 1), sites / "keys" / "node1"),
+        (lambda: credentials.certificates(sites / "certificates"), sites / "certificates" / "server.key"),
+    ]
+    for check, path in checks:
+        with pytest.raises(ConfigError, match=f"^{path}: readable by group or others \\(mode 0644\\); chmod 600 it"):
+            check()
+    (sites / "keys").chmod(0o755)
+    with pytest.raises(ConfigError, match="keys: readable by group or others .*chmod 700"):
+        credentials.node_key(sites / "keys", 0)
+    (tmp_path / "logs").mkdir(mode=0o755)
+    with pytest.raises(ConfigError, match="logs: readable by group or others"):
+        Processes(tmp_path / "logs")
+    import torch
+
+    from incofl.deploy.client import NodeState
+
+    states = NodeState(tmp_path / "site0.state" / "run", checkpoint_every=1)  # a node's saved client states
+    states.save(1, {"c": torch.zeros(2)})
+    assert states.folder.stat().st_mode & 0o777 == 0o700 and states.at(1) is not None
+    states.folder.chmod(0o755)
+    with pytest.raises(ConfigError, match="run: readable by group or others .*chmod 700"):
+        states.at(1)
+
+
+def test_the_executor_refuses_a_poll_interval_out_of_flowers_bounds_and_a_loose_secret(tmp_path, monkeypatch, capsys):
+    """As Flower's SuperExec does (0.01..60 s), in one line, exit 2, before it asks anything."""
+    from incofl.deploy import executor
+
+    secret = tmp_path / "secret"
+    credentials.write_secret(secret, b"s" * 32)
+    argv = ["--runtime-api-address", "127.0.0.1:1", "--superexec-auth-secret-file", str(secret)]
+    argv += ["--parent-pid", str(os.getpid())]
+    for bad in ("0", "61", "nan", "soon"):
+        monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", bad)
+        with pytest.raises(SystemExit) as stop:
+            executor.main(argv)
+        assert stop.value.code == 2 and "between 0.01 and 60.0" in capsys.readouterr().err
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.25")
+    secret.chmod(0o640)
+    with pytest.raises(SystemExit) as stop:
+        executor.main(argv)
+    assert stop.value.code == 2 and "readable by group or others" in capsys.readouterr().err
+
+
+def test_the_superlink_wrapper_keeps_the_control_api_on_loopback(capsys):
+    """Its Control and Runtime APIs (Flower's --host) on a loopback address only, or one line, exit 2."""
+    from incofl.deploy.superlink import parse
+
+    limits, flower = parse(["--fleet-address", "0.0.0.0:9092", "--host", "127.0.0.1", "--port", "9093", "--insecure"])
+    assert limits.fleet == ("0.0.0.0", 9092) and flower == ["--host", "127.0.0.1", "--port", "9093", "--insecure"]
+    for argv in (["--host", "0.0.0.0"], ["--host=10.0.0.1"], ["--control-api-address", "0.0.0.0:9093"]):
+        with pytest.raises(SystemExit) as stop:
+            parse(["--fleet-address", "0.0.0.0:9092", *argv])
+        assert stop.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].startswith("python -m")
+
+
+def test_a_run_without_node_keys_is_refused_unless_insecure():
+    """Binding clients to their sites' keys is the default: a run config without `node-keys` is
+    refused in one line unless it says `insecure=true` (issue 51: it was a warning)."""
+    from incofl.config import ConfigError
+    from incofl.deploy.serverapp import AppSettings
+
+    with pytest.raises(ConfigError, match="^run config: node-keys: set the folder .* or insecure=true"):
+        AppSettings.of({"out": "run"})
+    assert AppSettings.of({"out": "run", "insecure": True}).node_keys is None
+    assert AppSettings.of({"out": "run", "node-keys": "keys"}).node_keys == Path("keys")

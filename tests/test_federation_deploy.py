@@ -1,15 +1,19 @@
 """A real deployment on 127.0.0.1 (docs/federation.md), started as a user starts one, shared by
 the tests of this module (in this order, on one xdist worker): site data files and node keys
 (`incofl federation export --keys`), `incofl federation up` as it starts by default (TLS with
-certificates it makes, node authentication), which runs flower-superlink and a SuperNode for
+certificates it makes, node authentication), which runs the SuperLink (deploy/superlink.py) and a SuperNode for
 client 0 with incofl's warm executor; client 1's node is started here, as a site elsewhere would
 start it (flower-supernode with Flower's own SuperExec; its key registered with
 `flwr supernode register`), so that it can be killed alone. Then:
 
-- a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator;
+- a run whose ClientApp raises leaves up's warm executor serving the next;
+- a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator,
+  every file up wrote private;
 - up's node ran all its messages in its one executor process, the other node each in a fresh one;
 - a node with a key nobody registered is refused by the SuperLink;
 - only the federation's own SuperExecs (which hold `up`'s secret) can take a run's work;
+- a site that reaches the port it dials (the Fleet API's) cannot use the Control API;
+- a node speaking the Fleet API itself with its registered key cannot push past the gate's caps;
 - client 1's flower-supernode SIGKILLed mid-round: with `allow-missing` the run ends without it;
 - once stopped, no process any of this started is left (a /proc scan, recorded while it ran).
 """
@@ -165,14 +169,14 @@ class Deployment:
         ca = self.root / "sites" / "certificates" / "ca.pem"
         argv = [BIN / "flower-supernode", "--root-certificates", ca, "--auth-supernode-private-key", key]
         argv += ["--superlink", f"127.0.0.1:{self.port}", "--port", port]
-        argv += ["--node-config", f'client={client} data-path="{data}"']
+        argv += ["--node-config", f'client={client} data-path="{data}" node-key="{key}"']  # it signs its replies
         self.nodes[name] = self.start(argv, name, start_new_session=True)
         return self.nodes[name]
 
     def flwr_run(self, out: Path, **settings: str | int) -> None:
         keys = self.root / "sites" / "keys"
-        run_config = f'config="{self.config}" out="{out}" node-keys="{keys}" join-timeout=60 '
-        run_config += " ".join(f"{k}={v}" for k, v in settings.items())
+        given = {"config": f'"{self.config}"', "out": f'"{out}"', "node-keys": f'"{keys}"', "join-timeout": 60}
+        run_config = " ".join(f"{k}={v}" for k, v in {**given, **settings}.items())  # a key once: flwr reads TOML
         argv = [BIN / "flwr", "run", REPO / "flower-app", CONNECTION, "--run-config", run_config]
         done = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -216,7 +220,7 @@ def deployment(tmp_path_factory):
     elsewhere.mkdir()
     (sites / f"site{ELSEWHERE}.npz").rename(elsewhere / f"site{ELSEWHERE}.npz")
     dep = Deployment(root, config, env, Started())
-    dep.port = _free_port(4)  # the SuperLink, up's node, the node elsewhere, the stranger
+    dep.port = _free_port(5)  # the SuperLink's Fleet and Control ports, up's node, the node elsewhere, the stranger
     argv = [sys.executable, "-m", "incofl.cli", "federation", "up", "--sites", sites, "--port", dep.port]
     dep.up = dep.start([*argv, "--connection", CONNECTION], "up", start_new_session=True)
     try:
@@ -224,11 +228,23 @@ def deployment(tmp_path_factory):
         register = [BIN / "flwr", "supernode", "register", sites / "keys" / f"node{ELSEWHERE}.pub", CONNECTION]
         subprocess.run(register, env=env, check=True, capture_output=True, timeout=60)
         key = sites / "keys" / f"node{ELSEWHERE}"
-        dep.supernode("elsewhere", key, ELSEWHERE, elsewhere / f"site{ELSEWHERE}.npz", dep.port + 2)
+        dep.supernode("elsewhere", key, ELSEWHERE, elsewhere / f"site{ELSEWHERE}.npz", dep.port + 3)
         yield dep
     finally:
         dep.stop()
         dep.started.done.set()
+
+
+def test_an_app_that_raises_fails_its_run_and_the_warm_executor_serves_on(deployment):
+    """A run whose config partitions otherwise than the site files: each node's ClientApp raises at
+    identify; up's executor reports it and goes on serving (the next test's run trains on it, and
+    test_ups_node_runs_every_message_in_its_one_warm_executor finds one executor process in all)."""
+    log = deployment.root / "sites" / "logs" / "executor0.log"
+    deployment.flwr_run(deployment.root / "raises", set='"partition_seed=99"', **{"join-timeout": 5})  # ends soon
+    deployment.wait_for(log, timeout=120, text="ClientApp raised an exception")
+    assert "partition_seed" in log.read_text()
+    executor = [pid for pid, cmd in deployment.started.commands.items() if "incofl.deploy.executor" in cmd]
+    assert len(executor) == 1 and _stat(executor[0]) is not None  # still running
 
 
 def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_path):
@@ -237,9 +253,11 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     assert f'node-keys="{deployment.root / "sites" / "keys"}"' in up_log  # the flwr run line to copy
     toml = (deployment.root / "flwr-home" / "config.toml").read_text()
     assert f"[superlink.{CONNECTION}]" in toml and "root-certificates" in toml and "insecure" not in toml
-    keys = deployment.root / "sites" / "keys"
-    assert {p.stat().st_mode & 0o777 for p in keys.glob("node?")} == {0o600}
-    assert (deployment.root / "sites" / "certificates" / "server.key").stat().st_mode & 0o777 == 0o600
+    sites = deployment.root / "sites"
+    private = [*sites.glob("site?.npz"), *sites.glob("keys/*"), *sites.glob("certificates/*"), *sites.glob("logs/*")]
+    private += [*sites.glob("superlink/*"), sites / "keys" / "superexec.secret"]
+    assert len(private) >= 12 and {p.stat().st_mode & 0o777 for p in private} == {0o600}
+    assert {p.stat().st_mode & 0o777 for p in (sites / "keys", sites / "logs", sites / "superlink")} == {0o700}
     out = deployment.root / "deployed"
     deployment.flwr_run(out, **{"round-timeout": 120})
     deployment.wait_for(out / "summary.json", timeout=400)
@@ -253,7 +271,7 @@ def test_ups_node_runs_every_message_in_its_one_warm_executor(deployment):
     """After the run above: up's node (client 0) ran identify, train and evaluate in one long-lived
     executor process (no flwr-clientapp of its own); the node started apart, one flwr-clientapp each."""
     commands = list(deployment.started.commands.values())
-    own = f"127.0.0.1:{deployment.port + 1}"  # up's node's Runtime API
+    own = f"127.0.0.1:{deployment.port + 2}"  # up's node's Runtime API
     executors = [c.split() for c in commands if "incofl.deploy.executor" in c]
     assert len(executors) == 1 and own in executors[0]
     clientapps = [c.split() for c in commands if "flwr-clientapp" in c]
@@ -279,7 +297,7 @@ def test_a_node_whose_key_is_not_registered_is_refused(deployment):
 
     stranger = node_key(deployment.root / "stranger", 0)[0]  # claims client 0, with a key nobody registered
     sites = deployment.root / "sites"
-    proc = deployment.supernode("stranger", stranger, 0, sites / "site0.npz", deployment.port + 3)
+    proc = deployment.supernode("stranger", stranger, 0, sites / "site0.npz", deployment.port + 4)
     assert proc.wait(timeout=120) != 0
     assert "Failed to activate SuperNode" in (deployment.root / "stranger.log").read_text()
 
@@ -292,7 +310,10 @@ def test_only_the_federations_superexecs_can_take_its_runs_work(deployment):
     from httpx import HTTPStatusError
 
     ca = deployment.root / "sites" / "certificates" / "ca.pem"
-    for port, certificates in [(deployment.port, ca.read_bytes()), (deployment.port + 1, None)]:  # SuperLink, node 0
+    for port, certificates in [
+        (deployment.port + 1, ca.read_bytes()),
+        (deployment.port + 2, None),
+    ]:  # SuperLink, node 0
         client = RuntimeHttpClient.from_server_address(
             server_address=f"127.0.0.1:{port}",
             insecure=certificates is None,
@@ -302,6 +323,72 @@ def test_only_the_federations_superexecs_can_take_its_runs_work(deployment):
         with pytest.raises(HTTPStatusError, match="401 Unauthorized"):
             client.AcquireTask(AcquireTaskRequest(supported_task_types=["flwr-serverapp", "flwr-clientapp"]))
         client.close()
+
+
+def test_a_site_that_reaches_the_fleet_port_cannot_use_the_control_api(deployment):
+    """What sites dial (up's --port) serves Flower's Fleet API only: flwr's own CLI pointed at it can
+    neither list runs nor register a key; the operator's connection (the next port, 127.0.0.1) can."""
+    ca = deployment.root / "sites" / "certificates" / "ca.pem"
+    toml = deployment.root / "flwr-home" / "config.toml"
+    with open(toml, "a") as fh:
+        fh.write(f'\n[superlink.site]\naddress = "127.0.0.1:{deployment.port}"\nroot-certificates = "{ca}"\n')
+    from incofl.deploy.credentials import node_key
+
+    key = node_key(deployment.root / "site-key", 0)[1]  # a key of the site's own making
+    for connection, refused in [("site", True), (CONNECTION, False)]:
+        for command in (["ls"], ["supernode", "register", key]):
+            argv = list(map(str, [BIN / "flwr", *command, connection]))
+            done = subprocess.run(argv, capture_output=True, text=True, env=deployment.env, timeout=60)
+            assert (done.returncode != 0) == refused, (argv, done.stdout + done.stderr)
+
+
+def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment):
+    """A registered node (client 1's key) speaking Flower's Fleet API itself, with Flower's own client:
+    a 64 MiB object is refused before it is read (the cap: 8 MiB a request), an instruction (a message
+    that answers none) and an object no accepted reply asked for are refused; what it may push is the
+    objects of a reply to the server's message, up to the message cap (superlink.py)."""
+    import httpx
+    from cryptography.hazmat.primitives import serialization
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.common.serde import message_to_proto
+    from flwr.proto.fleet_pb2 import PushMessagesRequest
+    from flwr.proto.message_pb2 import PushObjectRequest
+    from flwr.proto.node_pb2 import Node
+    from flwr.supercore.inflatable.inflatable_object import get_object_tree
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supernode.fleet_http_client import FleetHttpClient
+    from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
+
+    sites = deployment.root / "sites"
+    key = serialization.load_ssh_private_key((sites / "keys" / f"node{ELSEWHERE}").read_bytes(), password=None)
+    fleet = FleetHttpClient.from_server_address(
+        f"127.0.0.1:{deployment.port}",
+        insecure=False,
+        root_certificates=(sites / "certificates" / "ca.pem").read_bytes(),
+        interceptors=[NodeAuthHttpInterceptor(key, key.public_key())],  # type: ignore[arg-type]
+    )
+    node = Node(node_id=1)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a Message is made with
+    instruction = Message(RecordDict({"c": ConfigRecord({"lr": 1.0})}), dst_node_id=2, message_type="train")
+    instruction.metadata.__dict__["_message_id"] = instruction.object_id
+    tree = get_object_tree(instruction)
+    pushes = [
+        (fleet.PushObject, PushObjectRequest(node=node, run_id=1, object_id="0" * 64, object_content=bytes(64 << 20))),
+        (fleet.PushMessages, PushMessagesRequest(node=node, messages_list=[message_to_proto(instruction)])),
+        (fleet.PushObject, PushObjectRequest(node=node, run_id=1, object_id="1" * 64, object_content=b"x")),
+    ]
+    pushes[1][1].message_object_trees.append(tree)
+    refused = []
+    for call, request in pushes:
+        with pytest.raises(httpx.HTTPStatusError) as err:
+            call(request)
+        refused.append((err.value.response.status_code, err.value.response.json()["detail"]))
+    fleet._client.close()
+    assert refused == [
+        (413, "request body over 8 MiB"),
+        (403, "a node pushes replies only"),
+        (403, "an object of no reply pushed here"),
+    ]
 
 
 def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment):

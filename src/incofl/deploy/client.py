@@ -63,12 +63,15 @@ class NodeState:
         saved = [r for r in self.rounds() if r <= round_]
         if not saved:
             return None
+        from incofl.deploy.credentials import check_private  # a folder others may enter: refused, naming it
+
+        check_private(self.folder)
         return torch.load(self.path(saved[-1]), map_location="cpu", weights_only=True)
 
     def save(self, round_: int, state: dict[str, Any]) -> None:
         """The state after round `round_`; states no checkpoint of the server can resume from are dropped:
         older than the last one at or before the server's last checkpoint."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # 0700: its states are its owner's only
         save_tensors(self.path(round_), state)  # a full disk: one line naming the file
         checkpoint = (round_ - 1) // self.every * self.every
         saved = self.rounds()

@@ -2,9 +2,11 @@
 authentication, and what the ServerApp binds each client to) and a CA with a server
 certificate for TLS, made with `cryptography`.
 
-A private key is written as a secret: created 0600 and exclusively under a temporary name
-(so never readable by another user, not even for a moment, and never through a planted
-symlink), flushed, then renamed onto its name. Existing files are used as they are.
+Every file is written private: created 0600 and exclusively under a temporary name (so never
+readable by another user, not even for a moment, and never through a planted symlink), flushed,
+then renamed onto its name, in a folder made 0700. Existing files are used as they are, but a
+secret (a private key, the server's key, a secret) or a folder of them that group or others may
+read is refused in one line naming it (`check_private`): it may have been read already.
 """
 
 from __future__ import annotations
@@ -19,29 +21,46 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from incofl.atomic import atomic_path
+from incofl.config import ConfigError
 
 PEM = serialization.Encoding.PEM
 CERTIFICATE_DAYS = 365
 
 
+PRIVATE, PRIVATE_FOLDER = 0o600, 0o700
+
+
+def check_private(path: Path) -> Path:
+    """`path`, unless group or others may read (write, enter) it: then refused in one line naming it."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        fix = f"{PRIVATE_FOLDER:o}" if path.is_dir() else f"{PRIVATE:o}"
+        raise ConfigError(f"{path}: readable by group or others (mode {mode:04o}); chmod {fix} it, or make it anew")
+    return path
+
+
+def private_folder(folder: Path) -> Path:
+    """`folder`, made 0700 if missing (its parents as the umask says), refused if group or others may enter it."""
+    folder.mkdir(mode=PRIVATE_FOLDER, parents=True, exist_ok=True)
+    return check_private(folder)
+
+
 def write_secret(path: Path, data: bytes) -> None:
     """`data` at `path`, readable by this user only from the moment the file exists (module docstring)."""
-    with atomic_path(path, mode=0o600) as tmp:
+    with atomic_path(path, mode=PRIVATE) as tmp:
         tmp.write_bytes(data)
 
 
-def write_public(path: Path, data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
+write_public = write_secret  # public halves too are created private; sharing them is the owner's choice
 
 
 def node_key(folder: Path, client: int) -> tuple[Path, Path]:
     """Client `client`'s node key pair, `node<client>` and `node<client>.pub` in `folder`: P-384 in
     OpenSSH format (what `flower-supernode --auth-supernode-private-key` and `flwr supernode
     register` read), made once; a public key missing beside its private key is derived from it."""
-    private, public = folder / f"node{client}", folder / f"node{client}.pub"
+    private, public = private_folder(folder) / f"node{client}", folder / f"node{client}.pub"
     if private.exists():
-        key = serialization.load_ssh_private_key(private.read_bytes(), password=None)
+        key = serialization.load_ssh_private_key(check_private(private).read_bytes(), password=None)
     else:
         key = ec.generate_private_key(ec.SECP384R1())
         ssh = serialization.PrivateFormat.OpenSSH
@@ -56,8 +75,9 @@ def certificates(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Pat
     """`ca.pem`, `server.pem` and `server.key` in `folder`: a CA and a server certificate it signs
     for `host` (and localhost), valid a year; made unless all three exist. The CA's private key
     is not kept: nothing else can be signed with it."""
-    paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
+    paths = private_folder(folder) / "ca.pem", folder / "server.pem", folder / "server.key"
     if all(p.exists() for p in paths):
+        check_private(paths[2])
         return paths
     ca_key, key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
     ca = _certificate("incofl federation CA", ca_key, "incofl federation CA", ca_key, ca=True)

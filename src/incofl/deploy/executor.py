@@ -11,18 +11,29 @@ context), with incofl's own ClientApp (`incofl.deploy.clientapp.app`): no app bu
 or loaded, so this node runs incofl's code only, whatever app a `flwr run` names. Its imports and
 the client built for a run (`clientapp._sites`) stay between messages: a message pays its
 training, not a fresh process's torch import and engine build (docs/performance.md, Flower).
-It exits when the node (`--parent-pid`) does. Written against Flower 1.42.0's SuperExec and
-`flwr-clientapp` (supercore/superexec/run_superexec.py, supernode/runtime/run_clientapp.py).
+A task that fails in any way (its app raising, even SystemExit; a reply that cannot be pushed)
+fails that task only, logged, and the next is served; its heartbeat and connection are released
+whatever happens. It exits when the node (`--parent-pid`) does. It refuses, in one line (exit 2),
+any Flower but 1.42.0 and an FLWR_SUPEREXEC_TASK_POLL_INTERVAL outside Flower's own bounds.
+Written against Flower 1.42.0's SuperExec and `flwr-clientapp`
+(supercore/superexec/run_superexec.py, supernode/runtime/run_clientapp.py).
 """
 
+# ruff: noqa: E402 (Flower's version is checked before its internals are imported)
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from logging import ERROR
+from pathlib import Path
 
-from flwr.app import Message
+import httpx
+
+from incofl.deploy.supernode import require_flower
+
+require_flower("python -m incofl.deploy.executor")
+
+from flwr.app import Context, Message
 from flwr.app.error import Error
 from flwr.common.constant import ErrorCode, SubStatus
 from flwr.proto.runtime_pb2 import AcquireTaskRequest
@@ -38,9 +49,11 @@ from flwr.supercore.interceptors import (
 )
 from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
+from flwr.supercore.superexec.run_superexec import _get_task_poll_interval
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
 from incofl.deploy.clientapp import app
+from incofl.deploy.credentials import check_private
 
 ACQUIRE = frozenset({"/flwr.proto.Runtime/AcquireTask"})  # the method the secret signs (Flower's SuperExec's)
 
@@ -59,17 +72,30 @@ def runtime_client(address: str, *interceptors: object) -> RuntimeHttpClient:
 
 def run_task(address: str, token: str) -> None:
     """One ClientApp task, in this process: its message through incofl's ClientApp, the reply and
-    the context pushed back; an exception becomes an error reply and a failed task, as in flwr-clientapp."""
+    the context pushed back, the task's status last; the heartbeat and the client are released
+    whatever happens (a task that raised leaves no thread or connection behind)."""
     client = runtime_client(address, RuntimeTokenHttpInterceptor(token))
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
-    heartbeat.start()
+    try:
+        heartbeat.start()
+        context, status, details = run_message(client)
+        push_task_output(client=client, context=context, sub_status=status, details=details)  # logs HTTP errors
+    finally:
+        heartbeat.stop()
+        client.close()
+
+
+def run_message(client: RuntimeHttpClient) -> tuple[Context | None, str, str]:
+    """Pull the task's message, run incofl's ClientApp on it, push the reply: (context, status,
+    details). An exception becomes an error reply and a failed task, as in flwr-clientapp; a reply
+    that cannot be pushed fails the task (the node then reports it), never this process."""
     message = context = reply = None
     status, details = SubStatus.FAILED, "ClientApp task failed"
     try:
         message, context, _run, _fab = pull_task_input(client)  # the app bundle is not used: see the docstring
         reply = app(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
-    except Exception as ex:  # noqa: BLE001 (as flwr-clientapp: the server gets the error, the node goes on)
+    except (Exception, SystemExit) as ex:  # noqa: BLE001 (the server gets the error, the node goes on)
         log(ERROR, "ClientApp raised an exception", exc_info=ex)
         details = f"{type(ex)}:<'{ex}'>"
         if message is not None:
@@ -77,24 +103,35 @@ def run_task(address: str, token: str) -> None:
     try:
         if reply is not None and context is not None:
             push_message(client, reply, context)
-    except Exception as ex:  # noqa: BLE001 (the node then reports the task failed; this process serves the next)
+    except (Exception, SystemExit) as ex:  # noqa: BLE001
         log(ERROR, "Failed to push the reply", exc_info=ex)
         status, details = SubStatus.FAILED, f"pushing the reply: {type(ex)}:<'{ex}'>"
-    push_task_output(client=client, context=context, sub_status=status, details=details)  # logs its own errors
-    heartbeat.stop()
-    client.close()
+    return context, status, details
 
 
 def serve(address: str, secret: bytes, poll: float) -> None:
-    """Ask the node for ClientApp tasks forever; run each as it comes."""
+    """Ask the node for ClientApp tasks until interrupted; run each as it comes. A task that fails
+    in any way is logged and the next one served (SystemExit included: Flower's helpers exit
+    through it); only KeyboardInterrupt, the node gone (`--parent-pid`), ends this loop."""
     client = runtime_client(address, SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=ACQUIRE))
     request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
-    while True:
-        res = client.AcquireTask(request)
-        if res.HasField("task") and res.token:
-            run_task(address, res.token)
-            continue  # the next message may be waiting already
-        time.sleep(poll)
+    try:
+        while True:
+            try:
+                res = client.AcquireTask(request)
+            except httpx.TransportError as err:  # the node restarting: ask again (its end ends this process)
+                log(ERROR, "Asking the node for a task: %s", err)
+                time.sleep(poll)
+                continue
+            if res.HasField("task") and res.token:
+                try:
+                    run_task(address, res.token)
+                except (Exception, SystemExit) as ex:  # noqa: BLE001
+                    log(ERROR, "ClientApp task %d failed; serving the next", res.task.task_id, exc_info=ex)
+                continue  # the next message may be waiting already
+            time.sleep(poll)
+    finally:
+        client.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,11 +140,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--superexec-auth-secret-file", required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
     args = parser.parse_args(argv)
-    secret = load_superexec_auth_secret(args.superexec_auth_secret_file)
-    if secret is None:
-        parser.error(f"--superexec-auth-secret-file {args.superexec_auth_secret_file}: empty")
+    try:  # Flower's own reading of it: a finite number of seconds in 0.01..60, else one line, exit 2
+        poll = _get_task_poll_interval()
+    except ValueError as err:
+        parser.error(str(err))
+    try:
+        secret = load_superexec_auth_secret(str(check_private(Path(args.superexec_auth_secret_file)))) or b""
+    except (OSError, ValueError) as err:  # missing, unreadable, empty or readable by others: one line
+        parser.error(f"--superexec-auth-secret-file: {err}")
     start_parent_process_monitor(args.parent_pid)  # SIGINT to this process once the node is gone
-    poll = float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "1"))
     try:
         serve(args.runtime_api_address, secret, poll)
     except KeyboardInterrupt:

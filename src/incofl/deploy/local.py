@@ -18,9 +18,16 @@ trusted loopback test only (each message in a fresh `flwr-clientapp`, Flower's d
 node runs as `python -m incofl.deploy.supernode` (supernode.py: Flower's SuperNode, with its
 hard-coded 3 s wait after an empty pull cut short).
 
-Anyone who can connect to the SuperLink's port can use its Control API (`flwr run`: code that
-runs as this user); Flower 1.42 has no user authentication without OIDC, so on a shared host
-every local user can (docs/federation.md, "Threat model").
+The SuperLink runs as superlink.py starts it: its Fleet API alone on `port` (what nodes dial,
+behind a gate that caps what a node can make the server hold), its Control and Runtime APIs on
+`port + 1`, both on 127.0.0.1, its state in SQLite on disk (`<sites>/superlink/`); the nodes take
+the ports after. Everything up and its processes write is private (umask 077: logs, the
+database, node states, the run's files), and site files, private keys and the folders of keys
+and logs that group or others may read are refused in one line naming them.
+
+Anyone who can connect to the Control API's port can use it (`flwr run`: code that runs as this
+user); Flower 1.42 has no user authentication without OIDC, so on a shared host every local user
+can (docs/federation.md, "Threat model").
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from incofl.config import ConfigError
+from incofl.deploy.credentials import check_private, private_folder
 
 CONNECTION = "incofl-local"  # the connection `flwr run` names
 # FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the processes up starts, unless set (Flower's: 1 s). Each SuperExec asks
@@ -72,7 +80,7 @@ class LocalFederation:
                 raise ConfigError(f"{path}: not a site data file; make them with incofl federation export") from None
             if client in files:
                 raise ConfigError(f"{path} and {files[client]} both hold client {client}'s data")
-            files[client] = path.resolve()
+            files[client] = check_private(path).resolve()
         if not files:
             raise ConfigError(
                 f"--sites {self.sites}: no site data files (*.npz); make them with incofl federation export"
@@ -92,6 +100,7 @@ class LocalFederation:
         missing = [p.name for p in paths if not p.is_file()]
         if missing:
             raise ConfigError(f"--certificates {self.certificates}: no {', '.join(missing)}")
+        check_private(paths[2])
         return paths  # type: ignore[return-value]
 
 
@@ -166,15 +175,14 @@ class Processes:
     """The started processes (in this process's group: a kill of the group ends them too)."""
 
     def __init__(self, logs: Path):
-        self.logs, self.procs = logs, []
-        logs.mkdir(parents=True, exist_ok=True)
+        self.logs, self.procs = private_folder(logs), []
         # Flower starts its own helpers (flwr-serverapp, flwr-clientapp) from PATH; each SuperExec and
         # executor looks for a message to run every TASK_POLL seconds (Flower's default: 1)
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         self.env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(TASK_POLL), **os.environ, "PATH": path}
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 (closed in stop)
+        log = open(os.open(self.logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")  # noqa: SIM115
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         self.procs.append((name, proc, log))
         return proc
@@ -202,8 +210,9 @@ class Processes:
 
 def up(fed: LocalFederation) -> int:
     """Start the federation, wait until interrupted or a process dies, stop everything; the exit code."""
+    os.umask(0o077)  # whatever up and its processes create (logs, the database, node states, runs) is private
     sites = fed.site_files()
-    check_ports(fed.port, 1 + len(sites))
+    check_ports(fed.port, 2 + len(sites))
     tls = fed.tls()
     procs = Processes(fed.logs or fed.sites / "logs")
     stop = {"signal": 0}
@@ -268,20 +277,32 @@ def start_executor(name: str, runtime: str, secret: Path | None, parent: int, pr
     )
 
 
+def database(sites: Path) -> Path:
+    """The SuperLink's SQLite file, `<sites>/superlink/state.db`, made afresh (what an earlier up left
+    is removed): on disk, so that what nodes push is not held in memory."""
+    folder = private_folder(sites.resolve() / "superlink")
+    for old in folder.glob("state.db*"):  # the database and its journal: this up's own files
+        old.unlink()
+    return folder / "state.db"
+
+
 def start_link(
     fed: LocalFederation, tls: tuple[Path, Path, Path] | None, secret: Path | None, procs: Processes
 ) -> Path:
-    """The SuperLink, listening, and its SuperExec; the connection added to Flower's config (returned)."""
+    """The SuperLink (superlink.py: its Fleet API alone on `port`, the rest on `port + 1`, both on
+    127.0.0.1), listening, and its SuperExec; the connection added to Flower's config (returned)."""
     security = ["--insecure"] if tls is None else ["--ssl-ca-certfile", str(tls[0])]
     security += [] if tls is None else ["--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
     security += [] if fed.insecure else ["--enable-supernode-auth"]
     link = procs.start(
         "superlink",
-        [flower_tool("flower-superlink"), *security, *isolated(secret), "--disable-runtime-dependency-installation"]
-        + ["--host", "127.0.0.1", "--port", str(fed.port)],
+        [sys.executable, "-m", "incofl.deploy.superlink", "--fleet-address", f"127.0.0.1:{fed.port}", *security]
+        + [*isolated(secret), "--disable-runtime-dependency-installation", "--database", str(database(fed.sites))]
+        + ["--host", "127.0.0.1", "--port", str(fed.port + 1)],
     )
     wait_for_port(fed.port, link)
-    address = f"127.0.0.1:{fed.port}"
+    wait_for_port(fed.port + 1, link)
+    address = f"127.0.0.1:{fed.port + 1}"  # the Control and Runtime APIs: this machine's only
     if tls is not None:
         start_superexec("superexec-superlink", address, tls[0], secret, link.pid, procs)
     return add_connection(fed.connection, address, None if tls is None else tls[0])
@@ -299,17 +320,18 @@ def start_nodes(
 
     security = ["--insecure"] if tls is None else ["--root-certificates", str(tls[0])]
     for i, (client, path) in enumerate(sorted(sites.items())):
-        auth = []
+        auth, signer = [], ""
         if not fed.insecure:
             private, public = node_key(fed.keys, client)
             procs.run([flower_tool("flwr"), "supernode", "register", str(public), fed.connection])
             auth = ["--auth-supernode-private-key", str(private)]
-        port = fed.port + 1 + i
+            signer = f' node-key="{private}"'  # its replies signed with its key (signing.py)
+        port = fed.port + 2 + i
         node = procs.start(
             f"supernode{client}",
             [sys.executable, "-m", "incofl.deploy.supernode", *security, *auth, *isolated(secret)]
             + ["--superlink", f"127.0.0.1:{fed.port}", "--port", str(port)]
-            + ["--node-config", f'client={client} data-path="{path}"'],
+            + ["--node-config", f'client={client} data-path="{path}"{signer}'],
         )
         # a node's runtime API is plain HTTP on 127.0.0.1 (Flower's default): the secret is what guards it
         start_executor(f"executor{client}", f"127.0.0.1:{port}", secret, node.pid, procs)
@@ -320,15 +342,17 @@ def startup_line(fed: LocalFederation, sites: dict[int, Path], tls: bool, config
     clients = ", ".join(map(str, sorted(sites)))
     if fed.insecure:
         security = "no TLS, no node authentication: any node may claim any client and traffic is plain"
-        keys = ""
+        server = fed.keys / "server"  # export's: the nodes act only on what it signs (signing.py)
+        keys = (f' server-key="{server}"' if server.exists() else "") + " insecure=true"  # no node-keys: say so
     else:
         security = f"TLS, node authentication: client K is the node with key {fed.keys}/nodeK"
         keys = f' node-keys="{fed.keys}"'
     return (
-        f"federation up: SuperLink 127.0.0.1:{fed.port} ({security}), {len(sites)} nodes (clients {clients}); "
-        f"connection {fed.connection} in {config}; logs in {logs}\n"
-        f"who can run code: anyone who can connect to 127.0.0.1:{fed.port} can flwr run an app that runs as this "
-        "user (Flower has no user authentication without OIDC): on a shared host any local user; keep it to you "
+        f"federation up: SuperLink 127.0.0.1:{fed.port} (its Fleet API only, for the nodes; {security}), "
+        f"{len(sites)} nodes (clients {clients}); connection {fed.connection} in {config}; logs in {logs}\n"
+        f"who can run code: anyone who can connect to 127.0.0.1:{fed.port + 1} (the Control API) can flwr run an "
+        "app that runs as this user (Flower has no user authentication without OIDC): on a shared host any local "
+        "user; keep it to you "
         "with a network namespace or container, or iptables -m owner (docs/federation.md, Threat model)\n"
         f"run (with the config and --set the files were exported with): flwr run flower-app {fed.connection} "
         f'--run-config \'config="FILE" set="KEY=VALUE ..." out="RUN_DIR"{keys}\''

@@ -115,6 +115,11 @@ class AppSettings:
             raise ConfigError("run config: out: set the run directory")
         overrides = parse_overrides(shlex.split(str(run_config.get("set", ""))))
         keys, server = str(run_config.get("node-keys", "")), str(run_config.get("server-key", ""))
+        if not keys and run_config.get("insecure") is not True:  # binding clients to keys is the default
+            raise ConfigError(
+                "run config: node-keys: set the folder of the sites' public keys (nodeK.pub for client K), "
+                "or insecure=true to let any node claim any client"
+            )
         return cls(
             str(run_config.get("config", "")) or None,
             overrides,

@@ -90,7 +90,7 @@ def export_client(
     part = partition.parts[client]
     order = np.sort(part)
     mean, std = normalisation(data, cfg.normalize)
-    with atomic_path(out) as tmp, open(tmp, "wb") as fh:
+    with atomic_path(out, mode=0o600) as tmp, open(tmp, "wb") as fh:  # a site's samples: its owner's only
         np.savez(
             fh,
             x=data.x_train[order],
@@ -120,7 +120,12 @@ def site_server_key(path: str | Path) -> bytes:
 
 def load_site(path: str | Path, cfg: RunConfig, client: int) -> tuple[SiteDataset, Partition]:
     """A node's data for `client` under `cfg`: its dataset and a partition in which only it
-    holds samples. A file of another client or drawn with other settings is refused in one line."""
+    holds samples. A file of another client or drawn with other settings, or that group or others
+    may read, is refused in one line."""
+    from incofl.deploy.credentials import check_private
+
+    if Path(path).exists():
+        check_private(Path(path))
     try:
         with np.load(path) as f:
             site = {k: f[k] for k in f.files}

@@ -30,11 +30,22 @@ def capped_time(cap: float) -> types.ModuleType:
     return shim
 
 
-def main() -> None:
-    from importlib.metadata import version
+def require_flower(prog: str) -> None:
+    """Exit in one line (code 2) unless Flower is the version these wrappers were checked against:
+    they reach into its internals, which change between releases."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    if version("flwr") != FLOWER:
-        sys.exit(f"python -m incofl.deploy.supernode: written for flwr {FLOWER}, found {version('flwr')}")
+    try:
+        found = version("flwr")
+    except PackageNotFoundError:
+        found = "none"
+    if found != FLOWER:
+        print(f"{prog}: written for flwr {FLOWER}, found {found}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    require_flower("python -m incofl.deploy.supernode")
     import flwr.supernode.start_client_internal as loop
     from flwr.supernode.cli import flower_supernode
 
