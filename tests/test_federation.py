@@ -342,11 +342,13 @@ def test_federation_up_refuses_bad_input_in_one_line_before_starting_anything(tm
     assert "no site data files (*.npz)" in capsys.readouterr().err
     nodes = export_sites(load_run_config(write_config(tmp_path)), tmp_path)
     (tmp_path / "copy.npz").write_bytes(Path(nodes[0]["data-path"]).read_bytes())
+    (tmp_path / "copy.npz").chmod(0o600)  # a site file others may read is refused before anything else
     assert run(["federation", "up", "--sites", str(tmp_path)]) == 2
     assert "both hold client 0's data" in capsys.readouterr().err
     argv = ["federation", "up", "--sites", str(tmp_path / "sites"), "--certificates", str(tmp_path)]
     (tmp_path / "sites").mkdir()
     (tmp_path / "sites" / "site1.npz").write_bytes(Path(nodes[1]["data-path"]).read_bytes())
+    (tmp_path / "sites" / "site1.npz").chmod(0o600)
     assert run(argv) == 2 and "no ca.pem, server.pem, server.key" in capsys.readouterr().err
     import socket
 

@@ -21,8 +21,8 @@ hard-coded 3 s wait after an empty pull cut short).
 The SuperLink runs as superlink.py starts it: its Fleet API alone on `port` (what nodes dial,
 behind a gate that caps what a node can make the server hold), its Control and Runtime APIs on
 `port + 1`, both on 127.0.0.1, its state in SQLite on disk (`<sites>/superlink/`); the nodes take
-the ports after. Everything up and its processes write is private (umask 077: logs, the
-database, node states, the run's files), and site files, private keys and the folders of keys
+the ports after. Everything up and its processes write is private (they run with umask 077:
+the database, node states, the run's files; its logs 0600), and site files, private keys and the folders of keys
 and logs that group or others may read are refused in one line naming them.
 
 Anyone who can connect to the Control API's port can use it (`flwr run`: code that runs as this
@@ -52,6 +52,7 @@ CONNECTION = "incofl-local"  # the connection `flwr run` names
 # FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the processes up starts, unless set (Flower's: 1 s). Each SuperExec asks
 # that often; an idle 2-node federation then used 6% of a core (1 s: 2%, 0.1 s: 19%)
 TASK_POLL = 0.25
+PRIVATE_UMASK = 0o077  # of every process up starts
 
 
 @dataclass(frozen=True)
@@ -183,12 +184,13 @@ class Processes:
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(os.open(self.logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")  # noqa: SIM115
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        # umask 077: whatever it creates (the database, node states, the run's files) is its owner's only
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env, umask=PRIVATE_UMASK)
         self.procs.append((name, proc, log))
         return proc
 
     def run(self, args: list[str]) -> None:
-        done = subprocess.run(args, capture_output=True, text=True, env=self.env, timeout=60)
+        done = subprocess.run(args, capture_output=True, text=True, env=self.env, timeout=60, umask=PRIVATE_UMASK)
         if done.returncode:
             raise RuntimeError(f"{' '.join(args[:3])}: {(done.stderr or done.stdout).strip()[-500:]}")
 
@@ -210,7 +212,6 @@ class Processes:
 
 def up(fed: LocalFederation) -> int:
     """Start the federation, wait until interrupted or a process dies, stop everything; the exit code."""
-    os.umask(0o077)  # whatever up and its processes create (logs, the database, node states, runs) is private
     sites = fed.site_files()
     check_ports(fed.port, 2 + len(sites))
     tls = fed.tls()
