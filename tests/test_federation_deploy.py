@@ -391,6 +391,39 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
     ]
 
 
+def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_the_server(deployment, tmp_path):
+    """Two registered nodes that speak Flower's protocol themselves (federation_rogue.py) answer a
+    run's identify: one with bytes Flower cannot decode (hash, header and length right: the
+    SuperLink stores them), one announced and never uploaded. Before, the first raised out of the
+    ServerApp's pull and the second held it for two hours (Flower's retries); now each is its
+    node's fault and the run ends, with the simulator's weights."""
+    from federation_rogue import Rogue
+
+    from incofl.config import parse_overrides
+    from incofl.deploy.credentials import node_key
+
+    ca = (deployment.root / "sites" / "certificates" / "ca.pem").read_bytes()
+    rogues = []
+    for kind in ("undecodable", "stalled"):
+        private, public = node_key(deployment.root / f"rogue-{kind}", 0)
+        register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
+        subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
+        rogues.append(Rogue(f"127.0.0.1:{deployment.port}", ca, private, kind))
+    threads = [rogue.start() for rogue in rogues]
+    out = deployment.root / "rogues"
+    try:
+        deployment.flwr_run(out, set='"rounds=1"', **{"round-timeout": 120, "join-timeout": 180})
+        deployment.wait_for(out / "summary.json", timeout=300)
+    finally:
+        for rogue in rogues:
+            rogue.stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert all(rogue.answered.is_set() for rogue in rogues), [rogue.error for rogue in rogues]
+    simulated = train(load_run_config(str(deployment.config), parse_overrides(["rounds=1"])), tmp_path / "sim")
+    assert json.loads((out / "summary.json").read_text())["state_sha256"] == simulated["state_sha256"]
+
+
 def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment):
     node = deployment.nodes["elsewhere"]
     log = deployment.root / "elsewhere.log"

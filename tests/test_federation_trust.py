@@ -88,6 +88,9 @@ def _node(tmp_path):
     """Client 1's node of a signed federation: its context, and a way to make instructions for it."""
     from flwr.app import Context, RecordDict
 
+    from incofl.deploy.inprocess import InProcessGrid
+
+    InProcessGrid([], run_id=7)  # this process takes a ServerApp task's identity: Flower's messages read it
     config = write_config(tmp_path)
     nodes, _ = signed_sites(load_run_config(config), tmp_path)
     return config, Context(7, 102, dict(nodes[1]), RecordDict(), {})
