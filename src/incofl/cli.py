@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from incofl.config import BUILT_IN, ConfigError, ExperimentConfig, load_experiment, load_run_config, parse_overrides
+from incofl.numerics import NumericsError, pin
 
 # glibc's allocator costs 20-30% system time in CPU training; these must be set before
 # Python starts, so the console script re-executes itself once with them (docs/performance.md).
@@ -83,9 +84,10 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    cfg = load_run_config(args.config, parse_overrides(args.set))
+    pin(cfg.numerics)  # before the engine imports torch: its kernels are chosen once, at first use
     from incofl.fl.engine.run import train
 
-    cfg = load_run_config(args.config, parse_overrides(args.set))
     summary = train(cfg, args.out)
     print(
         f"{cfg.name} {cfg.dataset} alpha={cfg.alpha} seed={cfg.seed}: final {summary['final_acc']:.2f}% "
@@ -644,6 +646,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 
     return (
         ConfigError,
+        NumericsError,
         FileNotFoundError,
         DataNotFoundError,
         PartitionError,

@@ -274,6 +274,13 @@ class Settings(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: cuda where there is one; cuda without a GPU is refused before any job"
     )
+    numerics: Literal["native", "portable"] = Field(
+        "native",
+        description=(
+            "CPU kernels: native (the fastest for this CPU; bits differ between CPU kinds) or portable (the same "
+            "bits on every x86-64 CPU with AVX2, for one torch build and thread count; 2-4x slower; CPU only)"
+        ),
+    )
     threads: int | None = Field(
         None,
         ge=1,
@@ -346,6 +353,12 @@ class Settings(BaseModel):
             raise ValueError(f"exits: one deepest exit per width rate ({len(self.exits)} given)")
         if self.eval_bn == "static" and self.models[0] == "resnet110":
             raise ValueError("eval_bn: resnet110 keeps no BN statistics (ScaleFL: batch statistics); use batch")
+        return self
+
+    @model_validator(mode="after")
+    def _portable_on_cpu(self) -> Settings:
+        if self.numerics == "portable" and self.device == "cuda":
+            raise ValueError("numerics: portable pins CPU kernels; a cuda run cannot have them (numerics: native)")
         return self
 
     @model_validator(mode="after")

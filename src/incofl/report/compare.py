@@ -60,6 +60,7 @@ NOT_SETTINGS = frozenset(
         "data_dir",
         "partition_file",
         "device",
+        "numerics",
         "checkpoint_every",
         "keep_checkpoint",
     }

@@ -42,8 +42,16 @@ from incofl.fl.stages.probes import analyses_for
 from incofl.fl.stages.sampling import group_of, sample_schedule
 from incofl.fl.stages.transforms import EpochScale, UpdateNoise
 from incofl.models.family import build_model, input_size
+from incofl.numerics import activate
 from incofl.params import Params
 from incofl.registry import METHODS, Component, Method, layout_of
+
+
+def run_device(cfg: RunConfig) -> torch.device:
+    """The device a run computes on, its numerics in effect: a portable run computes on the CPU
+    with every pin checked (incofl.numerics), so `device: auto` means the CPU there."""
+    activate(cfg.numerics)
+    return resolve_device("cpu" if cfg.numerics == "portable" else cfg.device)
 
 
 def resolve_device(name: str) -> torch.device:

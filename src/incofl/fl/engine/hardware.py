@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from incofl.numerics import Numerics, describe
+
 
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo, else the platform's), without its clock: the clock
@@ -25,12 +27,14 @@ def cpu_model() -> str:
     return re.sub(r"\s*@\s*[\d.]+\s*GHz$", "", model)
 
 
-def hardware_kind(device: torch.device) -> str:
+def hardware_kind(device: torch.device, numerics: Numerics = "native") -> str:
     """`<CPU model> | <ATen's CPU capability> | <torch version>` on a CPU (oneDNN and MKL pick
-    kernels by instruction set; ATEN_CPU_CAPABILITY can lower it); on a GPU its name and CUDA's
-    version instead of the instruction set."""
+    kernels by instruction set; ATEN_CPU_CAPABILITY can lower it); under portable numerics one kind
+    for every x86-64 CPU with AVX2 (incofl.numerics); on a GPU its name and CUDA's version."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} | CUDA {torch.version.cuda} | {torch.__version__}"
     if device.type != "cpu":
         return f"{device.type} on {cpu_model()} | {torch.__version__}"
+    if numerics == "portable":
+        return f"{describe(numerics)} | {torch.__version__}"
     return f"{cpu_model()} | {torch.backends.cpu.get_cpu_capability()} | {torch.__version__}"

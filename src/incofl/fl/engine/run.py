@@ -27,9 +27,9 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import partition_for
 from incofl.fl.engine import checkpoint
 from incofl.fl.engine.divergence import Diverged
-from incofl.fl.engine.engine import Engine, resolve_device
+from incofl.fl.engine.engine import Engine, run_device
 from incofl.fl.engine.estimate import Work
-from incofl.fl.engine.hardware import hardware_kind
+from incofl.fl.engine.hardware import cpu_model, hardware_kind
 from incofl.fl.engine.rundir import claimed
 
 E = TypeVar("E", bound=Engine)
@@ -199,7 +199,9 @@ class Run:
             **self.engine.costs.totals(),
             **self.engine.planner.summary(),
             "device": str(self.engine.device),
-            "hardware": hardware_kind(self.engine.device),  # CPU reruns of one kind and thread count: bit-identical
+            "hardware": hardware_kind(self.engine.device, cfg.numerics),  # one kind and threads: bit-identical
+            "cpu": cpu_model(),
+            "numerics": cfg.numerics,
             "torch": torch.__version__,
             "config": cfg.model_dump(),
         }
@@ -247,7 +249,7 @@ def build_engine(cfg: RunConfig, data: ImageDataset | None, kind: type[E]) -> E:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = data or dataset_for(cfg)
-    return kind(cfg, data, partition_for(cfg, data), resolve_device(cfg.device))
+    return kind(cfg, data, partition_for(cfg, data), run_device(cfg))
 
 
 def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:

@@ -1,0 +1,115 @@
+"""Numerics: which floating-point kernels a CPU run computes with (the `numerics` setting).
+
+`native` lets torch pick its fastest kernels for the CPU at hand, so a run's bits depend on the
+CPU kind: ATen's vectorised kernels follow the instruction set (AVX2, AVX-512), MKL's SGEMM takes
+another path on an AMD than on an Intel CPU, oneDNN's convolutions block by the caches' sizes,
+and NNPACK (convolutions from batch 16 when oneDNN is off) by the L1's.
+
+`portable` pins every one of those choices, so that a CPU run computes the same bits on every
+x86-64 CPU with AVX2, Intel or AMD, AVX-512 or not (for one torch build and thread count):
+ATen's AVX2 kernels (`ATEN_CPU_CAPABILITY=avx2`), MKL's conditional numerical reproducibility
+on its compatible branch (`MKL_CBWR=COMPATIBLE`, the one branch MKL honours on AMD), oneDNN and
+NNPACK off, so convolutions run as ATen's im2col + MKL GEMM. The environment variables are read
+once, when torch first computes, so `pin` must run before torch is imported; `activate` then
+checks that each pin took effect and refuses in one line where one did not (docs/workflow.md,
+"Bit for bit on any CPU").
+
+This module imports no torch at its top: the CLI pins before it imports the engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Literal
+
+Numerics = Literal["native", "portable"]
+PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
+MKL_CBWR_BRANCH, MKL_CBWR_COMPATIBLE = 1, 3  # mkl_service.h: the option to read, the branch wanted
+
+
+class NumericsError(RuntimeError):
+    """A pin that cannot hold in this process or on this machine, as one line."""
+
+
+def environment(mode: Numerics) -> dict[str, str]:
+    """The variables a process that computes a `mode` run must start with."""
+    return dict(PORTABLE_ENV) if mode == "portable" else {}
+
+
+def conflicts(mode: Numerics, env: dict[str, str] | os._Environ[str] = os.environ) -> list[str]:
+    """The variables of `env` that set a pin of `mode` to another value."""
+    return [
+        f"{key}={env[key]} (portable numerics need {key}={value})"
+        for key, value in environment(mode).items()
+        if key in env and env[key].upper() != value.upper()
+    ]
+
+
+def pin(mode: Numerics) -> None:
+    """Set `mode`'s variables in this process; before torch is imported, or `activate` refuses.
+    A variable the environment sets to another value is refused, not overridden: the user set it."""
+    if bad := conflicts(mode):
+        raise NumericsError(f"numerics: portable, but the environment sets {', '.join(bad)}")
+    os.environ.update(environment(mode))
+
+
+def activate(mode: Numerics) -> None:
+    """Switch the convolution backends of `mode` and check every pin in effect (a no-op for native)."""
+    if mode != "portable":
+        return
+    import torch
+
+    torch.backends.mkldnn.enabled = False
+    torch.backends.nnpack.set_flags(False)
+    if problems := [p for p in (_aten_problem(), _mkl_problem(), _conv_problem()) if p]:
+        raise NumericsError(f"numerics: portable cannot hold here: {'; '.join(problems)}")
+
+
+def _aten_problem() -> str | None:
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability == "AVX2":
+        return None
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2":
+        return f"ATen computes with {capability} kernels: this CPU has no AVX2"
+    return f"ATen computes with {capability} kernels: torch was imported before ATEN_CPU_CAPABILITY=avx2 was set"
+
+
+def _mkl_problem() -> str | None:
+    branch = mkl_branch()
+    if branch is None:
+        return "this torch build has no MKL (portable numerics pin MKL's compatible branch)"
+    if branch != MKL_CBWR_COMPATIBLE:
+        return f"MKL computes on branch {branch}, not COMPATIBLE ({MKL_CBWR_COMPATIBLE}): MKL_CBWR was set too late"
+    return None
+
+
+def mkl_branch() -> int | None:
+    """MKL's code branch as MKL reports it (`mkl_cbwr_get`), or None without MKL. torch links
+    MKL statically and exports its service functions from libtorch_cpu."""
+    import torch
+
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        get = ctypes.CDLL(str(library)).mkl_serv_cbwr_get
+    except (OSError, AttributeError):
+        return None
+    get.restype, get.argtypes = ctypes.c_int, [ctypes.c_int]
+    return int(get(MKL_CBWR_BRANCH))
+
+
+def _conv_problem() -> str | None:
+    """The backend ATen would pick for a batch-16 convolution (NNPACK's threshold)."""
+    import torch
+
+    x, w = torch.zeros(16, 3, 8, 8), torch.zeros(4, 3, 3, 3)
+    backend = torch._C._select_conv_backend(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, None)
+    return None if backend.name == "Slow2d" else f"convolutions run on {backend.name}, not ATen's Slow2d"
+
+
+def describe(mode: Numerics) -> str:
+    """What summary.json's `hardware` says of the kernels: portable runs are one kind on any CPU."""
+    return "portable (ATen AVX2, MKL compatible, im2col convolutions)" if mode == "portable" else "native"
