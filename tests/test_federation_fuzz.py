@@ -47,13 +47,13 @@ def honest(tmp_path_factory):
         config = write_config(tmp, methods=[method], **extra)
         grid = InProcessGrid(export_sites(load_run_config(config), tmp))
 
-        def record_update(reply, expected, method=method):
+        def record_update(reply, expected, content=None, method=method):
             train.append((method, reply, expected))
-            return accept_update(reply, expected)
+            return accept_update(reply, expected, content)
 
-        def record_scores(reply, job, expected, method=method):
+        def record_scores(reply, job, expected, content=None, method=method):
             scores.append((method, reply, job, expected))
-            return accept_scores(reply, job, expected)
+            return accept_scores(reply, job, expected, content)
 
         serverapp.accept_update, serverapp.accept_scores = record_update, record_scores
         try:

@@ -328,11 +328,13 @@ def one_line(err: Exception) -> str:
     return what if isinstance(err, CodecError) else f"unreadable ({type(err).__name__}: {what})"
 
 
-def accept_update(content: RecordDict, node: int, expected: ExpectedUpdate) -> Reply:
-    """A training reply's content read and checked against what the server accepts of its client
-    (never raises: what fails anything is refused, with why in `error`)."""
+def accept_update(reply: Message, expected: ExpectedUpdate, content: RecordDict | None = None) -> Reply:
+    """A training reply read and checked against what the server accepts of its client (never
+    raises: what fails anything is refused, with why in `error`); `content`: its content, its
+    signature checked and left out (default: the reply's own)."""
+    node = reply.metadata.src_node_id
     try:
-        update, kept, state = read_update(content, expected, "cpu")
+        update, kept, state = read_update(reply.content if content is None else content, expected, "cpu")
         bad_hash = check_hashes(kept, state)
         why = bad_hash or check_update(expected, update)
     except Exception as err:  # noqa: BLE001 (no reply can stop the server)
@@ -342,10 +344,13 @@ def accept_update(content: RecordDict, node: int, expected: ExpectedUpdate) -> R
     return Reply(update, kept, state, node=node)
 
 
-def accept_scores(content: RecordDict, node: int, job: EvalJob, expected: ExpectedScores) -> EvalReply:
-    """An evaluation reply's content read and checked (never raises, as accept_update)."""
+def accept_scores(
+    reply: Message, job: EvalJob, expected: ExpectedScores, content: RecordDict | None = None
+) -> EvalReply:
+    """An evaluation reply read and checked (never raises, as accept_update)."""
+    node = reply.metadata.src_node_id
     try:
-        client, scores = read_scores(content, job.splits, expected)
+        client, scores = read_scores(reply.content if content is None else content, job.splits, expected)
         why = check_scores(expected, client, scores)
     except Exception as err:  # noqa: BLE001 (no reply can stop the server)
         return EvalReply(error=one_line(err), node=node)
@@ -448,7 +453,7 @@ class IncoflStrategy(Strategy):
                 continue
             client, node = self.jobs[i].plan.client, self.nodes[self.jobs[i].plan.client]
             content, why = self.opened(client, reply, "train", server_round)
-            accepted = accept_update(content, node, self.expected[i]) if content is not None else None
+            accepted = accept_update(reply, self.expected[i], content) if content is not None else None
             self.arrived.append((i, accepted or Reply(error=why, node=node)))
             self.count("train", server_round, client, reply)
         return None, MetricRecord({"replies": len(self.arrived)})
@@ -508,7 +513,7 @@ class IncoflStrategy(Strategy):
                 continue
             job, node = self.eval_jobs[i], self.nodes[self.eval_jobs[i].client]
             content, why = self.opened(job.client, reply, "evaluate", server_round)
-            read = accept_scores(content, node, job, self.eval_expected[i]) if content is not None else None
+            read = accept_scores(reply, job, self.eval_expected[i], content) if content is not None else None
             self.arrived.append((i, read or EvalReply(error=why, node=node)))
             self.count("evaluate", server_round, job.client, reply)
         return MetricRecord({"replies": len(self.arrived)})
