@@ -47,7 +47,8 @@ def _signed_run(tmp_path, apps=None, **settings):
 
 
 def test_a_signed_federation_equals_the_simulator(tmp_path):
-    config, _, out = _signed_run(tmp_path)
+    """FedPer with a held-out share: signed training and evaluation messages, and kept layers on the nodes."""
+    config, _, out = _signed_run(tmp_path, methods=["FedPer"], holdout=0.2)
     simulated = train(load_run_config(config), tmp_path / "simulator")
     assert json.loads((out / "summary.json").read_text())["state_sha256"] == simulated["state_sha256"]
 
