@@ -17,7 +17,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).parent
 # What `incofl train` runs: the engine, methods, models, data, the random streams, the config
-# with the method registry and its parameters, and the CLI entry.
+# with the method registry and its parameters, the CLI entry and the numerics pins.
 TRAINING_CODE = (
     "fl",
     "models",
@@ -31,6 +31,7 @@ TRAINING_CODE = (
     "studies.py",
     "atomic.py",
     "cli.py",
+    "numerics.py",
 )
 
 
