@@ -334,6 +334,28 @@ def test_every_committed_runs_settings_are_checked(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("key", "committed_value", "value"),
+    [("client_memory_mb", 2048, 0), ("checkpoint_every", 5, 1), ("numerics", "native", "portable")],
+)
+def test_a_rerun_differing_in_what_changes_nothing_or_only_bits_is_the_same_experiment(
+    tmp_path, capsys, key, committed_value, value
+):
+    """A memory budget or checkpoint cadence (config.Affects.NOTHING) or the CPU kernels (BITS) may differ."""
+    committed = write_runs(tmp_path / "committed", COMMITTED, **{key: committed_value})
+    rerun = write_runs(tmp_path / "rerun", COMMITTED, **{key: value})
+    assert run(["compare", str(rerun), str(committed)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "Verdict: REPRODUCED (4 cells: 4 identical)."
+
+
+def test_a_rerun_scored_in_other_batches_is_not_the_same_experiment(tmp_path, capsys):
+    """eval_batch_size decides which test images are scored (drop_last) and batch BN's statistics: a result."""
+    committed = write_runs(tmp_path / "committed", COMMITTED, eval_batch_size=1000)
+    rerun = write_runs(tmp_path / "rerun", COMMITTED, eval_batch_size=512)
+    assert run(["compare", str(rerun), str(committed)]) == 2
+    assert "with eval_batch_size=512, the committed seed 0 with eval_batch_size=1000" in capsys.readouterr().err
+
+
 def test_a_bad_margin_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         run(["compare", str(tmp_path), str(tmp_path), "--margin", "-1"])

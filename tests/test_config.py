@@ -7,7 +7,17 @@ import pytest
 import yaml
 
 from incofl.cli import run
-from incofl.config import ConfigError, load_experiment, load_run_config, parse_overrides
+from incofl.config import (
+    SHARED_SETTINGS,
+    Affects,
+    ConfigError,
+    Role,
+    RunConfig,
+    load_experiment,
+    load_run_config,
+    parse_overrides,
+    run_settings,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(REPO.glob("config/*.yaml"))  # every config the repository ships
@@ -189,3 +199,33 @@ def test_committed_personalised_configs_set_holdout():
         exp = load_experiment(path)
         personal = [m for m in exp.methods if METHODS[exp.method_of(m)].planner.personal]
         assert not personal or exp.holdout == 0.25, path  # FedLAG's, as their evidence runs were trained
+
+
+# --- every setting declares what it affects -----------------------------------------------------
+def test_every_run_setting_declares_exactly_one_thing_it_affects():
+    """A setting added later is tagged (config.Affects, in its annotation) or fails here: the
+    lists of settings that checks use are read from the tags."""
+    for name, field in RunConfig.model_fields.items():
+        tags = [tag for tag in field.metadata if isinstance(tag, Affects)]
+        assert len(tags) == 1, f"{name}: annotate it with exactly one config.Affects (it has {tags})"
+
+
+def test_a_partition_setting_is_shared_by_a_grids_methods_unless_it_names_the_partition_artifact():
+    """per_method and variants may override a partition setting only where the workflow's partition
+    artifact is named by it (results/partitions/{dataset}/a{alpha}-k{clients}-p{partition_seed}.npz):
+    otherwise two methods would read one artifact drawn for one of them."""
+    partition = run_settings(Affects.PARTITION)
+    assert partition - SHARED_SETTINGS == {"dataset", "alpha", "clients", "partition_seed"}
+    assert SHARED_SETTINGS <= partition | run_settings(Affects.NOTHING)  # the rest: where data is read from
+
+
+def test_the_lists_of_settings_read_from_the_tags_agree():
+    """What a resumed run may change (a checkpoint's) a rerun may change too (compare's); what the
+    partition or results depend on a rerun may not; a node checks every partition setting."""
+    from incofl.deploy.sitedata import PARTITION_KEYS
+    from incofl.fl.engine.checkpoint import NON_SEMANTIC
+    from incofl.report.compare import NOT_SETTINGS
+
+    assert NON_SEMANTIC <= NOT_SETTINGS
+    assert NOT_SETTINGS & run_settings(Affects.PARTITION, Affects.RESULTS) == run_settings(Role.REPLICATE) == {"seed"}
+    assert run_settings(Affects.PARTITION) <= set(PARTITION_KEYS)

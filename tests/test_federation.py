@@ -140,6 +140,18 @@ def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):
     assert TINY["clients"] == len(nodes)
 
 
+@pytest.mark.parametrize(("key", "value"), [("min_size", 3), ("max_retries", 7)])
+def test_a_site_file_drawn_with_another_partition_setting_is_refused(tmp_path, key, value):
+    """A node checks every setting the partition is drawn with (config.Affects.PARTITION), not a list of its own."""
+    from incofl.deploy.sitedata import load_site
+
+    cfg = load_run_config(write_config(tmp_path))
+    nodes = export_sites(cfg, tmp_path)
+    other = RunConfig(**{**cfg.model_dump(), key: value})
+    with pytest.raises(ConfigError, match=f"exported with {key}={getattr(cfg, key)}, the run has {key}={value}"):
+        load_site(nodes[0]["data-path"], other, 0)
+
+
 def _scheduled(round_: int) -> list[int]:
     """The clients the tiny run trains in `round_` (0-based): incofl's seeded schedule."""
     from incofl.fl.stages.sampling import sample_schedule

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -39,23 +40,29 @@ GRID_KEYS = {"dataset": "datasets", "alpha": "alphas", "method": "methods", "see
 # What a run is shown under (a method, variant or label name): it names run directories, so the
 # workflow's {method} wildcard is this pattern too.
 NAME = r"[A-Za-z0-9-]+"
-# Settings one partition artifact (and the data cache) stands for: per_method and variants may not
-# override them (every method of a grid trains on the same clients).
-SHARED_SETTINGS = frozenset(
-    {
-        "data_dir",
-        "cache_dir",
-        "partition",
-        "client_samples",
-        "shard_classes",
-        "min_size",
-        "max_retries",
-        "partition_file",
-        "release_partitions",
-        "fmnist_partition",
-        "pool_test",
-    }
-)
+
+
+class Affects(Enum):
+    """What a run setting changes. Every RunConfig field carries exactly one, in its annotation
+    (`min_size: Annotated[int, Affects.PARTITION] = Field(...)`); the lists of settings that
+    checks need (run_settings) are read from these tags, never kept by hand."""
+
+    PARTITION = "partition"  # which samples each client holds (and so everything a run computes)
+    RESULTS = "results"  # the numbers a run computes and records, given its partition
+    # how a run computes them: the same experiment whatever the value, only its last bits differ;
+    # exactly what compare's hardware kind accounts for (device, thread count, numerics)
+    BITS = "bits"
+    NOTHING = "nothing"  # nothing a run computes: paths, cadence, budgets, progress
+
+
+class Role(Enum):
+    """A further role of a run setting, beside what it affects (none, one or several)."""
+
+    # one partition artifact (and the data cache) stands for it: per_method and variants may not
+    # override it (every method of a grid trains on the same clients)
+    SHARED = "shared"
+    EXPORTED = "exported"  # a site's data file holds what it gives (the normalisation): a node checks it
+    REPLICATE = "replicate"  # the runs of one experiment differ in it (the seed)
 
 
 Rounds = list[Annotated[int, Field(ge=1)]]
@@ -112,106 +119,128 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     # data
-    data_dir: str | None = Field(
+    data_dir: Annotated[str | None, Affects.NOTHING, Role.SHARED] = Field(
         None,
         description=(
             "the folder holding the data sets (e.g. cifar10-jpeg.tar.xz or torchvision's files); "
             "unset: $INCOFL_DATA_DIR, else ./data"
         ),
     )
-    cache_dir: str = Field("resources/data", description="where each data set is cached, decoded, as `<name>.npz`")
-    partition: Literal["dirichlet", "iid", "iid_draw", "shards", "release"] = Field(
+    cache_dir: Annotated[str, Affects.NOTHING, Role.SHARED] = Field(
+        "resources/data", description="where each data set is cached, decoded, as `<name>.npz`"
+    )
+    partition: Annotated[
+        Literal["dirichlet", "iid", "iid_draw", "shards", "release"], Affects.PARTITION, Role.SHARED
+    ] = Field(
         "dirichlet",
         description=(
             "how clients get their data: Dirichlet(alpha) label skew, IID, independent draws of client_samples "
             "(FedPart), HeteroFL's class shards, or the authors' files (release)"
         ),
     )
-    client_samples: int | None = Field(
+    client_samples: Annotated[int | None, Affects.PARTITION, Role.SHARED] = Field(
         None,
         ge=1,
         description="partition: iid_draw: images each client draws (FedPart: 500); set exactly with iid_draw",
     )
-    shard_classes: int = Field(
+    shard_classes: Annotated[int, Affects.PARTITION, Role.SHARED] = Field(
         2, ge=1, description="partition: shards: label shards dealt to each client (HeteroFL: 2)"
     )
-    partition_seed: int = Field(0, ge=0, description="seed of the partition (apart from the run's seed)")
-    partition_file: str | None = Field(
+    partition_seed: Annotated[int, Affects.PARTITION] = Field(
+        0, ge=0, description="seed of the partition (apart from the run's seed)"
+    )
+    partition_file: Annotated[str | None, Affects.NOTHING, Role.SHARED] = Field(
         None, description="a saved partition artifact (incofl partition); unset: the partition is computed in memory"
     )
-    release_partitions: str | None = Field(
+    release_partitions: Annotated[str | None, Affects.PARTITION, Role.SHARED] = Field(
         None, description="partition: release: the folder of the release's fix_distribution/*.npy files"
     )
-    fmnist_partition: Literal["own", "cifar"] = Field(
+    fmnist_partition: Annotated[Literal["own", "cifar"], Affects.PARTITION, Role.SHARED] = Field(
         "own", description="cifar: FMNIST clients get CIFAR-10's partition, as the release does"
     )
-    min_size: int = Field(10, ge=1, description="Dirichlet: the fewest samples a client may get (redrawn below it)")
-    max_retries: int = Field(1000, ge=1, description="Dirichlet: draws tried before giving up on min_size")
+    min_size: Annotated[int, Affects.PARTITION, Role.SHARED] = Field(
+        10, ge=1, description="Dirichlet: the fewest samples a client may get (redrawn below it)"
+    )
+    max_retries: Annotated[int, Affects.PARTITION, Role.SHARED] = Field(
+        1000, ge=1, description="Dirichlet: draws tried before giving up on min_size"
+    )
     # the input pipeline (ours by default, the release's as options)
-    augment: Literal["auto", "none", "crop", "crop_flip", "release"] = Field(
+    augment: Annotated[Literal["auto", "none", "crop", "crop_flip", "release"], Affects.RESULTS] = Field(
         "auto",
         description=(
             "training augmentation: auto = crop+flip for CIFAR-10 and CINIC-10, crop for SVHN, none for digits "
             "and FMNIST; release = the authors' choice per data set, with Cutout"
         ),
     )
-    cutout: int | None = Field(
+    cutout: Annotated[int | None, Affects.RESULTS] = Field(
         None, ge=0, description="Cutout square side; unset: as augment says (release: 16), 0: off"
     )
-    pad_fill: Literal["mean", "black"] = Field("mean", description="random-crop padding colour (release: black)")
-    normalize: Literal["stats", "half", "none"] = Field(
+    pad_fill: Annotated[Literal["mean", "black"], Affects.RESULTS] = Field(
+        "mean", description="random-crop padding colour (release: black)"
+    )
+    normalize: Annotated[Literal["stats", "half", "none"], Affects.RESULTS, Role.EXPORTED] = Field(
         "stats", description="training-set channel mean/std, 0.5/0.5, or [0, 1] pixels"
     )
-    resize: int | None = Field(None, ge=8, description="ResNets: resize images to this side (release FMNIST: 32)")
-    drop_last: bool = Field(
+    resize: Annotated[int | None, Affects.RESULTS] = Field(
+        None, ge=8, description="ResNets: resize images to this side (release FMNIST: 32)"
+    )
+    drop_last: Annotated[bool, Affects.RESULTS] = Field(
         False, description="drop incomplete batches: each client's last, and the test set's tail (release)"
     )
-    holdout: float = Field(
+    holdout: Annotated[float, Affects.RESULTS] = Field(
         0.0, ge=0.0, lt=1.0, description="each client's share held out for personal evaluation (FedLAG: 0.25)"
     )
-    pool_test: bool = Field(
+    pool_test: Annotated[bool, Affects.PARTITION, Role.SHARED] = Field(
         False, description="pool the train and test sets before partitioning (FedLAG's release); needs holdout"
     )
     # federation
-    clients: int = Field(100, ge=1, description="number of clients K")
-    ratio: float = Field(0.1, gt=0.0, le=1.0, description="share of the clients sampled each round")
-    models: list[str] = Field(
+    clients: Annotated[int, Affects.PARTITION] = Field(100, ge=1, description="number of clients K")
+    ratio: Annotated[float, Affects.RESULTS] = Field(
+        0.1, gt=0.0, le=1.0, description="share of the clients sampled each round"
+    )
+    models: Annotated[list[str], Affects.RESULTS] = Field(
         default_factory=lambda: list(RESNETS),
         min_length=1,
         description="one model group per model, smallest first, one family; client i is in group i * G // K",
     )
-    stem: Literal["imagenet", "cifar"] = Field(
+    stem: Annotated[Literal["imagenet", "cifar"], Affects.RESULTS] = Field(
         "imagenet",
         description="ResNet stem: the authors' 7x7/2 convolution with max-pool, or cifar's 3x3/1 without pool",
     )
-    pretrained: str | None = Field(None, description="ViT: a local state-dict file to start from")
-    rounds: int = Field(50, ge=1, description="communication rounds")
-    local_epochs: int = Field(1, ge=1, description="local epochs E per round")
-    batch_size: int = Field(64, ge=2, description="local batch size")
-    optimizer: Literal["adam", "sgd"] = Field("adam", description="local optimizer (fresh each round)")
-    lr: float = Field(1e-3, gt=0.0, description="local learning rate")
-    momentum: float = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum")
-    weight_decay: float = Field(0.0, ge=0.0, description="weight decay of the local optimizer")
-    bn_stats: Literal["averaged", "local"] = Field(
+    pretrained: Annotated[str | None, Affects.RESULTS] = Field(
+        None, description="ViT: a local state-dict file to start from"
+    )
+    rounds: Annotated[int, Affects.RESULTS] = Field(50, ge=1, description="communication rounds")
+    local_epochs: Annotated[int, Affects.RESULTS] = Field(1, ge=1, description="local epochs E per round")
+    batch_size: Annotated[int, Affects.RESULTS] = Field(64, ge=2, description="local batch size")
+    optimizer: Annotated[Literal["adam", "sgd"], Affects.RESULTS] = Field(
+        "adam", description="local optimizer (fresh each round)"
+    )
+    lr: Annotated[float, Affects.RESULTS] = Field(1e-3, gt=0.0, description="local learning rate")
+    momentum: Annotated[float, Affects.RESULTS] = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum")
+    weight_decay: Annotated[float, Affects.RESULTS] = Field(
+        0.0, ge=0.0, description="weight decay of the local optimizer"
+    )
+    bn_stats: Annotated[Literal["averaged", "local"], Affects.RESULTS] = Field(
         "averaged",
         description="BatchNorm running statistics averaged like weights, or kept by each client (FedPart's release)",
     )
     # width and depth splitting (HeteroFL, FedRolex, ScaleFL)
-    width_rates: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = Field(
+    width_rates: Annotated[list[Annotated[float, Field(gt=0.0, le=1.0)]] | None, Affects.RESULTS] = Field(
         None,
         description=(
             "width models: each rate is a model group; unset: the model's levels (preresnet18: HeteroFL's "
             "1, 1/2, 1/4, 1/8, 1/16; resnet110: ScaleFL's 0.7, 0.7, 0.75, 1)"
         ),
     )
-    exits: list[Annotated[int, Field(ge=1, le=EXITS)]] | None = Field(
+    exits: Annotated[list[Annotated[int, Field(ge=1, le=EXITS)]] | None, Affects.RESULTS] = Field(
         None, description="resnet110: each group's deepest exit (unset: 1, 2, 3, 4 with the default rates)"
     )
-    rate_assignment: Literal["fixed", "dynamic"] = Field(
+    rate_assignment: Annotated[Literal["fixed", "dynamic"], Affects.RESULTS] = Field(
         "fixed",
         description="fixed: a client keeps its level; dynamic: every sampled client draws its level each round",
     )
-    model_scale: float = Field(
+    model_scale: Annotated[float, Affects.RESULTS] = Field(
         1.0,
         gt=0.0,
         le=1.0,
@@ -219,7 +248,7 @@ class Settings(BaseModel):
             "width models and ResNets: every layer's channels x this (CPU-sized runs; HeteroFL's hidden_size)"
         ),
     )
-    eval_bn: Literal["static", "batch"] | None = Field(
+    eval_bn: Annotated[Literal["static", "batch"] | None, Affects.RESULTS] = Field(
         None,
         description=(
             "BN at evaluation of width models: static (HeteroFL: statistics of training data gathered before each "
@@ -227,43 +256,47 @@ class Settings(BaseModel):
             "resnet110"
         ),
     )
-    static_bn_samples: int | None = Field(
+    static_bn_samples: Annotated[int | None, Affects.RESULTS] = Field(
         None, ge=1, description="static BN: training images passed (unset: all the clients')"
     )
     # robustness (paper Fig. 7)
-    update_noise: float = Field(
+    update_noise: Annotated[float, Affects.RESULTS] = Field(
         0.0,
         ge=0.0,
         description="Gaussian noise on each client update before aggregation, std = this x that update tensor's std",
     )
-    analyses: Analyses = Field(
+    analyses: Annotated[Analyses, Affects.RESULTS] = Field(
         default_factory=Analyses, description="the paper's analyses, each after the rounds it lists"
     )
-    vit_epoch_scale: Literal["inco", "all"] = Field(
+    vit_epoch_scale: Annotated[Literal["inco", "all"], Affects.RESULTS] = Field(
         "inco",
         description=(
             "ViTs: divide client updates by local_epochs for InCo's official variant only, or for every method "
             "(release)"
         ),
     )
-    method_args: dict[str, Any] = Field(
+    method_args: Annotated[dict[str, Any], Affects.RESULTS] = Field(
         default_factory=dict,
         description="the method's hyper-parameters (`incofl methods` lists each method's, with defaults)",
     )
-    label: str | None = Field(
+    label: Annotated[str | None, Affects.RESULTS] = Field(
         None,
         pattern=f"^{NAME}$",
         description="the name a run is shown under in tables and figures (unset: the method)",
     )
     # evaluation, checkpoints, runtime
-    eval_every: int = Field(1, ge=1, description="evaluate every group's model on the test set every N rounds")
-    eval_last: int = Field(10, ge=0, description="also evaluate every one of the last N rounds (last10_acc reads them)")
-    eval_batch_size: int = Field(1000, ge=1, description="batch size of evaluation")
-    checkpoint_every: int = Field(5, ge=1, description="write ckpt.pt every N rounds")
-    keep_checkpoint: bool = Field(
+    eval_every: Annotated[int, Affects.RESULTS] = Field(
+        1, ge=1, description="evaluate every group's model on the test set every N rounds"
+    )
+    eval_last: Annotated[int, Affects.RESULTS] = Field(
+        10, ge=0, description="also evaluate every one of the last N rounds (last10_acc reads them)"
+    )
+    eval_batch_size: Annotated[int, Affects.RESULTS] = Field(1000, ge=1, description="batch size of evaluation")
+    checkpoint_every: Annotated[int, Affects.NOTHING] = Field(5, ge=1, description="write ckpt.pt every N rounds")
+    keep_checkpoint: Annotated[bool, Affects.NOTHING] = Field(
         False, description="keep ckpt.pt (final weights) and clientstate/ after a finished run"
     )
-    client_memory_mb: int = Field(
+    client_memory_mb: Annotated[int, Affects.NOTHING] = Field(
         2048,
         ge=0,
         description=(
@@ -271,17 +304,17 @@ class Settings(BaseModel):
             "in MiB; beyond it the least recently used go to <out>/clientstate/ (0: every one on disk)"
         ),
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
+    device: Annotated[Literal["auto", "cpu", "cuda"], Affects.BITS] = Field(
         "auto", description="auto: cuda where there is one; cuda without a GPU is refused before any job"
     )
-    numerics: Literal["native", "portable"] = Field(
+    numerics: Annotated[Literal["native", "portable"], Affects.BITS] = Field(
         "native",
         description=(
             "CPU kernels: native (the fastest for this CPU; bits differ between CPU kinds) or portable (the same "
             "bits on every x86-64 CPU with AVX2, for one torch build and thread count; 2-4x slower; CPU only)"
         ),
     )
-    threads: int | None = Field(
+    threads: Annotated[int | None, Affects.BITS] = Field(
         None,
         ge=1,
         description=(
@@ -289,12 +322,12 @@ class Settings(BaseModel):
             "default in incofl train, 1 in the workflow)"
         ),
     )
-    channels_last: bool = Field(False, description="channels-last memory format (GPU)")
-    bf16: bool = Field(False, description="bf16 autocast (GPU)")
-    trainer: Literal["serial", "batched"] = Field(
+    channels_last: Annotated[bool, Affects.RESULTS] = Field(False, description="channels-last memory format (GPU)")
+    bf16: Annotated[bool, Affects.RESULTS] = Field(False, description="bf16 autocast (GPU)")
+    trainer: Annotated[Literal["serial", "batched"], Affects.RESULTS] = Field(
         "serial", description="batched: a model group's clients side by side (torch.func.vmap)"
     )
-    progress: bool = Field(True, description="a progress bar on stderr")
+    progress: Annotated[bool, Affects.NOTHING] = Field(True, description="a progress bar on stderr")
 
     @field_validator("models")
     @classmethod
@@ -470,12 +503,14 @@ class Resources(TypedDict, total=False):
 class RunConfig(Settings):
     """One training run: a grid point plus its settings."""
 
-    dataset: str = Field("digits", description="the run's data set")
-    alpha: float = Field(0.5, gt=0.0, description="the run's Dirichlet alpha")
-    method: str = Field(
+    dataset: Annotated[str, Affects.PARTITION] = Field("digits", description="the run's data set")
+    alpha: Annotated[float, Affects.PARTITION] = Field(0.5, gt=0.0, description="the run's Dirichlet alpha")
+    method: Annotated[str, Affects.RESULTS] = Field(
         "InCoAvg", description="a registered method (a variant's run: its method, and `label` its name)"
     )
-    seed: int = Field(0, ge=0, description="the run's seed: initialisation, client sampling, batches")
+    seed: Annotated[int, Affects.RESULTS, Role.REPLICATE] = Field(
+        0, ge=0, description="the run's seed: initialisation, client sampling, batches"
+    )
 
     @property
     def name(self) -> str:
@@ -498,6 +533,14 @@ class RunConfig(Settings):
     @classmethod
     def _method(cls, v: str) -> str:
         return _check_method(v)
+
+
+def run_settings(*tags: Affects | Role) -> frozenset[str]:
+    """The run settings (RunConfig's fields) tagged with any of `tags`."""
+    return frozenset(name for name, field in RunConfig.model_fields.items() if any(t in field.metadata for t in tags))
+
+
+SHARED_SETTINGS = run_settings(Role.SHARED)
 
 
 class ExperimentConfig(Settings):

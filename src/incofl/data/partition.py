@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from incofl.atomic import atomic_path
+from incofl.config import Affects, run_settings
 from incofl.data.release import ReleasePartitionError, read_release_partition, release_file
 from incofl.streams import Stream, generator, seed_int
 
@@ -225,32 +226,26 @@ def labels_hash(labels: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(labels, dtype=np.int64).tobytes()).hexdigest()
 
 
+# The names an artifact's meta records partition settings under, where not their own.
+META_NAMES = {"partition": "kind", "partition_seed": "seed"}
+# Partition settings a kind is drawn without, though its artifact records them (alpha).
+UNUSED = {"iid": {"alpha"}, "iid_draw": {"alpha"}, "shards": {"alpha"}}
+
+
 def _differs(key: str, made: object, ours: object) -> str:
     if key == "labels_sha256":
         return "made for other training labels than this run's data"
-    name = {"seed": "partition_seed", "kind": "partition"}.get(key, key)
+    name = {meta: setting for setting, meta in META_NAMES.items()}.get(key, key)
     return f"made for {name}={made!r}, this run has {name}={ours!r}"
 
 
 def check_provenance(part: Partition, cfg: RunConfig, labels: np.ndarray, path: str) -> Partition:
-    """Refuse a partition artifact made for another run: data set, its labels, client count,
-    kind, alpha, shard_classes, seed or min_size (each checked where the artifact records it)."""
-    want: dict[str, object] = {
-        "dataset": cfg.dataset,
-        "clients": cfg.clients,
-        "kind": cfg.partition,
-        "labels_sha256": labels_hash(labels),
-    }
-    if cfg.partition not in ("iid", "iid_draw", "shards"):
-        want["alpha"] = float(cfg.alpha)
-    if cfg.partition == "iid_draw":
-        want["client_samples"] = cfg.client_samples
-    if cfg.partition == "shards":
-        want["shard_classes"] = cfg.shard_classes
-    if cfg.partition != "release":
-        want |= {"seed": cfg.partition_seed, "min_size": cfg.min_size}
-    if cfg.dataset == "fmnist":
-        want["fmnist_partition"] = cfg.fmnist_partition
+    """Refuse a partition artifact made for another run: its training labels, or any setting the
+    partition depends on (config.Affects.PARTITION) that the artifact records (make_partition
+    records each where its kind uses it)."""
+    settings = sorted(run_settings(Affects.PARTITION) - UNUSED.get(cfg.partition, set()))
+    want = {META_NAMES.get(key, key): getattr(cfg, key) for key in settings}
+    want["labels_sha256"] = labels_hash(labels)
     for key, value in want.items():
         if key in part.meta and part.meta[key] != value:
             raise PartitionError(f"{path}: {_differs(key, part.meta[key], value)}; delete it to make it again")

@@ -24,24 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from incofl.atomic import atomic_path
-from incofl.config import ConfigError, RunConfig
+from incofl.config import Affects, ConfigError, Role, RunConfig, run_settings
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition
 from incofl.data.tensors import normalisation
 
-# The settings a client's share of the data depends on (a node checks them against the run's config).
-PARTITION_KEYS = (
-    "dataset",
-    "partition",
-    "alpha",
-    "clients",
-    "partition_seed",
-    "client_samples",
-    "shard_classes",
-    "pool_test",
-    "fmnist_partition",
-    "normalize",
-)
+# The settings a site file is made with: those its client's share depends on, and the normalisation
+# it holds (a node checks them against the run's config).
+PARTITION_KEYS = tuple(sorted(run_settings(Affects.PARTITION, Role.EXPORTED)))
 
 
 @dataclass(frozen=True)

@@ -45,26 +45,14 @@ import numpy as np
 import pandas as pd
 from scipy.stats import t as student_t
 
+from incofl.config import Affects, Role, run_settings
 from incofl.report.runs import RunFileError, collect_summaries, completed, dataset_label, summary_files
 
 CELL = ["dataset", "alpha", "method"]
-# run settings that do not change what a run computes (paths, checkpoint cadence) or only in its
-# last bits (the thread count the job was given: no identity then, _kind): they may differ
-# between a rerun and the committed runs
-NOT_SETTINGS = frozenset(
-    {
-        "seed",
-        "threads",
-        "progress",
-        "cache_dir",
-        "data_dir",
-        "partition_file",
-        "device",
-        "numerics",
-        "checkpoint_every",
-        "keep_checkpoint",
-    }
-)
+# run settings that may differ between a rerun and the committed runs: what changes nothing a run
+# computes (paths, checkpoint cadence, memory budget), what changes only its last bits (the thread
+# count, device, numerics: no identity then, _kind), and the seed, in which a cell's runs differ
+NOT_SETTINGS = run_settings(Affects.NOTHING, Affects.BITS, Role.REPLICATE)
 IDENTICAL, REPRODUCED, INCONCLUSIVE, NOT_REPRODUCED = "IDENTICAL", "REPRODUCED", "INCONCLUSIVE", "NOT REPRODUCED"
 PASSED = (IDENTICAL, REPRODUCED)
 # exit codes of `incofl compare` (2: bad input); `make run` fails on 1 and reports 3

@@ -14,22 +14,14 @@ from typing import Any
 import torch
 
 from incofl.atomic import save_tensors
-from incofl.config import Analyses
+from incofl.config import Affects, Analyses, run_settings
 from incofl.registry import METHODS
 
-# Settings that do not change what a run computes, so a checkpoint stays valid across them.
-# `rounds` is not one: the evaluation schedule (eval_last) and round-based schedules depend on it.
-NON_SEMANTIC = {
-    "eval_batch_size",
-    "checkpoint_every",
-    "keep_checkpoint",
-    "client_memory_mb",
-    "device",
-    "threads",
-    "progress",
-    "cache_dir",
-    "data_dir",
-}
+# Settings a checkpoint stays valid across: those that change nothing a run computes, and those
+# that change only its last bits (a resumed run's thread count or device may differ: the same
+# experiment). `rounds` is not one: the evaluation schedule (eval_last) and round-based schedules
+# depend on it; nor is `eval_batch_size`: it decides which test images are scored (drop_last).
+NON_SEMANTIC = run_settings(Affects.NOTHING, Affects.BITS)
 # Settings added after runs were written, with the value a file without them was made with: a
 # checkpoint or summary.json from before one is the run it would be with that value. `label` is
 # semantic otherwise: it is the name summary.json records.
