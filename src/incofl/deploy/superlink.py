@@ -75,10 +75,12 @@ class FleetGate:
         why = self.check_push(body) if path == PUSH_MESSAGES else self.check_object(body) if path == PUSH_OBJECT else ""
         if why:
             return await refuse(send, 413 if "over" in why else 403, why)
-        response = bytearray()
-        status = await forward(self.app, scope, receive, body, send, response)
-        if path == PUSH_MESSAGES and status == 200:
-            self.track(body, bytes(response))
+
+        def tracked(status: int, answer: bytes) -> None:  # before the node has the answer: it pushes at once
+            if path == PUSH_MESSAGES and status == 200:
+                self.track(body, answer)
+
+        await forward(self.app, scope, receive, body, send, bytearray(), tracked)
 
     def check_push(self, body: bytes) -> str:
         """Why a push of messages is refused ('' if it is not): not one reply, or too many objects."""
@@ -164,9 +166,18 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
             return bytes(body)
 
 
-async def forward(app: Callable, scope: Scope, receive: Receive, body: bytes, send: Send, response: bytearray) -> int:
+async def forward(
+    app: Callable,
+    scope: Scope,
+    receive: Receive,
+    body: bytes,
+    send: Send,
+    response: bytearray,
+    done: Callable[[int, bytes], None] = lambda status, answer: None,
+) -> int:
     """Call `app` with the body already read (then the client's own events: a disconnect when it
-    goes); its response sent on, its body kept in `response`; its status."""
+    goes); its response sent on, its body kept in `response` and handed to `done` (with the status)
+    before its last part is sent; its status."""
     status = {"code": 0}
     pending = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -178,6 +189,8 @@ async def forward(app: Callable, scope: Scope, receive: Receive, body: bytes, se
             status["code"] = message["status"]
         elif message["type"] == "http.response.body" and len(response) < MAX_OBJECTS * 100:
             response.extend(message.get("body", b""))
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            done(status["code"], bytes(response))
         await send(message)
 
     await app(scope, replay, keep)
