@@ -92,7 +92,7 @@ def deployed_by_up(folder: Path, idle: float = 30.0) -> tuple[Path, float]:
     folder, and the share of a core that the federation used idle for `idle` seconds before it."""
     env = {**os.environ, "FLWR_HOME": str(folder / "flwr-home"), "PYTHONPATH": str(REPO / "src")}
     incofl = [sys.executable, "-m", "incofl.cli", "federation"]
-    sites, out, port = folder / "sites", folder / "deployed", _free_port(1 + DEPLOYED["clients"])
+    sites, out, port = folder / "sites", folder / "deployed", _free_port(2 + DEPLOYED["clients"])
     subprocess.run([*incofl, "export", "--config", folder / "run.yaml", "--out", sites, "--keys"], env=env, check=True)
     with open(folder / "up.log", "w") as log:
         up = subprocess.Popen([*incofl, "up", "--sites", sites, "--port", str(port)], stdout=log, env=env)

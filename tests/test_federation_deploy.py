@@ -6,7 +6,6 @@ client 0 with incofl's warm executor; client 1's node is started here, as a site
 start it (flower-supernode with Flower's own SuperExec; its key registered with
 `flwr supernode register`), so that it can be killed alone. Then:
 
-- a run whose ClientApp raises leaves up's warm executor serving the next;
 - a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator,
   every file up wrote private;
 - up's node ran all its messages in its one executor process, the other node each in a fresh one;
@@ -15,6 +14,7 @@ start it (flower-supernode with Flower's own SuperExec; its key registered with
 - a site that reaches the port it dials (the Fleet API's) cannot use the Control API;
 - a node speaking the Fleet API itself with its registered key cannot push past the gate's caps;
 - client 1's flower-supernode SIGKILLed mid-round: with `allow-missing` the run ends without it;
+- then runs whose ClientApp raises leave up's warm executor serving the next;
 - once stopped, no process any of this started is left (a /proc scan, recorded while it ran).
 """
 
@@ -126,8 +126,9 @@ class Started:
             if pid in visited or pid not in procs:
                 continue
             visited.add(pid)
-            if pid not in self.seen:
-                self.seen[pid], self.commands[pid] = procs[pid][3], _command(pid)
+            self.seen.setdefault(pid, procs[pid][3])
+            if (command := _command(pid)) != "(gone)":  # the latest: between fork and exec, the parent's
+                self.commands[pid] = command
             self.sessions.add(procs[pid][2])
             todo += children.get(pid, [])
 
@@ -235,18 +236,6 @@ def deployment(tmp_path_factory):
         dep.started.done.set()
 
 
-def test_an_app_that_raises_fails_its_run_and_the_warm_executor_serves_on(deployment):
-    """A run whose config partitions otherwise than the site files: each node's ClientApp raises at
-    identify; up's executor reports it and goes on serving (the next test's run trains on it, and
-    test_ups_node_runs_every_message_in_its_one_warm_executor finds one executor process in all)."""
-    log = deployment.root / "sites" / "logs" / "executor0.log"
-    deployment.flwr_run(deployment.root / "raises", set='"partition_seed=99"', **{"join-timeout": 5})  # ends soon
-    deployment.wait_for(log, timeout=120, text="ClientApp raised an exception")
-    assert "partition_seed" in log.read_text()
-    executor = [pid for pid, cmd in deployment.started.commands.items() if "incofl.deploy.executor" in cmd]
-    assert len(executor) == 1 and _stat(executor[0]) is not None  # still running
-
-
 def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_path):
     up_log = (deployment.root / "up.log").read_text()
     assert "TLS, node authentication" in up_log and "can flwr run an app that runs as this user" in up_log
@@ -275,7 +264,9 @@ def test_ups_node_runs_every_message_in_its_one_warm_executor(deployment):
     executors = [c.split() for c in commands if "incofl.deploy.executor" in c]
     assert len(executors) == 1 and own in executors[0]
     clientapps = [c.split() for c in commands if "flwr-clientapp" in c]
-    assert len(clientapps) >= 3 and not any(own in c for c in clientapps)  # elsewhere: identify, 2 trains
+    assert not any(own in c for c in clientapps)
+    spawned = (deployment.root / "elsewhere.log").read_text().count("Start `flwr-clientapp` process")
+    assert spawned >= 3  # elsewhere: identify, 2 trains (Flower's log: the 0.2 s recorder may miss one under load)
 
 
 def test_the_supernode_wrapper_caps_the_sleeps_of_flowers_node_loop():
@@ -437,6 +428,20 @@ def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment)
     rounds = pd.read_csv(out / "rounds.csv", dtype={"missing": str})
     assert rounds["missing"].tolist() == [str(ELSEWHERE)]
     assert rounds["samples"].iloc[0] > 0  # client 0 was averaged
+
+
+def test_an_app_that_raises_fails_its_run_and_the_warm_executor_serves_on(deployment):
+    """Once client 1's node is gone: two runs whose config partitions otherwise than the site
+    files; up's node's ClientApp raises at identify each time, and its one executor reports it
+    and serves the next message (before, any exception but one of the app's ended it, and up with it)."""
+    log = deployment.root / "sites" / "logs" / "executor0.log"
+    raised = log.read_text().count("ClientApp raised an exception")
+    for i in (1, 2):
+        deployment.flwr_run(deployment.root / f"raises{i}", set='"partition_seed=99"', **{"join-timeout": 5})
+        deployment.wait_for(log, timeout=120, text="ClientApp raised an exception", count=raised + i)
+    assert "partition_seed" in log.read_text()
+    executor = [pid for pid, cmd in deployment.started.commands.items() if "incofl.deploy.executor" in cmd]
+    assert len(executor) == 1 and _stat(executor[0]) is not None  # the same process, still running
 
 
 def test_once_stopped_no_process_it_started_is_left(deployment):

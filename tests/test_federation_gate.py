@@ -57,7 +57,7 @@ def node() -> Node:
     node_id = state.create_node("operator", "site", public_key_to_bytes(key.public_key()), 60)
     assert state.activate_node(node_id, 60)
     run_id = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, None, "flwr-serverapp")
-    task = state.run_ids[run_id].run.primary_task_id
+    task = state.get_run_info(run_ids=[run_id])[0].primary_task_id
     assert state.claim_task(task) and state.activate_task(task)  # the run's ServerApp started: the run runs
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, task  # the ServerApp's message
     instruction = Message(RecordDict({"c": ConfigRecord({"lr": 0.1})}), dst_node_id=node_id, message_type="train")
