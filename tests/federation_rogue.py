@@ -2,7 +2,8 @@
 own Fleet connection (`flwr.supernode.fleet_http_connection.http_request_response`, what
 `flower-supernode` runs), driven by hand instead of by a SuperNode's loop, to send what no
 incofl node would: a reply whose bytes Flower cannot decode but whose hash, header and length
-the SuperLink accepts, and a reply announced but never uploaded."""
+the SuperLink accepts, a reply announced but never uploaded, and a message to the SuperLink itself
+that answers nothing (its Runtime API hands those to the ServerApp on every pull), never uploaded."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, Metadata, RecordDict
+from flwr.app.message import make_message
 from flwr.supercore.inflatable.inflatable_object import (
     add_header_to_object_body,
     get_all_nested_objects,
@@ -26,7 +28,8 @@ from flwr.supernode.fleet_http_connection import http_request_response
 @dataclass
 class Rogue:
     """One registered node in a thread: once it is asked identify, it answers with `kind`
-    (`undecodable` or `stalled`), then holds its connection (heartbeats) until `stop`."""
+    (`undecodable` or `stalled`; `unasked`: it sends the SuperLink a message of its own instead),
+    then holds its connection (heartbeats) until `stop`."""
 
     address: str
     ca: bytes
@@ -66,6 +69,14 @@ class Rogue:
         return None
 
     def _answer(self, asked: Message, send: Any, push_object: Any) -> None:
+        if self.kind == "unasked":
+            meta = asked.metadata
+            own = Metadata(meta.run_id, "", 1, 1, "", "", time.time(), 3600.0, "query.hello")  # src 1: Flower's rule
+            message = make_message(metadata=own, content=RecordDict({"x": ConfigRecord({"x": 1})}))
+            message.metadata.__dict__["_message_id"] = message.object_id
+            send(message, get_object_tree(message), 0.0)  # and not one of its objects pushed
+            self.answered.set()
+            return
         reply = Message(RecordDict({"node": ConfigRecord({"client": 0, "test_sha256": ""})}), reply_to=asked)
         contents = {i: o.deflate() for i, o in get_all_nested_objects(reply).items()}
         tree, message_id = get_object_tree(reply), reply.object_id

@@ -4,8 +4,9 @@ hold it past a deadline.
 Flower 1.42's `HttpGrid.pull_messages` (superlink/grid/http_grid.py) takes every reply the
 SuperLink holds for the ids asked, and with them every message any node addressed to the
 SuperLink itself; then, one message after another, pulls each one's objects, retrying an object
-not yet uploaded up to 500 times about 10 s apart (`pull_objects`' defaults: 7200 s), and decodes
-it, raising out of the call on the first it cannot decode. The SuperLink forgets the messages it
+not yet uploaded about 10 s apart until the node's upload session expires (180 s after its last
+object pushed, so a node that pushes one now and then holds it up to `pull_objects`' 7200 s), and
+decodes it, raising out of the call on the first it cannot decode. The SuperLink forgets the messages it
 hands out, so a raise loses the whole batch. Here, on an `HttpGrid`, the same Runtime API calls
 are made message by message (`Inbox.pull`):
 
