@@ -383,11 +383,15 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
 
 
 def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_the_server(deployment, tmp_path):
-    """Two registered nodes that speak Flower's protocol themselves (federation_rogue.py) answer a
-    run's identify: one with bytes Flower cannot decode (hash, header and length right: the
-    SuperLink stores them), one announced and never uploaded. Before, the first raised out of the
-    ServerApp's pull and the second held it for two hours (Flower's retries); now each is its
-    node's fault and the run ends, with the simulator's weights."""
+    """Three registered nodes that speak Flower's protocol themselves (federation_rogue.py), once
+    asked a run's identify: one answers with bytes Flower cannot decode (hash, header and length
+    right: the SuperLink stores them), one announces a reply and never uploads it, and one sends
+    the SuperLink a message of its own, never uploaded, through the loopback listener (Flower's app
+    whole, as a SuperLink without the gate serves its sites: the gate refuses it). Before, the first
+    raised out of the ServerApp's pull, and the others held it until their upload session expired
+    (Flower retries a reply's objects until then: 180 s after the last object pushed, the run's
+    join had run out); now each is its node's fault or ignored, and the run ends with the
+    simulator's weights."""
     from federation_rogue import Rogue
 
     from incofl.config import parse_overrides
@@ -395,11 +399,15 @@ def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_th
 
     ca = (deployment.root / "sites" / "certificates" / "ca.pem").read_bytes()
     rogues = []
-    for kind in ("undecodable", "stalled"):
+    for kind, port in (
+        ("undecodable", deployment.port),
+        ("stalled", deployment.port),
+        ("unasked", deployment.port + 1),
+    ):
         private, public = node_key(deployment.root / f"rogue-{kind}", 0)
         register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
         subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
-        rogues.append(Rogue(f"127.0.0.1:{deployment.port}", ca, private, kind))
+        rogues.append(Rogue(f"127.0.0.1:{port}", ca, private, kind))
     threads = [rogue.start() for rogue in rogues]
     out = deployment.root / "rogues"
     try:
