@@ -114,12 +114,12 @@ def golden_run(method: str, out: Path, cache: Path) -> dict:
 
 
 def main(methods: list[str]) -> dict:
-    activate("portable")  # refuses in one line (a CPU without AVX2, a pin overridden)
     with tempfile.TemporaryDirectory() as tmp:
         runs = {m: golden_run(m, Path(tmp) / m, Path(tmp) / "cache") for m in methods}
     return {"torch": torch.__version__, "ops": op_fingerprints(), "runs": runs}
 
 
 if __name__ == "__main__":  # `--ops`: the operations alone (seconds; e.g. under an emulated CPU)
+    activate("portable")  # refuses in one line (a CPU without AVX2, a pin overridden)
     ops_only = sys.argv[1:] == ["--ops"]
     json.dump({"ops": op_fingerprints()} if ops_only else main(sys.argv[1:] or METHODS), sys.stdout)

@@ -3,13 +3,16 @@
 `native` lets torch pick its fastest kernels for the CPU at hand, so a run's bits depend on the
 CPU kind: ATen's vectorised kernels follow the instruction set (AVX2, AVX-512), MKL's SGEMM takes
 another path on an AMD than on an Intel CPU, oneDNN's convolutions block by the caches' sizes,
-and NNPACK (convolutions from batch 16 when oneDNN is off) by the L1's.
+NNPACK (convolutions from batch 16 when oneDNN is off) by the L1's, and MKL's vector maths (VML),
+where ATen sends the sqrt, exp, log and a few more of CPU tensors, follow the CPU's branch.
 
 `portable` pins every one of those choices, so that a CPU run computes the same bits on every
 x86-64 CPU with AVX2, Intel or AMD, AVX-512 or not (for one torch build and thread count):
 ATen's AVX2 kernels (`ATEN_CPU_CAPABILITY=avx2`), MKL's conditional numerical reproducibility
 on its compatible branch (`MKL_CBWR=COMPATIBLE`, the one branch MKL honours on AMD), oneDNN and
-NNPACK off, so convolutions run as ATen's im2col + MKL GEMM. The environment variables are read
+NNPACK off, so convolutions run as ATen's im2col + MKL GEMM, and no VML: sqrt is computed by
+numpy (IEEE's correctly rounded square root, the same bits on every CPU), and the other functions
+ATen sends to VML are refused in one line (no method trains with them). The environment variables are read
 once, when torch first computes, so `pin` must run before torch is imported; `activate` then
 checks that each pin took effect and refuses in one line where one did not (docs/workflow.md,
 "Bit for bit on any CPU").
@@ -21,12 +24,21 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, NoReturn
+
+if TYPE_CHECKING:
+    import torch
 
 Numerics = Literal["native", "portable"]
 PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
 MKL_CBWR_BRANCH, MKL_CBWR_COMPATIBLE = 1, 3  # mkl_service.h: the option to read, the branch wanted
+# Unary functions of float CPU tensors whose bits follow MKL's branch (ATen computes them with MKL's
+# VML): even on the compatible branch, sqrt's differed under emulated AVX2 CPUs (docs/workflow.md).
+VML_FUNCTIONS = ("exp", "log", "erf", "erfc", "acos", "asin", "atan", "tan")
+_kernels: list[object] = []  # the portable kernels' torch.library registration, kept alive once made
 
 
 class NumericsError(RuntimeError):
@@ -63,6 +75,7 @@ def activate(mode: Numerics) -> None:
 
     torch.backends.mkldnn.enabled = False
     torch.backends.nnpack.set_flags(False)
+    _register_kernels()
     if problems := [p for p in (_aten_problem(), _mkl_problem(), _conv_problem()) if p]:
         raise NumericsError(f"numerics: portable cannot hold here: {'; '.join(problems)}")
 
@@ -73,7 +86,7 @@ def _aten_problem() -> str | None:
     capability = torch.backends.cpu.get_cpu_capability()
     if capability == "AVX2":
         return None
-    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2":
+    if not capability.startswith("AVX512"):  # ATen falls back below a capability the CPU lacks
         return f"ATen computes with {capability} kernels: this CPU has no AVX2"
     return f"ATen computes with {capability} kernels: torch was imported before ATEN_CPU_CAPABILITY=avx2 was set"
 
@@ -108,6 +121,45 @@ def _conv_problem() -> str | None:
     x, w = torch.zeros(16, 3, 8, 8), torch.zeros(4, 3, 3, 3)
     backend = torch._C._select_conv_backend(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, None)
     return None if backend.name == "Slow2d" else f"convolutions run on {backend.name}, not ATen's Slow2d"
+
+
+def _register_kernels() -> None:
+    """Replace ATen's CPU kernels of the VML functions for this process: sqrt by numpy's, the
+    others by a refusal (what a portable run would compute with them differs between CPUs)."""
+    if _kernels:
+        return
+    import torch
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": that is the point
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("sqrt", exact_sqrt, "CPU")
+        lib.impl("sqrt_", lambda x: x.copy_(exact_sqrt(x)), "CPU")
+        lib.impl("sqrt.out", lambda x, *, out: out.resize_(x.shape).copy_(exact_sqrt(x)), "CPU")
+        for name in VML_FUNCTIONS:
+            for overload in (name, f"{name}_", f"{name}.out"):
+                lib.impl(overload, _refusal(name), "CPU")
+    _kernels.append(lib)
+
+
+def exact_sqrt(x: torch.Tensor) -> torch.Tensor:
+    """IEEE's square root (correctly rounded: one answer on every CPU), by numpy."""
+    import numpy as np
+    import torch
+
+    if x.dtype not in (torch.float32, torch.float64):
+        raise NumericsError(f"numerics: portable computes sqrt of float32 and float64 tensors, not {x.dtype}")
+    values = x.detach().numpy()
+    out = np.empty(values.shape, values.dtype)
+    np.sqrt(values, out=out)
+    return torch.from_numpy(out)
+
+
+def _refusal(name: str) -> Callable[..., NoReturn]:
+    def refuse(*args: object, **kwargs: object) -> NoReturn:
+        raise NumericsError(f"numerics: portable: torch.{name} runs on MKL's vector maths, whose bits differ by CPU")
+
+    return refuse
 
 
 def describe(mode: Numerics) -> str:

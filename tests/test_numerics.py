@@ -1,0 +1,83 @@
+"""Portable numerics (incofl.numerics): each pin checked where it is made, and refused in one line
+where it cannot hold. Pins act once per process, so everything that pins runs in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from incofl.config import ConfigError, load_run_config
+from incofl.numerics import conflicts, environment
+
+
+def python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+def test_portable_kernels_compute_an_exact_sqrt_and_refuse_the_vector_maths():
+    """sqrt is IEEE's (numpy's) in all three forms, with its gradient; exp is refused by name."""
+    done = python("""
+        import numpy as np
+        from incofl.numerics import activate, mkl_branch, pin
+        pin("portable")
+        import torch
+        activate("portable")
+        b = torch.rand(4096, generator=torch.Generator().manual_seed(1)) + 0.1
+        s = b.sqrt()
+        assert np.array_equal(s.numpy(), np.sqrt(b.numpy()))
+        assert b.clone().sqrt_().equal(s) and torch.sqrt(b, out=torch.empty(0)).equal(s)
+        x = b.clone().requires_grad_()
+        x.sqrt().sum().backward()
+        assert torch.allclose(x.grad, 0.5 / s)
+        assert torch.backends.cpu.get_cpu_capability() == "AVX2" and mkl_branch() == 3
+        b.exp()
+    """)
+    assert "NumericsError: numerics: portable: torch.exp runs on MKL's vector maths" in done.stderr
+
+
+def test_a_pin_set_after_torch_computed_is_refused():
+    done = python("""
+        import torch
+        torch.ones(2) + 1
+        from incofl.numerics import activate, pin
+        pin("portable")
+        activate("portable")
+    """)
+    assert "torch was imported before ATEN_CPU_CAPABILITY=avx2 was set" in done.stderr
+
+
+def test_the_cli_refuses_an_environment_that_overrides_a_pin(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "incofl.cli", "train", "--out", str(tmp_path / "run"), "--set", "numerics=portable"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ATEN_CPU_CAPABILITY": "avx512"},
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "incofl train: error: numerics: portable, but the environment sets ATEN_CPU_CAPABILITY=avx512 "
+        "(portable numerics need ATEN_CPU_CAPABILITY=avx2)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_pins_are_environment_variables_of_portable_runs_only():
+    assert environment("native") == {} and conflicts("native", {"MKL_CBWR": "AVX512"}) == []
+    assert environment("portable") == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
+    assert conflicts("portable", {"MKL_CBWR": "compatible", "ATEN_CPU_CAPABILITY": "AVX2"}) == []
+
+
+def test_a_portable_run_on_cuda_is_refused():
+    with pytest.raises(ConfigError, match="numerics: portable pins CPU kernels"):
+        load_run_config(None, {"numerics": "portable", "device": "cuda"})
