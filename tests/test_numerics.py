@@ -81,3 +81,28 @@ def test_pins_are_environment_variables_of_portable_runs_only():
 def test_a_portable_run_on_cuda_is_refused():
     with pytest.raises(ConfigError, match="numerics: portable pins CPU kernels"):
         load_run_config(None, {"numerics": "portable", "device": "cuda"})
+
+
+def test_a_process_without_the_pins_refuses_a_portable_run_and_stays_as_it_was():
+    """The test process computed before any pin: a portable run (the server's engine, a node's
+    client) is refused, and nothing in this process changed (its other tests run native)."""
+    import torch
+
+    from incofl.config import RunConfig
+    from incofl.fl.engine.engine import run_device
+    from incofl.numerics import NumericsError
+
+    with pytest.raises(NumericsError, match="numerics: portable cannot hold here"):
+        run_device(RunConfig(numerics="portable", progress=False))
+    assert torch.backends.mkldnn.enabled and torch.ones(3).exp().equal(torch.full((3,), torch.e).float())
+
+
+def test_federation_up_starts_its_processes_with_the_pins_and_refuses_an_override(tmp_path, monkeypatch):
+    from incofl.deploy.local import Processes
+    from incofl.numerics import NumericsError
+
+    assert Processes(tmp_path / "a", "portable").env.items() >= environment("portable").items()
+    assert "MKL_CBWR" not in Processes(tmp_path / "b").env or "MKL_CBWR" in os.environ
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    with pytest.raises(NumericsError, match="--numerics portable, but the environment sets MKL_CBWR=AVX2"):
+        Processes(tmp_path / "c", "portable")

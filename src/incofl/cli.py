@@ -148,6 +148,7 @@ def cmd_federation_up(args: argparse.Namespace) -> int:
         Path(args.certificates) if args.certificates else None,
         args.insecure,
         Path(args.logs) if args.logs else None,
+        args.numerics,
     )
     try:
         return up(fed)
@@ -443,7 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sites", required=True, help="the folder of the site data files (incofl federation export)")
     p.add_argument(
-        "--port", type=int, default=9092, help="the SuperLink's port; the nodes listen on the ports after it"
+        "--port",
+        type=int,
+        default=9092,
+        help="the sites' port (the Fleet API only); the Control and Runtime APIs listen on the next one, on "
+        "loopback, and the nodes on the ports after it",
     )
     p.add_argument("--connection", default="incofl-local", help="the connection added to Flower's config for flwr run")
     p.add_argument(
@@ -458,6 +463,13 @@ def build_parser() -> argparse.ArgumentParser:
         "registered): any node may claim any client and traffic is plain; a trusted loopback test only",
     )
     p.add_argument("--logs", help="the folder of each process's log (default: SITES/logs)")
+    p.add_argument(
+        "--numerics",
+        choices=("native", "portable"),
+        default="native",
+        help="the CPU kernels of every process it starts (docs/workflow.md): a run's numerics must be these, "
+        "or its server and nodes refuse it",
+    )
     p.set_defaults(func=cmd_federation_up)
     p = sub.add_parser("train", help="run (or resume) one federated training run")
     _add_run_config(p)

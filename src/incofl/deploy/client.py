@@ -34,7 +34,7 @@ from incofl.deploy.server import EvalJob, TrainJob
 from incofl.deploy.sitedata import load_site, test_sha256
 from incofl.fl.contracts import ClientUpdate
 from incofl.fl.engine.checkpoint import semantic_config
-from incofl.fl.engine.engine import Engine, resolve_device
+from incofl.fl.engine.engine import Engine, run_device
 from incofl.fl.engine.fingerprint import state_sha256
 from incofl.fl.stages.client import KEPT
 from incofl.fl.stages.evaluation import Scores
@@ -112,7 +112,7 @@ class SiteClient:
         self.test_sha256 = test_sha256(data)
         # the engine seeds the models' initialisation: the caller's random stream is left as it was
         with torch.random.fork_rng(devices=[]):
-            self.engine = Engine(cfg, data, partition, resolve_device(cfg.device))
+            self.engine = Engine(cfg, data, partition, run_device(cfg))
         self.states = NodeState(Path(state_dir) / run_key(cfg) / f"client{client}", cfg.checkpoint_every)
         self.fresh = self.engine.store.state_dict()  # a client before its first round: it keeps nothing
 

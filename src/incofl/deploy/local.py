@@ -47,6 +47,7 @@ import numpy as np
 
 from incofl.config import ConfigError
 from incofl.deploy.credentials import check_private, private_folder
+from incofl.numerics import Numerics, NumericsError, conflicts, environment
 
 CONNECTION = "incofl-local"  # the connection `flwr run` names
 # FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the processes up starts, unless set (Flower's: 1 s). Each SuperExec asks
@@ -65,6 +66,7 @@ class LocalFederation:
     certificates: Path | None = None  # one's own; default: <sites>/certificates, made
     insecure: bool = False
     logs: Path | None = None
+    numerics: Numerics = "native"  # the kernels of every process started (incofl.numerics)
 
     @property
     def keys(self) -> Path:
@@ -175,12 +177,15 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> N
 class Processes:
     """The started processes (in this process's group: a kill of the group ends them too)."""
 
-    def __init__(self, logs: Path):
+    def __init__(self, logs: Path, numerics: Numerics = "native"):
         self.logs, self.procs = private_folder(logs), []
         # Flower starts its own helpers (flwr-serverapp, flwr-clientapp) from PATH; each SuperExec and
         # executor looks for a message to run every TASK_POLL seconds (Flower's default: 1)
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         self.env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(TASK_POLL), **os.environ, "PATH": path}
+        if bad := conflicts(numerics, self.env):  # the server and nodes pin before torch is imported
+            raise NumericsError(f"--numerics {numerics}, but the environment sets {', '.join(bad)}")
+        self.env.update(environment(numerics))
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(os.open(self.logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")  # noqa: SIM115
@@ -215,7 +220,7 @@ def up(fed: LocalFederation) -> int:
     sites = fed.site_files()
     check_ports(fed.port, 2 + len(sites))
     tls = fed.tls()
-    procs = Processes(fed.logs or fed.sites / "logs")
+    procs = Processes(fed.logs or fed.sites / "logs", fed.numerics)
     stop = {"signal": 0}
 
     def interrupted(signum: int, _frame: object) -> None:
