@@ -38,7 +38,7 @@ $(BIN)/.installed: pyproject.toml
 # leaves as they are. Rerun, Snakemake does only what is missing. It ends with the verdict of
 # `incofl compare` on the rerun against the committed runs (docs/workflow.md, "Did my rerun
 # reproduce?"): a cell not reproduced (its exit code 1) fails make; an inconclusive verdict (exit
-# code 3: another kind of CPU, evidence neither way) is reported and is not an error of make.
+# code 3: bits that cannot match, e.g. another torch build, and evidence neither way) is reported and is not an error of make.
 run: $(BIN)/.installed
 	$(BIN)/snakemake --cores $(CORES) --directory $(RUN_DIR) --config experiment=$(CURDIR)/config/config.yaml
 	$(BIN)/incofl compare $(RUN_DIR)/results/runs results/runs || [ $$? -eq 3 ]
