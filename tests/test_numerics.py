@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from incofl.config import ConfigError, load_run_config
-from incofl.numerics import conflicts, environment
+from incofl.numerics import PORTABLE_ENV, conflicts, environment
 
 
 def python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -19,7 +19,7 @@ def python(code: str, env: dict[str, str] | None = None) -> subprocess.Completed
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**{k: v for k, v in os.environ.items() if k not in PORTABLE_ENV}, **(env or {})},
         timeout=300,
     )
 
@@ -106,3 +106,16 @@ def test_federation_up_starts_its_processes_with_the_pins_and_refuses_an_overrid
     monkeypatch.setenv("MKL_CBWR", "AVX2")
     with pytest.raises(NumericsError, match="--numerics portable, but the environment sets MKL_CBWR=AVX2"):
         Processes(tmp_path / "c", "portable")
+
+
+def test_a_pin_in_a_process_that_imported_torch_leaves_its_environment_alone(monkeypatch):
+    """An in-process `incofl train` of a portable config (as the CLI tests run it) must not pin
+    every process the tests start after it: the variables would pin nothing here anyway."""
+    import torch  # noqa: F401
+
+    from incofl.numerics import pin
+
+    for key in PORTABLE_ENV:
+        monkeypatch.delenv(key, raising=False)
+    pin("portable")
+    assert not PORTABLE_ENV.keys() & os.environ.keys()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -64,7 +65,8 @@ def pin(mode: Numerics) -> None:
     A variable the environment sets to another value is refused, not overridden: the user set it."""
     if bad := conflicts(mode):
         raise NumericsError(f"numerics: portable, but the environment sets {', '.join(bad)}")
-    os.environ.update(environment(mode))
+    if "torch" not in sys.modules:  # else they would pin nothing here, only the child processes
+        os.environ.update(environment(mode))
 
 
 def activate(mode: Numerics) -> None:
