@@ -15,6 +15,8 @@ start it (flower-supernode with Flower's own SuperExec; its key registered with
 - a node speaking the Fleet API itself with its registered key cannot push past the gate's caps;
 - client 1's flower-supernode SIGKILLed mid-round: with `allow-missing` the run ends without it;
 - then runs whose ClientApp raises leave up's warm executor serving the next;
+- and a reply up's node refuses (its ClientApp here: federation_executor_app.py) fails its task
+  only, and the warm executor serves the node's next message;
 - once stopped, no process any of this started is left (a /proc scan, recorded while it ran).
 """
 
@@ -214,6 +216,7 @@ def deployment(tmp_path_factory):
         "FLWR_HOME": str(root / "flwr-home"),
         "PYTHONPATH": str(REPO / "src"),
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "INCOFL_EXECUTOR_TEST_APP": f"{REPO / 'tests' / 'federation_executor_app.py'}:app",  # incofl's, but one push
     }
     config = write_config(root, **DEPLOYED)
     sites, elsewhere = root / "sites", root / "elsewhere"
@@ -450,6 +453,43 @@ def test_an_app_that_raises_fails_its_run_and_the_warm_executor_serves_on(deploy
     assert "partition_seed" in log.read_text()
     executor = [pid for pid, cmd in deployment.started.commands.items() if "incofl.deploy.executor" in cmd]
     assert len(executor) == 1 and _stat(executor[0]) is not None  # the same process, still running
+
+
+def test_a_push_the_node_refuses_fails_its_task_and_the_warm_executor_serves_on(deployment):
+    """Once client 1's node is gone (each run ends at identify, join-timeout): a run whose identify
+    reply on up's node claims another run (federation_executor_app.py), which Flower's SuperNode
+    refuses (403, raised by Flower's HTTP retry as RunNotRunningException, a BaseException). The
+    executor logs it as that task's failure and pushes an error reply in its place, which the node
+    sends on; then the next run's identify is served and answered by the same executor, and up
+    runs on. Before, the exception ended the executor, and up with it."""
+    from federation_executor_app import FAILING
+
+    log = deployment.root / "sites" / "logs" / "executor0.log"
+    node = deployment.root / "sites" / "logs" / "supernode0.log"
+    failed, start = log.read_text().count("Failed to push the reply"), len(node.read_text())
+    deployment.flwr_run(deployment.root / FAILING, **{"join-timeout": 5})
+    deployment.wait_for(log, timeout=120, text="Failed to push the reply", count=failed + 1)
+    deployment.flwr_run(deployment.root / "after-push-fails", **{"join-timeout": 5})
+    # on the node, in order: Flower's refusal ("Run ID in message does not match authenticated task's
+    # run ID"), the error reply sent in its place, the next run's identify received and answered
+    steps = ("ApiError:3014", "Sent successfully", "Receiving: query.identify", "Sent successfully")
+    deadline = time.monotonic() + 120
+    while not _in_order(node.read_text()[start:], steps):
+        assert time.monotonic() < deadline and deployment.up.poll() is None, node.read_text()[start:]
+        time.sleep(0.2)
+    text = log.read_text()
+    assert "RunNotRunningException" in text and text.count("Failed to push the reply") == failed + 1
+    executor = [pid for pid, cmd in deployment.started.commands.items() if "incofl.deploy.executor" in cmd]
+    assert len(executor) == 1 and _stat(executor[0]) is not None and deployment.up.poll() is None
+
+
+def _in_order(text: str, marks: tuple[str, ...]) -> bool:
+    at = 0
+    for mark in marks:
+        if (at := text.find(mark, at)) < 0:
+            return False
+        at += len(mark)
+    return True
 
 
 def test_once_stopped_no_process_it_started_is_left(deployment):

@@ -11,19 +11,31 @@ context), with incofl's own ClientApp (`incofl.deploy.clientapp.app`): no app bu
 or loaded, so this node runs incofl's code only, whatever app a `flwr run` names. Its imports and
 the client built for a run (`clientapp._sites`) stay between messages: a message pays its
 training, not a fresh process's torch import and engine build (docs/performance.md, Flower).
-A task that fails in any way (its app raising, even SystemExit; a reply that cannot be pushed)
-fails that task only, logged, and the next is served; its heartbeat and connection are released
-whatever happens. It exits when the node (`--parent-pid`) does. It refuses, in one line (exit 2),
-any Flower but 1.42.0 and an FLWR_SUPEREXEC_TASK_POLL_INTERVAL outside Flower's own bounds.
+A task that fails in any way (its app raising, even SystemExit; a reply that cannot be pushed,
+even when Flower's HTTP retry turns the refusal into its RunNotRunningException, a BaseException)
+fails that task only, logged, and the next is served; a reply the node refused is replaced by an
+error reply (Flower's node makes one only for a task whose token expired, not for a failed one: it
+would wait for a reply, and take no other message, for ever), and where that fails too the task is
+left to expire; its heartbeat and connection are released whatever happens. It exits when the node
+(`--parent-pid`) does. It refuses, in one line (exit 2), any Flower but 1.42.0 and an
+FLWR_SUPEREXEC_TASK_POLL_INTERVAL outside Flower's own bounds.
 Written against Flower 1.42.0's SuperExec and `flwr-clientapp`
 (supercore/superexec/run_superexec.py, supernode/runtime/run_clientapp.py).
+
+Tests only: where this process's own environment sets INCOFL_EXECUTOR_TEST_APP to `FILE.py:NAME`,
+that ClientApp runs in place of incofl's (tests/federation_executor_app.py wraps incofl's to make
+one reply's push fail: tests/test_federation_deploy.py). The environment is the operator's, which
+`up` passes on: nothing a site's data, a message or a run's config holds can set it.
 """
 
 # ruff: noqa: E402 (Flower's version is checked before its internals are imported)
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import time
+from collections.abc import Callable
 from logging import ERROR
 from pathlib import Path
 
@@ -48,6 +60,7 @@ from flwr.supercore.interceptors import (
     SuperExecAuthHttpInterceptor,
 )
 from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.run import RunNotRunningException
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.superexec.run_superexec import _get_task_poll_interval
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
@@ -56,6 +69,24 @@ from incofl.deploy.clientapp import app
 from incofl.deploy.credentials import check_private
 
 ACQUIRE = frozenset({"/flwr.proto.Runtime/AcquireTask"})  # the method the secret signs (Flower's SuperExec's)
+TEST_APP = "INCOFL_EXECUTOR_TEST_APP"  # tests only: the module docstring
+# What fails a task, never this process: Flower's helpers exit through SystemExit, and its HTTP retry
+# raises RunNotRunningException (a BaseException) on a 403, e.g. a reply the node refuses.
+FAILURES = (Exception, SystemExit, RunNotRunningException)
+ClientAppFn = Callable[..., Message]
+
+
+def load_app(ref: str | None) -> ClientAppFn:
+    """incofl's ClientApp, or the test's one that `ref` (`FILE.py:NAME`, TEST_APP) names."""
+    if not ref:
+        return app
+    path, _, name = ref.rpartition(":")
+    spec = importlib.util.spec_from_file_location("incofl_executor_test_app", path)
+    if spec is None or spec.loader is None or not name:
+        raise ValueError(f"{TEST_APP}={ref}: not FILE.py:NAME")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
 
 
 def runtime_client(address: str, *interceptors: object) -> RuntimeHttpClient:
@@ -70,7 +101,7 @@ def runtime_client(address: str, *interceptors: object) -> RuntimeHttpClient:
     )
 
 
-def run_task(address: str, token: str) -> None:
+def run_task(address: str, token: str, client_app: ClientAppFn = app) -> None:
     """One ClientApp task, in this process: its message through incofl's ClientApp, the reply and
     the context pushed back, the task's status last; the heartbeat and the client are released
     whatever happens (a task that raised leaves no thread or connection behind)."""
@@ -78,41 +109,54 @@ def run_task(address: str, token: str) -> None:
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
     try:
         heartbeat.start()
-        context, status, details = run_message(client)
-        push_task_output(client=client, context=context, sub_status=status, details=details)  # logs HTTP errors
+        context, status, details = run_message(client, client_app)
+        if status:
+            push_task_output(client=client, context=context, sub_status=status, details=details)  # logs HTTP errors
+        else:  # no reply reached the node: its token expires once the heartbeat stops, and the node answers
+            log(ERROR, "No reply reached the node; the task is left to expire: %s", details)
     finally:
         heartbeat.stop()
         client.close()
 
 
-def run_message(client: RuntimeHttpClient) -> tuple[Context | None, str, str]:
+def run_message(client: RuntimeHttpClient, client_app: ClientAppFn = app) -> tuple[Context | None, str, str]:
     """Pull the task's message, run incofl's ClientApp on it, push the reply: (context, status,
     details). An exception becomes an error reply and a failed task, as in flwr-clientapp; a reply
-    that cannot be pushed fails the task (the node then reports it), never this process."""
+    that cannot be pushed fails the task, never this process, and an error reply goes in its place
+    (the node's loop waits for a reply to its message: Flower's node makes none for a failed
+    ClientApp task, only for one whose token expired); if that cannot be pushed either, status is
+    '' (the task is left to expire)."""
     message = context = reply = None
     status, details = SubStatus.FAILED, "ClientApp task failed"
     try:
         message, context, _run, _fab = pull_task_input(client)  # the app bundle is not used: see the docstring
-        reply = app(message=message, context=context)
+        reply = client_app(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
-    except (Exception, SystemExit) as ex:  # noqa: BLE001 (the server gets the error, the node goes on)
+    except FAILURES as ex:  # noqa: BLE001 (the server gets the error, the node goes on)
         log(ERROR, "ClientApp raised an exception", exc_info=ex)
         details = f"{type(ex)}:<'{ex}'>"
         if message is not None:
             reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details), reply_to=message)
+    if message is None or reply is None or context is None:
+        return context, status, details
     try:
-        if reply is not None and context is not None:
-            push_message(client, reply, context)
-    except (Exception, SystemExit) as ex:  # noqa: BLE001
+        push_message(client, reply, context)
+    except FAILURES as ex:  # noqa: BLE001
         log(ERROR, "Failed to push the reply", exc_info=ex)
         status, details = SubStatus.FAILED, f"pushing the reply: {type(ex)}:<'{ex}'>"
+        try:  # a fresh one, answering the message as Flower makes it: the node forwards it, then takes the next
+            error = Error(code=ErrorCode.REPLY_MESSAGE_UNAVAILABLE, reason=details)
+            push_message(client, Message(error, reply_to=message), context)
+        except FAILURES as again:  # noqa: BLE001
+            log(ERROR, "Failed to push an error reply in its place", exc_info=again)
+            status = ""
     return context, status, details
 
 
-def serve(address: str, secret: bytes, poll: float) -> None:
+def serve(address: str, secret: bytes, poll: float, client_app: ClientAppFn = app) -> None:
     """Ask the node for ClientApp tasks until interrupted; run each as it comes. A task that fails
-    in any way is logged and the next one served (SystemExit included: Flower's helpers exit
-    through it); only KeyboardInterrupt, the node gone (`--parent-pid`), ends this loop."""
+    in any way is logged and the next one served (FAILURES: SystemExit and RunNotRunningException
+    included); only KeyboardInterrupt, the node gone (`--parent-pid`), ends this loop."""
     client = runtime_client(address, SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=ACQUIRE))
     request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
     try:
@@ -125,8 +169,8 @@ def serve(address: str, secret: bytes, poll: float) -> None:
                 continue
             if res.HasField("task") and res.token:
                 try:
-                    run_task(address, res.token)
-                except (Exception, SystemExit) as ex:  # noqa: BLE001
+                    run_task(address, res.token, client_app)
+                except FAILURES as ex:  # noqa: BLE001
                     log(ERROR, "ClientApp task %d failed; serving the next", res.task.task_id, exc_info=ex)
                 continue  # the next message may be waiting already
             time.sleep(poll)
@@ -148,9 +192,10 @@ def main(argv: list[str] | None = None) -> None:
         secret = load_superexec_auth_secret(str(check_private(Path(args.superexec_auth_secret_file)))) or b""
     except (OSError, ValueError) as err:  # missing, unreadable, empty or readable by others: one line
         parser.error(f"--superexec-auth-secret-file: {err}")
+    client_app = load_app(os.environ.get(TEST_APP))
     start_parent_process_monitor(args.parent_pid)  # SIGINT to this process once the node is gone
     try:
-        serve(args.runtime_api_address, secret, poll)
+        serve(args.runtime_api_address, secret, poll, client_app)
     except KeyboardInterrupt:
         pass
 
