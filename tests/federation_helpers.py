@@ -44,8 +44,8 @@ def write_config(folder: Path, **settings: Any) -> Path:
 
 def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
     """Every client's data file (with the test split where the run needs it); the node configs that point at them."""
-    from incofl.deploy.server import tested_on_nodes
     from incofl.deploy.sitedata import export_client
+    from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     data = dataset_for(cfg)
     partition = partition_for(cfg, data)
@@ -66,9 +66,9 @@ def signed_sites(cfg: RunConfig, folder: Path) -> tuple[list[dict[str, int | str
 
     from incofl.deploy.credentials import node_key
     from incofl.deploy.inprocess import FIRST_NODE
-    from incofl.deploy.server import tested_on_nodes
     from incofl.deploy.signing import private_key, server_key
     from incofl.deploy.sitedata import export_client
+    from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     keys = folder / "keys"
     server = server_key(keys)[1].read_bytes()

@@ -13,7 +13,9 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import make_partition, partition_for
 from incofl.data.sources import load_dataset
 from incofl.fl.contracts import State
-from incofl.fl.engine.engine import KEPT, Engine
+from incofl.fl.engine.assembly import assemble
+from incofl.fl.engine.engine import Engine, simulator
+from incofl.fl.stages.client import KEPT
 
 
 def small_synthetic(n_train: int, n_test: int = 32) -> ImageDataset:
@@ -40,12 +42,15 @@ def engine_on(data: ImageDataset, **settings: Any) -> Engine:
         client_samples=cfg.client_samples,
         shard_classes=cfg.shard_classes,
     )
-    return Engine(cfg, data, part, torch.device("cpu"))
+    return simulator(assemble(cfg, data, part, torch.device("cpu")))
 
 
 def kept_by(engine: Engine) -> dict[int, State]:
     """What each client keeps (ClientPlan.keep), from the engine's client store."""
-    return {client: engine.store.get(KEPT, client) for client in engine.store.clients(KEPT)}
+    return {
+        client: engine.transport.clients.store.get(KEPT, client)
+        for client in engine.transport.clients.store.clients(KEPT)
+    }
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -66,18 +71,18 @@ def seen(data: ImageDataset, n_train: int | None = None, n_test: int | None = No
 
 def learned(engine: Engine, rounds: int = 1) -> dict[str, float]:
     """Runs `rounds` rounds and checks that they trained (`assert_learned`); the last evaluation."""
-    start, before = engine.fingerprint(), engine.evaluate()["mean_loss"]
+    start, before = engine.fingerprint(), engine.evaluate(0)["mean_loss"]
     for round_ in range(rounds):
         engine.observe(engine.run_round(round_))
-    row = engine.evaluate()
+    row = engine.evaluate(rounds)
     assert_learned(start, engine.fingerprint(), before, row["mean_loss"])
     return row
 
 
 def assert_trained(summary: dict[str, Any], cfg: RunConfig, data: ImageDataset) -> None:
     """A finished run (incofl.fl.engine.run.train's summary on `data`) against its untrained start."""
-    start = Engine(cfg, data, partition_for(cfg, data), torch.device("cpu"))
-    assert_learned(start.fingerprint(), summary["state_sha256"], start.evaluate()["mean_loss"], summary["final_loss"])
+    start = simulator(assemble(cfg, data, partition_for(cfg, data), torch.device("cpu")))
+    assert_learned(start.fingerprint(), summary["state_sha256"], start.evaluate(0)["mean_loss"], summary["final_loss"])
 
 
 def assert_learned(start: str, end: str, before: float, after: float) -> None:
@@ -85,3 +90,8 @@ def assert_learned(start: str, end: str, before: float, after: float) -> None:
     aggregator fails both. Score on `seen` data, so that the loss is a training loss."""
     assert end != start, "training left the weights as they were"
     assert after < before, f"training did not lower the loss: {before:.4f} -> {after:.4f}"
+
+
+def client_model(engine: Engine, client: int, group: int) -> State:
+    """The weights of a client's model: its group's global weights with what it keeps (the client side's)."""
+    return engine.transport.clients.runner.overlay(client, engine.server.sub_state(group))

@@ -90,11 +90,11 @@ def test_probes_see_each_client_as_it_trained(data):
     client's trained model, so the state a probe sees must equal it exactly."""
     engine = engine_on(data, method="FedAvg", **{**SMALL, "clients": 2, "analyses": {"cka_rounds": [1]}})
     seen = []
-    engine.observers[-1].see_clients = lambda round_, trained: seen.extend(trained)
+    engine.server.observers[-1].see_clients = lambda round_, trained: seen.extend(trained)
     engine.run_round(0)
     assert [t.client for t in seen] == [0, 1]
     for t in seen:
-        for name, value in engine.sub_state(t.group).items():
+        for name, value in engine.server.sub_state(t.group).items():
             assert torch.equal(t.state[name], value), name
 
 
@@ -102,8 +102,8 @@ def test_cka_rows_cover_every_pair_and_shared_probe_point(data):
     engine = engine_on(data, method="HeteroAvg", **{**SMALL, "analyses": {"cka_rounds": [1], "probe_samples": 16}})
     report = engine.run_round(0)
     engine.observe(report)
-    rows = pd.DataFrame(engine.observers[-1].rows)
-    probe = engine.observers[-1]
+    rows = pd.DataFrame(engine.server.observers[-1].rows)
+    probe = engine.server.observers[-1]
     assert len(rows.groupby(["client_a", "client_b"])) == 6  # 4 clients, all pairs, none with itself
     for _, pair in rows.groupby(["client_a", "client_b"]):
         shared = [p for p in probe.points[pair.group_a.iloc[0]] if p in probe.points[pair.group_b.iloc[0]]]
@@ -128,8 +128,8 @@ def test_update_histograms_count_every_weight_and_show_the_inco_step(data):
     for method in ("HeteroAvg", "InCoAvg"):
         engine = engine_on(data, method=method, **{**SMALL, "analyses": {"gradient_rounds": [1]}})
         engine.run_round(0)
-        rows = pd.DataFrame(engine.observers[-1].rows)
-        server = engine.server_model.state_dict()
+        rows = pd.DataFrame(engine.server.observers[-1].rows)
+        server = engine.server.server_model.state_dict()
         sums = rows.groupby(["layer", "which"])["count"].sum()
         for (layer, _), total in sums.items():
             assert total == server[layer].numel()
@@ -145,7 +145,7 @@ def test_update_histograms_count_every_weight_and_show_the_inco_step(data):
 def test_tsne_rows_one_client_per_listed_group(data):
     engine = engine_on(data, method="HeteroAvg", **{**SMALL, "analyses": {**ALL, "cka_rounds": [], "tsne_rounds": [1]}})
     report = engine.run_round(0)
-    rows = pd.DataFrame(engine.observers[-1].rows)
+    rows = pd.DataFrame(engine.server.observers[-1].rows)
     labels = data.y_test
     per_class = [min(4, int((labels == c).sum())) for c in (0, 1)]
     assert list(rows.groupby("client").size()) == [sum(per_class)] * 2

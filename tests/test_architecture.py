@@ -81,3 +81,16 @@ def test_the_check_finds_what_it_looks_for():
     assert {"fedlag", "heterofl", "incoavg", "fedrolex", "scalefl", "resnet110", "preresnet18", "vitd8"} <= set(
         FORBIDDEN
     )
+
+
+def test_one_engine_two_transports_no_subclass():
+    """The simulator and a Flower federation run the same Engine, Server and client side: nothing
+    in the package subclasses them (a transport is the only difference; docs/architecture.md)."""
+    src = FL.parent
+    subclasses = [
+        f"{path.relative_to(src)}:{number}: {line.strip()}"
+        for path in sorted(src.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.match(r"\s*class \w+\((Engine|Server|Clients|RoundFold)\b", line)
+    ]
+    assert subclasses == []

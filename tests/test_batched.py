@@ -57,7 +57,7 @@ def data():
 
 def round_updates(data, trainer: str, **settings):
     engine = engine_on(data, **{**BASE, **settings, "trainer": trainer})
-    return engine.runner.train_round(0, engine.plan(0), engine.start)
+    return engine.transport.clients.runner.train_round(0, engine.server.plan(0), engine.server.start)
 
 
 def assert_same_updates(serial, batched):
@@ -135,8 +135,8 @@ def test_bf16_autocast_trains_side_by_side_as_the_serial_trainer_does(data):
     def flat_deltas(trainer: str, autocast: bool) -> list[torch.Tensor]:
         settings = {"trainer": trainer, "local_epochs": 1, "batch_size": 128, "ratio": 0.5}  # 2 clients side by side
         engine = engine_on(data, **{**BASE, **settings})
-        engine.runner.trainer.autocast = autocast
-        updates = engine.runner.train_round(0, engine.plan(0), engine.start)
+        engine.transport.clients.runner.trainer.autocast = autocast
+        updates = engine.transport.clients.runner.train_round(0, engine.server.plan(0), engine.server.start)
         return [torch.cat([d.flatten() for _, d in sorted(u.delta.items()) if d.is_floating_point()]) for u in updates]
 
     fp32, serial, batched = flat_deltas("serial", False), flat_deltas("serial", True), flat_deltas("batched", True)

@@ -92,10 +92,13 @@ def test_the_work_said_before_a_run_is_what_it_trains():
         batch_size=16,
         local_epochs=2,
     )
-    work = Work(engine, 1)  # a run resumed after round 1
-    trained = [engine.run_round(t).samples for t in range(engine.cfg.rounds)]
+    work = Work(engine.server, 1)  # a run resumed after round 1
+    trained = [engine.run_round(t).samples for t in range(engine.server.cfg.rounds)]
     assert work.round_passes == trained[1:] and work.passes == sum(trained[1:])
-    smallest, largest = (training_flops(m.eval(), *engine.train_data.batch(torch.arange(2))) for m in engine.models)
+    smallest, largest = (
+        training_flops(m.eval(), *engine.server.assembly.train_data.batch(torch.arange(2)))
+        for m in engine.server.models
+    )
     assert smallest < largest == work.largest
     assert smallest * work.passes <= work.flops <= largest * work.passes
     assert work.time_line(2.0).endswith(

@@ -16,7 +16,7 @@ from helpers import QUIET, engine_on, kept_by, small_synthetic
 
 from incofl.cli import user_errors
 from incofl.config import RunConfig
-from incofl.deploy.client import NodeState
+from incofl.deploy.client import SavedStores
 from incofl.fl.engine import checkpoint
 from incofl.fl.engine.run import train
 from incofl.fl.stages.clientstore import ClientStateError, ClientStore
@@ -112,7 +112,7 @@ def test_without_a_folder_spills_to_a_temporary_one_and_checkpoints_every_state(
     assert files(tmp_path) == {"s-0-1.pt"} and value(store, 0) == 1.0
     unlimited = ClientStore()
     unlimited.load_state_dict(saved)
-    assert value(unlimited, 0) == 1.0 and unlimited.scratch is None
+    assert value(unlimited, 0) == 1.0 and unlimited.spill_dir is None
 
 
 # --- damaged, planted and unwritable files: refused, one line naming the file ---------------------
@@ -176,7 +176,7 @@ def test_a_spill_on_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatc
 
 
 def test_a_node_state_on_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch):
-    states = NodeState(tmp_path / "client0", checkpoint_every=1)
+    states = SavedStores(tmp_path / "client0", RunConfig(checkpoint_every=1))
     monkeypatch.setattr(torch, "save", _full_disk_save(torch.save))
     with pytest.raises(OSError) as err:
         states.save(2, {"states": {}})
@@ -215,8 +215,12 @@ TINY = {
 
 def _fingerprints(engine) -> tuple[str, dict]:
     """The weights' hash (with kept entries) and every client's stored states."""
-    spaces = {space for space, _ in engine.store.entries}
-    return engine.fingerprint(), {(s, c): engine.store.get(s, c) for s in spaces for c in engine.store.clients(s)}
+    spaces = {space for space, _ in engine.transport.clients.store.entries}
+    return engine.fingerprint(), {
+        (s, c): engine.transport.clients.store.get(s, c)
+        for s in spaces
+        for c in engine.transport.clients.store.clients(s)
+    }
 
 
 @pytest.mark.slow
@@ -229,7 +233,9 @@ def test_a_tiny_budget_computes_what_unlimited_memory_does(data, method, setting
             engine.run_round(round_)
         runs.append(engine)
     (h0, stored0), (h1, stored1) = (_fingerprints(e) for e in runs)
-    assert runs[0].store.used == 0 and runs[1].store.scratch is None  # all on disk / all in memory
+    assert (
+        runs[0].transport.clients.store.used == 0 and runs[1].transport.clients.store.spill_dir is None
+    )  # all on disk / all in memory
     assert h0 == h1 and stored0.keys() == stored1.keys() and stored0
     for key, s in stored0.items():
         assert s.keys() == stored1[key].keys() and all(torch.equal(v, stored1[key][k]) for k, v in s.items())

@@ -124,16 +124,19 @@ def test_checkpoint_from_other_settings_is_refused(tmp_path, synthetic, other):
 def test_client_update_is_a_real_difference(synthetic, tmp_path):
     """The released code's CPU bug (state_dict sharing storage) makes every delta zero."""
     from incofl.data.partition import make_partition
-    from incofl.fl.engine.engine import Engine
+    from incofl.fl.engine.assembly import assemble
+    from incofl.fl.engine.engine import simulator
 
     cfg = load_run_config(_cfg(tmp_path), {"method": "HeteroAvg"})
     part = make_partition(synthetic.y_train, kind="iid", num_clients=6, alpha=1.0, seed=0)
-    engine = Engine(cfg, synthetic, part, torch.device("cpu"))
-    before = {k: v.clone() for k, v in engine.states[0].items()}
-    update = engine.runner.trainer.train_client(0, engine.planner.plan(0, 5), engine.sub_state(1), engine.objective)
+    engine = simulator(assemble(cfg, synthetic, part, torch.device("cpu")))
+    before = {k: v.clone() for k, v in engine.server.weights[0].items()}
+    update = engine.transport.clients.runner.trainer.train_client(
+        0, engine.server.planner.plan(0, 5), engine.server.sub_state(1), engine.server.objective
+    )
     assert update.group == 1 and update.steps == int(np.ceil(len(part.parts[5]) / 32))
     assert max(d.abs().max().item() for d in update.delta.values()) > 0
-    assert all(torch.equal(before[k], engine.states[0][k]) for k in before)  # global untouched by training
+    assert all(torch.equal(before[k], engine.server.weights[0][k]) for k in before)  # global untouched by training
 
 
 @pytest.mark.slow

@@ -115,22 +115,23 @@ def test_tiny_alpha_leaves_fedavgs_local_step_and_the_server_applies_1_plus_p_ov
     the BN statistics. With the default alpha the steps differ: the check has teeth."""
     dyn = engine_on(data, method="FedDyn", method_args={"alpha": 1e-9}, **SMALL)
     avg, real = engine_on(data, method="FedAvg", **SMALL), engine_on(data, method="FedDyn", **SMALL)
-    initial = [{k: v.clone() for k, v in s.items()} for s in dyn.states]
+    initial = [{k: v.clone() for k, v in s.items()} for s in dyn.server.weights]
     for round_ in range(2):
-        for plan in dyn.plan(round_):
-            start = dyn.sub_state(plan.group)
+        for plan in dyn.server.plan(round_):
+            start = dyn.server.sub_state(plan.group)
             ours, theirs, far = (
-                e.runner.trainer.train_client(round_, plan, start, e.objective) for e in (dyn, avg, real)
+                e.transport.clients.runner.trainer.train_client(round_, plan, start, e.server.objective)
+                for e in (dyn, avg, real)
             )
             assert _deltas_close(ours.delta, theirs.delta, rtol=1e-4, atol=1e-7)
             assert not _deltas_close(far.delta, theirs.delta, rtol=1e-4, atol=1e-7)
         if round_ == 0:
             dyn.run_round(0), avg.run_round(0)
-    sampled = [dyn.planner.plan(0, int(c)).group for c in dyn.schedule[0]]
-    for group, (ours, theirs, start) in enumerate(zip(dyn.states, avg.states, initial, strict=True)):
-        params = {name for name, _ in dyn.models[group].named_parameters()}
+    sampled = [dyn.server.planner.plan(0, int(c)).group for c in dyn.server.schedule[0]]
+    for group, (ours, theirs, start) in enumerate(zip(dyn.server.weights, avg.server.weights, initial, strict=True)):
+        params = {name for name, _ in dyn.server.models[group].named_parameters()}
         share = sampled.count(group) / 2  # |P| / m
-        assert set(dyn.post[0].h.get(group, {})) == (params if share else set())
+        assert set(dyn.server.post[0].h.get(group, {})) == (params if share else set())
         for name, w in ours.items():
             expected = start[name] + (1 + share) * (theirs[name] - start[name]) if name in params else theirs[name]
             assert torch.allclose(w, expected, rtol=1e-4, atol=1e-6), name

@@ -48,8 +48,8 @@ EQUAL = {name: federated(name) for name in sorted(METHODS)} | {
 
 
 def test_codec_round_trip_is_exact():
-    from incofl.deploy.codec import read_train, read_update, train_content, update_content
-    from incofl.deploy.server import ExpectedUpdate, TrainJob
+    from incofl.deploy.codec import job_content, read_job, read_update, update_content
+    from incofl.fl.engine.exchange import ExpectedUpdate, TrainJob
 
     gen = torch.Generator().manual_seed(0)
     start = {"w": torch.randn(3, 4, generator=gen), "n": torch.tensor(7)}
@@ -57,10 +57,10 @@ def test_codec_round_trip_is_exact():
     plan = ClientPlan(
         3, 1, 0, 4, trainable=frozenset({"w"}), keep=frozenset({"n"}), last_grad=True, view=View(1, index, 0.25)
     )
-    round_, job = read_train(train_content(5, TrainJob(plan, start, {"c": start["w"] * 2}, "ab12")), "cpu")
+    job = read_job(TrainJob, job_content(TrainJob(5, plan, start, {"c": start["w"] * 2}, "ab12")), "cpu")
     back, got, broadcast = job.plan, job.start, job.broadcast
     assert (
-        round_ == 5
+        job.round == 5
         and job.state_sha256 == "ab12"
         and (back.client, back.group, back.federation, back.federation_size) == (3, 1, 0, 4)
     )
@@ -100,7 +100,7 @@ def test_flower_path_equals_the_simulator(tmp_path, case):
 
 
 def test_static_bn_of_the_width_models_is_refused_by_name():
-    from incofl.deploy.server import check_federated
+    from incofl.deploy.serverapp import check_federated
 
     with pytest.raises(ConfigError, match="method HeteroFL cannot run .*eval_bn: static gathers BN statistics"):
         check_federated(RunConfig(dataset="digits", method="HeteroFL", models=["preresnet18"]))
@@ -221,8 +221,8 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
     with its node back, the same command resumes and ends with the simulator's weights, though
     the other nodes' clients (SCAFFOLD's c_i, FedPer's personal layers) had trained round 2 already."""
     from incofl.deploy.inprocess import InProcessGrid
-    from incofl.deploy.server import MissingClients
     from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.fl.engine.exchange import MissingClients
 
     lost = _scheduled(1)[0]
     config = write_config(tmp_path, methods=[method], **settings)
@@ -250,8 +250,8 @@ def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from
     import shutil
 
     from incofl.deploy.inprocess import InProcessGrid
-    from incofl.deploy.server import MissingClients
     from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.fl.engine.exchange import MissingClients
 
     config = write_config(tmp_path, methods=["SCAFFOLD"], rounds=4)
     cfg = load_run_config(config)
@@ -271,17 +271,77 @@ def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from
         serve(InProcessGrid(nodes, apps={_node_of(wiped): forgetful}), settings)
 
 
+def test_a_run_and_its_nodes_share_one_rule_of_the_checkpointed_rounds():
+    """A stopped run resumes from the last round `checkpointed` (the server's Run writes them) before
+    the round it stopped in: `last_checkpoint`, which a node reads to keep what it may be asked for."""
+    from incofl.fl.engine.checkpoint import checkpointed, last_checkpoint
+
+    for every, rounds in ((1, 5), (2, 7), (3, 9), (5, 5)):
+        cfg = RunConfig(checkpoint_every=every, rounds=rounds)
+        for round_ in range(1, rounds + 1):
+            written = [r for r in range(1, round_) if checkpointed(r, cfg)]
+            assert last_checkpoint(round_, cfg) == max(written, default=0)
+        assert not checkpointed(rounds, cfg)  # a finished run is marked by summary.json
+
+
+def test_the_apps_run_config_defaults_are_its_settings():
+    """flower-app/pyproject.toml repeats AppSettings' defaults for `flwr run`: one set of numbers."""
+    import tomllib
+
+    from incofl.deploy.serverapp import AppSettings
+
+    app = tomllib.loads((Path(__file__).resolve().parents[1] / "flower-app" / "pyproject.toml").read_text())["tool"][
+        "flwr"
+    ]["app"]["config"]
+    settings = AppSettings.of({**app, "out": "x", "insecure": True})
+    assert (settings.round_timeout, settings.join_timeout, settings.allow_missing) == (
+        AppSettings.round_timeout,
+        AppSettings.join_timeout,
+        AppSettings.allow_missing,
+    )
+    assert (app["round-timeout"], app["join-timeout"], app["allow-missing"]) == (
+        AppSettings.round_timeout,
+        AppSettings.join_timeout,
+        AppSettings.allow_missing,
+    )
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"bn_stats": "local"},
+        {"method": "FedPer", "holdout": 0.2},
+        {"method": "FedPer", "holdout": 0.2, "pool_test": True},
+    ],
+)
+def test_the_clients_whose_sites_need_the_test_split_are_the_layouts(settings):
+    """`incofl federation export --test` asks it of the clients whose models the layout scores on
+    the test split where the client is (Layout.on_client): one rule, read two ways."""
+    from incofl.fl.engine.assembly import assemble
+    from incofl.fl.stages.layout import TEST, tested_on_clients
+
+    cfg = RunConfig(
+        **{"dataset": "digits", "progress": False, "clients": 4, "models": ["resnet10", "resnet14"], **settings}
+    )
+    data = dataset_for(cfg)
+    layout = assemble(cfg, data, partition_for(cfg, data), torch.device("cpu")).layout
+    there = [job.client for job in layout.client_evals() if job.split == TEST and layout.on_client(job)]
+    assert tested_on_clients(cfg) == there
+
+
 def test_a_node_keeps_the_states_a_checkpoint_of_the_server_can_resume_from(tmp_path):
     """Saved after rounds 1, 2, 4, 5 with checkpoints every 2 rounds: the state after round 2
     (the checkpoint at 4 resumes from it for a client that did not train in 3 or 4) is kept
     until one at or before a later checkpoint replaces it; a resumed round reads the last state before it."""
-    from incofl.deploy.client import NodeState
+    from incofl.deploy.client import SavedStores
 
-    states = NodeState(tmp_path / "client0", checkpoint_every=2)
+    every2 = RunConfig(checkpoint_every=2)
+    states = SavedStores(tmp_path / "client0", every2)
     for round_ in (1, 2, 4, 5):
         states.save(round_, {"round": torch.tensor(round_)})
     assert states.rounds() == [4, 5]  # the checkpoint before round 5 is round 4's
-    states = NodeState(tmp_path / "client1", checkpoint_every=2)
+    states = SavedStores(tmp_path / "client1", every2)
     for round_ in (1, 2, 3):
         states.save(round_, {"round": torch.tensor(round_)})
     assert states.rounds() == [2, 3]  # round 3's checkpoint to resume from is round 2's
@@ -332,8 +392,8 @@ def test_export_writes_one_clients_samples_and_refuses_a_client_out_of_range(tmp
 
 def test_export_without_client_writes_every_clients_file_with_the_test_split_where_the_run_needs_it(tmp_path):
     from incofl.cli import run
-    from incofl.deploy.server import tested_on_nodes
     from incofl.deploy.sitedata import load_site
+    from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     config = write_config(tmp_path, methods=["FedPer"], holdout=0.2)
     assert run(["federation", "export", "--config", str(config), "--out", str(tmp_path / "sites")]) == 0
@@ -346,7 +406,7 @@ def test_export_without_client_writes_every_clients_file_with_the_test_split_whe
 
 def test_federation_up_refuses_bad_input_in_one_line_before_starting_anything(tmp_path, monkeypatch, capsys):
     from incofl.cli import run
-    from incofl.deploy.local import add_connection
+    from incofl.deploy.up import add_connection
 
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
     (tmp_path / "empty").mkdir()
@@ -399,7 +459,8 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
 
     from incofl.deploy.credentials import node_key
     from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
-    from incofl.deploy.serverapp import AppSettings, Identity, serve
+    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.transport import Identity
 
     config = write_config(tmp_path, rounds=1)
     sites, pems = signed_sites(load_run_config(config), tmp_path)
@@ -418,7 +479,7 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
     assert f"node {impostor} says it is client 0: refused: node {impostor}'s key is not client 0's" in caplog.text
     assert f"identify: node {stranger}: the node's ClientApp failed: RuntimeError: no data here" in caplog.text
     assert json.loads((tmp_path / "federation" / "federation.json").read_text())["nodes"]["0"] == impostor + 1
-    Identity.load(grid, AppSettings(str(config), {}, tmp_path), len(sites), 1)
+    Identity.load(grid, None, None, len(sites), 1)
     assert "no node-keys: any node may claim any client" in caplog.text
 
 
@@ -427,7 +488,9 @@ def test_the_codec_maps_every_field_of_the_plan_and_the_update_by_its_type():
     fails loudly at its first message (never silently left behind)."""
     from dataclasses import dataclass, fields
 
-    from incofl.deploy.codec import CodecError, plan_records, read_plan, update_metrics
+    from flwr.app import RecordDict
+
+    from incofl.deploy.codec import CodecError, decode_fields, encode_fields, update_metrics
 
     @dataclass(frozen=True)
     class Planned(ClientPlan):
@@ -438,9 +501,9 @@ def test_the_codec_maps_every_field_of_the_plan_and_the_update_by_its_type():
         rate: complex = 0j
 
     plan = Planned(3, 1, 0, 4, trainable=frozenset({"w"}), keep=frozenset({"n"}), last_grad=True, epochs=7)
-    assert read_plan(*plan_records(plan), cls=Planned) == plan
+    assert decode_fields(Planned, RecordDict(encode_fields(plan, "plan")), "plan", "cpu") == plan
     with pytest.raises(CodecError, match="Odd.rate: no encoding for its type complex"):
-        plan_records(Odd(3, 1, 0, 4))
+        encode_fields(Odd(3, 1, 0, 4), "plan")
 
     @dataclass
     class Counted(ClientUpdate):

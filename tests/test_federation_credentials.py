@@ -1,5 +1,5 @@
 """What `incofl federation up` and `export --keys` secure a federation with (deploy/credentials.py,
-local.py): private keys that no other user can read at any moment, node keys made once, a
+up.py): private keys that no other user can read at any moment, node keys made once, a
 server certificate the CA signs for 127.0.0.1, and a start-up line that says what is secured
 and who can run code. Fast: nothing is started."""
 
@@ -14,7 +14,7 @@ if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
 from incofl.deploy import credentials  # noqa: E402
-from incofl.deploy.local import LocalFederation, startup_line  # noqa: E402
+from incofl.deploy.up import LocalFederation, startup_line  # noqa: E402
 
 
 @pytest.fixture
@@ -89,8 +89,8 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
     from federation_helpers import write_config
 
     from incofl.config import ConfigError, load_run_config
-    from incofl.deploy.local import Processes
     from incofl.deploy.sitedata import load_site
+    from incofl.deploy.up import Processes
 
     config = write_config(tmp_path, clients=2, ratio=1.0, rounds=1)
     from incofl.cli import run as incofl

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import engine_on, kept_by, small_synthetic
+from helpers import client_model, engine_on, kept_by, small_synthetic
 
 from incofl.cli import run
 from incofl.data.dataset import ImageDataset
@@ -64,7 +64,7 @@ def test_conflicts_count_pairs_below_xi_and_a_zero_vector_has_cosine_zero():
 @pytest.mark.slow
 def test_top_k_are_the_most_conflicting_entries_ties_in_model_order(data, monkeypatch):
     engine = _engine(data, "FedLAG", method_args={"top_k": 3, "warmup": 2})
-    planner = engine.planner
+    planner = engine.server.planner
     scores = np.zeros(len(planner.entries), dtype=np.int64)
     scores[[7, 2, 5, 9]] = [4, 6, 6, 1]
     rounds = iter([scores // 2, scores - scores // 2])  # the counts of the two warm-up rounds add up
@@ -75,8 +75,8 @@ def test_top_k_are_the_most_conflicting_entries_ties_in_model_order(data, monkey
 
 
 def test_warmup_defaults_to_half_the_rounds_up_to_30_plus_one(data):
-    assert _engine(data, "FedLAG").planner.warmup == 4  # 6 // 2 + 1
-    assert _engine(data, "FedLAG", rounds=800).planner.warmup == 31
+    assert _engine(data, "FedLAG").server.planner.warmup == 4  # 6 // 2 + 1
+    assert _engine(data, "FedLAG", rounds=800).server.planner.warmup == 31
 
 
 # --- personal tensors ----------------------------------------------------------------------------
@@ -85,16 +85,18 @@ def test_warmup_defaults_to_half_the_rounds_up_to_30_plus_one(data):
 @pytest.mark.slow
 def test_personal_tensors_are_never_uploaded_or_overwritten(data):
     engine = _run(_engine(data, "FedLAG", method_args={"warmup": 2, "top_k": 2}), 2)
-    personal = engine.planner.personal
-    assert len(personal) == 2 and engine.planner.scores.sum() > 0 and kept_by(engine) == {}  # warm-up: nothing kept
-    server = {k: engine.states[0][k].clone() for k in personal}
+    personal = engine.server.planner.personal
+    assert (
+        len(personal) == 2 and engine.server.planner.scores.sum() > 0 and kept_by(engine) == {}
+    )  # warm-up: nothing kept
+    server = {k: engine.server.weights[0][k].clone() for k in personal}
     report = engine.run_round(2)
-    assert all(torch.equal(engine.states[0][k], v) for k, v in server.items())  # the server's never move
-    uploaded = sum(p.numel() for n, p in engine.models[0].named_parameters() if n not in personal)
+    assert all(torch.equal(engine.server.weights[0][k], v) for k, v in server.items())  # the server's never move
+    uploaded = sum(p.numel() for n, p in engine.server.models[0].named_parameters() if n not in personal)
     assert report.upload_bytes == 4 * 4 * uploaded  # 4 clients x fp32 x the shared parameters
     for c in range(4):  # each keeps its own, and starts its next round from it
         assert set(personal) <= set(kept_by(engine)[c])
-        start = engine.client_state(c, 0)
+        start = client_model(engine, c, 0)
         assert all(torch.equal(start[k], kept_by(engine)[c][k]) for k in personal)
         assert not all(torch.equal(kept_by(engine)[c][k], server[k]) for k in personal)
     assert not any(torch.equal(kept_by(engine)[0][k], kept_by(engine)[1][k]) for k in personal)
@@ -104,7 +106,7 @@ def test_personal_tensors_are_never_uploaded_or_overwritten(data):
 def test_top_k_zero_is_weighted_fedavg_with_personal_evaluation(data):
     lag = _run(_engine(data, "FedLAG", method_args={"top_k": 0, "warmup": 2}), 4)
     avg = _run(_engine(data, "FedAvg", method_args={"weighted": True}), 4)
-    assert lag.fingerprint() == avg.fingerprint() and lag.evaluate() == avg.evaluate()
+    assert lag.fingerprint() == avg.fingerprint() and lag.evaluate(4) == avg.evaluate(4)
 
 
 @pytest.mark.slow
@@ -115,24 +117,26 @@ def test_resume_restores_personal_state_and_the_choice(data):
     resumed = _engine(data, "FedLAG", method_args=args)
     resumed.load_state_dict(first.state_dict())
     resumed.observe(resumed.run_round(3))
-    assert resumed.planner.personal == straight.planner.personal
-    assert resumed.fingerprint() == straight.fingerprint() and resumed.evaluate() == straight.evaluate()
+    assert resumed.server.planner.personal == straight.server.planner.personal
+    assert resumed.fingerprint() == straight.fingerprint() and resumed.evaluate(4) == straight.evaluate(4)
 
 
 @pytest.mark.slow
 def test_released_variant_trains_locally_after_warmup(data):
     engine = _run(_engine(data, "FedLAG", method_args={"warmup": 2, "broadcast": False}), 2)
-    server = {k: v.clone() for k, v in engine.states[0].items()}
+    server = {k: v.clone() for k, v in engine.server.weights[0].items()}
     report = engine.run_round(2)
-    assert report.upload_bytes == 0 and all(torch.equal(engine.states[0][k], v) for k, v in server.items())
-    assert set(kept_by(engine)[0]) == set(engine.models[0].state_dict())
+    assert report.upload_bytes == 0 and all(torch.equal(engine.server.weights[0][k], v) for k, v in server.items())
+    assert set(kept_by(engine)[0]) == set(engine.server.models[0].state_dict())
 
 
 @pytest.mark.slow
 def test_local_never_uploads_and_fedper_keeps_the_head(data):
     local = _engine(data, "Local")
-    server = {k: v.clone() for k, v in local.states[0].items()}
-    assert local.run_round(0).upload_bytes == 0 and all(torch.equal(local.states[0][k], v) for k, v in server.items())
+    server = {k: v.clone() for k, v in local.server.weights[0].items()}
+    assert local.run_round(0).upload_bytes == 0 and all(
+        torch.equal(local.server.weights[0][k], v) for k, v in server.items()
+    )
     fedper = _engine(data, "FedPer")
     fedper.run_round(0)
     assert set(kept_by(fedper)[0]) == {"fc.weight", "fc.bias"}
@@ -160,22 +164,26 @@ def test_personal_accuracy_is_micro_averaged_over_each_clients_model(data):
     engine = _run(_engine(data, "FedPer"), 2)
     correct, total, accs = 0.0, 0, []
     for c in range(4):
-        model = engine.models[0]
-        model.load_state_dict(engine.client_state(c, 0))
-        acc = score(model, engine.train_data, 1000, indices=torch.from_numpy(engine.held_out[c])).accuracy()
-        correct += acc * len(engine.held_out[c]) / 100
-        total += len(engine.held_out[c])
+        model = engine.server.models[0]
+        model.load_state_dict(client_model(engine, c, 0))
+        acc = score(
+            model, engine.server.assembly.train_data, 1000, indices=torch.from_numpy(engine.server.assembly.held_out[c])
+        ).accuracy()
+        correct += acc * len(engine.server.assembly.held_out[c]) / 100
+        total += len(engine.server.assembly.held_out[c])
         accs.append(acc)
-    scores = engine.evaluate()
+    scores = engine.evaluate(1)
     assert scores["personal_acc"] == pytest.approx(100 * correct / total)
     assert scores["personal_acc_std"] == pytest.approx(np.std(accs))
-    assert sum(len(h) for h in engine.held_out) == 32 and all(len(p) == 24 for p in engine.parts)  # 32 a client, 8 out
+    assert sum(len(h) for h in engine.server.assembly.held_out) == 32 and all(
+        len(p) == 24 for p in engine.server.assembly.parts
+    )  # 32 a client, 8 out
 
 
 def test_without_a_test_set_the_personal_accuracy_is_the_runs(data):
     empty = ImageDataset("synthetic", data.x_train, data.y_train, data.x_test[:0], data.y_test[:0])
     engine = _engine(empty, "FedAvg")
-    scores = engine.evaluate()
+    scores = engine.evaluate(0)
     assert scores["mean_acc"] == scores["personal_acc"] == scores["acc_g0"]
 
 

@@ -15,7 +15,8 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.fl.contracts import Setup
-from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.assembly import assemble
+from incofl.fl.engine.engine import simulator
 from incofl.fl.methods.fedpart import plan as fedpart_module
 from incofl.fl.methods.fedpart.plan import PartPlanner
 from incofl.fl.methods.inco.step import InCoLog, InCoStep
@@ -53,7 +54,7 @@ def data():
 def _engine(data, method, **settings):
     cfg = RunConfig(**{**TINY, "method": method, **settings})
     parts = iid_partition(len(data.y_train), cfg.clients, seed=0)
-    return Engine(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu"))
+    return simulator(assemble(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu")))
 
 
 def _planner(models=("resnet8",), seed=0, **args):
@@ -74,7 +75,7 @@ def _run(engine, rounds):
 
 
 def _same_states(a, b):
-    return all(torch.equal(x[k], y[k]) for x, y in zip(a.states, b.states, strict=True) for k in x)
+    return all(torch.equal(x[k], y[k]) for x, y in zip(a.server.weights, b.server.weights, strict=True) for k in x)
 
 
 # --- ResNet-8 and the layer groups ---------------------------------------------------------------
@@ -277,13 +278,15 @@ def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data
     the global ones, and the result is the release's loop (every parameter requires grad, the
     optimizer holds the group only); BN statistics of frozen layers move in both (train mode)."""
     engine = _engine(data, "FedPart", method_args={"warmup": 0, "rounds_per_group": 1})
-    cfg, round_, client = engine.cfg, 3, 1
-    plan = engine.planner.plan(round_, client)
-    start = {k: v.clone() for k, v in engine.sub_state(0).items()}
-    update = engine.runner.trainer.train_client(round_, plan, engine.sub_state(0), engine.objective)
-    trained = engine.models[0].state_dict()
+    cfg, round_, client = engine.server.cfg, 3, 1
+    plan = engine.server.planner.plan(round_, client)
+    start = {k: v.clone() for k, v in engine.server.sub_state(0).items()}
+    update = engine.transport.clients.runner.trainer.train_client(
+        round_, plan, engine.server.sub_state(0), engine.server.objective
+    )
+    trained = engine.server.models[0].state_dict()
     assert plan.trainable == {"layer2.0.conv1.weight", "layer2.0.bn1.weight", "layer2.0.bn1.bias"}
-    for name, _ in engine.models[0].named_parameters():
+    for name, _ in engine.server.models[0].named_parameters():
         assert torch.equal(trained[name], start[name]) != (name in plan.trainable), name
     assert not torch.equal(trained["bn1.running_mean"], start["bn1.running_mean"])  # frozen BN, train mode
     assert set(update.delta) == plan.upload and not update.full
@@ -300,7 +303,9 @@ def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data
         cfg.weight_decay,
     )
     gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, client))
-    batches = client_batches(engine.train_data, engine.parts[client], cfg.local_epochs, cfg.batch_size, gen)
+    batches = client_batches(
+        engine.server.assembly.train_data, engine.server.assembly.parts[client], cfg.local_epochs, cfg.batch_size, gen
+    )
     for x, y in batches:
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(release(x), y).backward()
@@ -315,8 +320,8 @@ def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data
 @pytest.mark.slow
 def test_one_cycle_costs_7_25_of_the_uploads_and_55_75_of_the_compute(data):
     """ResNet-8, W = 5, R = 2, G = 10: the poster's -72% upload and -27% compute, exactly."""
-    part = _run(_engine(data, "FedPart", batch_size=32), 25).costs.totals()  # a step a client and round
-    full = _run(_engine(data, "FedAvg", batch_size=32), 25).costs.totals()
+    part = _run(_engine(data, "FedPart", batch_size=32), 25).server.costs.totals()  # a step a client and round
+    full = _run(_engine(data, "FedAvg", batch_size=32), 25).server.costs.totals()
     assert full["upload_bytes"] == 25 * 2 * 4 * 1_235_274  # rounds x clients x fp32 x parameters
     assert part["upload_bytes"] * 25 == full["upload_bytes"] * 7
     assert part["compute_units"] * 75 == full["compute_units"] * 55
@@ -341,29 +346,30 @@ def test_a_single_layer_group_is_fedavg_bit_for_bit(data, monkeypatch):
     monkeypatch.setattr(fedpart_module, "layer_groups", one_group)
     part = _run(_engine(data, "FedPart", method_args={"warmup": 0}), 3)
     full = _run(_engine(data, "FedAvg"), 3)
-    assert not part.planner.plan(0, 0).full and _same_states(part, full)
-    assert part.costs.totals()["upload_bytes"] == full.costs.totals()["upload_bytes"]
+    assert not part.server.planner.plan(0, 0).full and _same_states(part, full)
+    assert part.server.costs.totals()["upload_bytes"] == full.server.costs.totals()["upload_bytes"]
 
 
 @pytest.mark.parametrize("method", ["FedPart", "FedPartProx", "FedPartMOON", "InCoPart"])
 def test_a_partial_round_changes_only_the_scheduled_group(data, method):
     engine = _engine(data, method, method_args={"warmup": 1, "rounds_per_group": 1, "order": "reverse"})
     engine.run_round(0)  # full: MOON's clients now have previous models
-    before = {k: v.clone() for k, v in engine.states[0].items()}
+    before = {k: v.clone() for k, v in engine.server.weights[0].items()}
     engine.run_round(1)  # the head (with MOON's projection head)
-    head = layer_groups(engine.models[0])[-1]
-    changed = {k for k, v in engine.states[0].items() if not torch.equal(v, before[k])}
+    head = layer_groups(engine.server.models[0])[-1]
+    changed = {k for k, v in engine.server.weights[0].items() if not torch.equal(v, before[k])}
     assert changed == head.params  # a head has no BN statistics
     assert any(k.startswith("proj.") for k in changed) == (method == "FedPartMOON")
 
 
 def test_heterogeneous_groups_train_their_counterparts(data):
     engine = _engine(data, "FedPart", models=["resnet10", "resnet14"], method_args={"warmup": 0, "rounds_per_group": 1})
-    round_ = engine.planner.keys.index("layer3.1.conv1")
-    before = [{k: v.clone() for k, v in s.items()} for s in engine.states]
+    round_ = engine.server.planner.keys.index("layer3.1.conv1")
+    before = [{k: v.clone() for k, v in s.items()} for s in engine.server.weights]
     engine.run_round(round_)
     changed = [
-        {k for k, v in s.items() if not torch.equal(v, b[k])} for s, b in zip(engine.states, before, strict=True)
+        {k for k, v in s.items() if not torch.equal(v, b[k])}
+        for s, b in zip(engine.server.weights, before, strict=True)
     ]
     assert changed[0] == {
         f"layer3.0.{n}" for n in ("conv1.weight", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var")
@@ -379,7 +385,7 @@ def test_resumed_engine_equals_uninterrupted(data):
     resumed.load_state_dict(first.state_dict())
     for t in (2, 3):
         resumed.observe(resumed.run_round(t))
-    assert _same_states(straight, resumed) and straight.costs.rows == resumed.costs.rows
+    assert _same_states(straight, resumed) and straight.server.costs.rows == resumed.server.costs.rows
 
 
 def test_fedpart_on_vits_is_refused_when_the_config_is_validated():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import QUIET, engine_on, kept_by, small_synthetic
+from helpers import QUIET, client_model, engine_on, kept_by, small_synthetic
 
 from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.partition import PartitionError, check_provenance, iid_draw_partition, make_partition
@@ -92,39 +92,41 @@ def test_bn_statistics_are_every_batchnorm_buffer():
 @pytest.mark.parametrize("method", ["FedAvg", "FedPart"])
 def test_local_statistics_never_reach_the_server_and_return_to_their_client(data, method):
     engine = _engine(data, method, method_args={"warmup": 1} if method == "FedPart" else {})
-    stats = bn_statistics(engine.models[0])
-    initial = {k: engine.states[0][k].clone() for k in stats}
+    stats = bn_statistics(engine.server.models[0])
+    initial = {k: engine.server.weights[0][k].clone() for k in stats}
     for t in range(3):
         engine.run_round(t)
-    assert all(torch.equal(engine.states[0][k], v) for k, v in initial.items())  # the server's never move
-    trained = {int(c) for t in range(3) for c in engine.schedule[t]}
+    assert all(torch.equal(engine.server.weights[0][k], v) for k, v in initial.items())  # the server's never move
+    trained = {int(c) for t in range(3) for c in engine.server.schedule[t]}
     assert set(kept_by(engine)) == trained and all(set(kept) == stats for kept in kept_by(engine).values())
-    client = int(engine.schedule[3][0])
-    plan = engine.planner.plan(3, client)
+    client = int(engine.server.schedule[3][0])
+    plan = engine.server.planner.plan(3, client)
     assert not any(plan.uploads(k) for k in stats)
-    start = engine.client_state(client, 0)
+    start = client_model(engine, client, 0)
     expected = kept_by(engine).get(client, initial)
     assert all(torch.equal(start[k], expected[k]) for k in stats)  # its next round starts from its own
-    assert all(torch.equal(start[k], engine.states[0][k]) for k in start if k not in stats)
+    assert all(torch.equal(start[k], engine.server.weights[0][k]) for k in start if k not in stats)
 
 
 def test_evaluation_uses_the_first_clients_statistics(data):
     engine = _engine(data, ratio=1.0)
     engine.run_round(0)
-    model = engine.models[0]
-    model.load_state_dict({**engine.states[0], **kept_by(engine)[0]})
-    ours = score(model, engine.test_data, 1000)
-    assert engine.evaluate()["acc_g0"] == ours.accuracy()
-    model.load_state_dict({**engine.states[0], **kept_by(engine)[1]})
-    assert score(model, engine.test_data, 1000).mean_loss() != ours.mean_loss()  # client 1's statistics differ
+    model = engine.server.models[0]
+    model.load_state_dict({**engine.server.weights[0], **kept_by(engine)[0]})
+    ours = score(model, engine.server.assembly.test_data, 1000)
+    assert engine.evaluate(1)["acc_g0"] == ours.accuracy()
+    model.load_state_dict({**engine.server.weights[0], **kept_by(engine)[1]})
+    assert (
+        score(model, engine.server.assembly.test_data, 1000).mean_loss() != ours.mean_loss()
+    )  # client 1's statistics differ
 
 
 def test_averaged_statistics_keep_nothing(data):
     engine = _engine(data, bn_stats="averaged")
-    before = engine.states[0]["bn1.running_mean"].clone()
+    before = engine.server.weights[0]["bn1.running_mean"].clone()
     engine.run_round(0)
-    assert kept_by(engine) == {} and engine.planner.plan(0, 0).keep == frozenset()
-    assert not torch.equal(engine.states[0]["bn1.running_mean"], before)  # averaged into the server's
+    assert kept_by(engine) == {} and engine.server.planner.plan(0, 0).keep == frozenset()
+    assert not torch.equal(engine.server.weights[0]["bn1.running_mean"], before)  # averaged into the server's
 
 
 def test_resume_restores_what_clients_keep(data):

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from incofl.models.family import build_model, exit_count, exit_logits
 from incofl.models.flops import forward_flops
 from incofl.models.preresnet import preresnet18
 from incofl.models.resnet110 import resnet110
@@ -128,6 +129,15 @@ def _blocks(model: nn.Module) -> dict[int, int]:
     """Blocks per stage, from the state-dict names."""
     names = {tuple(k.split(".")[:2]) for k in model.state_dict() if k.startswith("layer")}
     return {s: sum(n[0] == f"layer{s}" for n in names) for s in (1, 2, 3)}
+
+
+def test_a_models_exit_count_is_the_logits_its_forward_returns(levels):
+    """What the server expects of a client's scores (one entry per exit) without running the model."""
+    x = torch.randn(2, 3, 32, 32)
+    for model in [*levels.values(), build_model("resnet10", 10, 3, scale=0.25)]:
+        model.eval()
+        assert exit_count(model) == len(exit_logits(model(x)))
+    assert [exit_count(m) for m in levels.values()] == [1, 2, 3, 4]
 
 
 def test_resnet110_levels_are_nested(levels):

@@ -17,7 +17,8 @@ from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup
-from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.assembly import assemble
+from incofl.fl.engine.engine import simulator
 from incofl.fl.engine.run import train
 from incofl.fl.methods.fednova.normalize import NovaNormalize, normalizer
 from incofl.fl.methods.inco.step import InCoStep
@@ -67,7 +68,7 @@ def data(tmp_path_factory):
 def _engine(data, method, **settings):
     cfg = RunConfig(**{**TINY, "method": method, **settings})
     parts = iid_partition(len(data.y_train), cfg.clients, seed=0)  # 400 / 4: 100 samples, 4 steps each
-    return Engine(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu"))
+    return simulator(assemble(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu")))
 
 
 def _hp(method, **args):
@@ -75,12 +76,14 @@ def _hp(method, **args):
 
 
 def _train_client(engine, round_, client):
-    plan = engine.planner.plan(round_, client)
-    return engine.runner.trainer.train_client(round_, plan, engine.sub_state(plan.group), engine.objective)
+    plan = engine.server.planner.plan(round_, client)
+    return engine.transport.clients.runner.trainer.train_client(
+        round_, plan, engine.server.sub_state(plan.group), engine.server.objective
+    )
 
 
 def _states_equal(a, b):
-    return all(torch.equal(x[k], y[k]) for x, y in zip(a.states, b.states, strict=True) for k in x)
+    return all(torch.equal(x[k], y[k]) for x, y in zip(a.server.weights, b.server.weights, strict=True) for k in x)
 
 
 # --- the registry and the models --------------------------------------------------------------
@@ -123,14 +126,14 @@ def test_projection_head_only_when_asked_and_nested():
 
 def test_method_args_reach_the_objective_and_the_model(data):
     engine = _engine(data, "MOON", method_args={"projection_dim": 32, "mu": 1.0})
-    assert engine.objective.hp.model_dump() == {
+    assert engine.server.objective.hp.model_dump() == {
         "mu": 1.0,
         "temperature": 0.5,
         "pool_size": 1,
         "projection_dim": 32,
         "weighted": False,
     }
-    assert engine.models[0].proj[2].out_features == 32
+    assert engine.server.models[0].proj[2].out_features == 32
 
 
 # --- FedProx --------------------------------------------------------------------------------
@@ -213,7 +216,9 @@ def test_fednova_with_equal_steps_and_weights_is_fedavg(data):
     assert _states_equal(fednova, weighted)  # the same sample-weighted mean, bit for bit
     fednova = _engine(data, "FedNova", ratio=1.0)
     fednova.run_round(0)
-    for a, b in zip(fedavg.states, fednova.states, strict=True):  # and FedAvg's plain mean up to rounding
+    for a, b in zip(
+        fedavg.server.weights, fednova.server.weights, strict=True
+    ):  # and FedAvg's plain mean up to rounding
         assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
 
 
@@ -223,22 +228,22 @@ def test_fednova_with_equal_steps_and_weights_is_fedavg(data):
 @pytest.mark.slow
 def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
     fedavg, scaffold = _engine(data, "FedAvg"), _engine(data, "SCAFFOLD")
-    sampled = [int(c) for c in scaffold.schedule[0]]
+    sampled = [int(c) for c in scaffold.server.schedule[0]]
     # FedAvg's local models from the same start: c_i+ = 0 - 0 + (w_global - w_i) / (tau_i * lr)
     expected = {}
     for client in sampled:
         update = _train_client(fedavg, 0, client)
-        params = dict(fedavg.models[update.group].named_parameters())
+        params = dict(fedavg.server.models[update.group].named_parameters())
         expected[client] = (update.group, {k: -update.delta[k] / (update.steps * 1e-3) for k in params})
     fedavg.run_round(0)
     scaffold.run_round(0)
     assert _states_equal(fedavg, scaffold)
     for client, (_group, c_i) in expected.items():
-        stored = scaffold.store.get("scaffold", client)
+        stored = scaffold.transport.clients.store.get("scaffold", client)
         assert c_i.keys() == stored.keys()
         assert all(torch.allclose(stored[k], v, rtol=1e-5, atol=1e-6) for k, v in c_i.items())
     # groupwise: one c per group, c = (1/K_g) * sum over the group's sampled clients, K_g = 2 clients per group
-    for group, c in scaffold.objective.c.items():
+    for group, c in scaffold.server.objective.c.items():
         members = [e for e in expected.values() if e[0] == group]
         assert members and c.keys() == members[0][1].keys()
         assert all(torch.allclose(v, sum(m[1][k] for m in members) / 2, rtol=1e-5, atol=1e-6) for k, v in c.items())
@@ -248,8 +253,8 @@ def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
 def test_inco_scaffold_keeps_one_c_on_the_server_names_over_all_clients(data):
     engine = _engine(data, "InCoScaffold")
     engine.run_round(0)
-    ((state, c),) = engine.objective.c.items()
-    c_local = [engine.store.get("scaffold", int(i)) for i in engine.schedule[0]]
+    ((state, c),) = engine.server.objective.c.items()
+    c_local = [engine.transport.clients.store.get("scaffold", int(i)) for i in engine.server.schedule[0]]
     held = set().union(*(c_i.keys() for c_i in c_local))
     assert state == 0 and set(c) == held
     k = "fc.weight"
@@ -323,8 +328,8 @@ def test_method_lowers_the_training_loss(data, method):
     engine = _engine(data, method, models=["resnet10"], ratio=1.0)
 
     def train_loss():
-        engine.models[0].load_state_dict(engine.sub_state(0))
-        return score(engine.models[0], engine.train_data, 400).mean_loss()
+        engine.server.models[0].load_state_dict(engine.server.sub_state(0))
+        return score(engine.server.models[0], engine.server.assembly.train_data, 400).mean_loss()
 
     before = train_loss()
     for t in range(3):  # later rounds use SCAFFOLD's variates and MOON's previous models
@@ -346,17 +351,17 @@ def test_every_table2_method_trains_a_round(tmp_path, data, method):
 
 def _client_session(engine, client):
     """A model of its own, a session, an optimizer and the batches of one client in round 1."""
-    plan = engine.planner.plan(1, client)
-    start = engine.sub_state(plan.group)
-    model = copy.deepcopy(engine.models[plan.group])
+    plan = engine.server.planner.plan(1, client)
+    start = engine.server.sub_state(plan.group)
+    model = copy.deepcopy(engine.server.models[plan.group])
     model.load_state_dict(start)
     model.train()
     ctx = ClientContext(
         client, plan.group, 1, model, start, 1e-3, federation=plan.federation, federation_size=plan.federation_size
     )
     gen = torch.Generator().manual_seed(client)
-    batches = list(client_batches(engine.train_data, engine.parts[client], 1, 32, gen))
-    return engine.objective.session(ctx), torch.optim.Adam(model.parameters(), lr=1e-3), batches, start
+    batches = list(client_batches(engine.server.assembly.train_data, engine.server.assembly.parts[client], 1, 32, gen))
+    return engine.server.objective.session(ctx), torch.optim.Adam(model.parameters(), lr=1e-3), batches, start
 
 
 def _finish(session, start, n):
@@ -381,7 +386,8 @@ def test_two_clients_trained_interleaved_equal_in_sequence(data, method):
                     if i < len(batches):
                         train_step(session, optimizer, *batches[i])
             updates = [
-                _finish(s, start, len(engine.parts[c])) for c, (s, _, _, start) in zip(clients, opened, strict=True)
+                _finish(s, start, len(engine.server.assembly.parts[c]))
+                for c, (s, _, _, start) in zip(clients, opened, strict=True)
             ]
         else:
             updates = []
@@ -389,11 +395,11 @@ def test_two_clients_trained_interleaved_equal_in_sequence(data, method):
                 session, optimizer, batches, start = _client_session(engine, c)
                 for x, y in batches:
                     train_step(session, optimizer, x, y)
-                updates.append(_finish(session, start, len(engine.parts[c])))
+                updates.append(_finish(session, start, len(engine.server.assembly.parts[c])))
         for update in updates:
-            engine.objective.server_add(update)
-        engine.objective.server_round_end()
-        return updates, engine.objective.state_dict()
+            engine.server.objective.server_add(update)
+        engine.server.objective.server_round_end()
+        return updates, engine.server.objective.state_dict()
 
     (seq_updates, seq_state), (int_updates, int_state) = run(False), run(True)
     for a, b in zip(seq_updates, int_updates, strict=True):

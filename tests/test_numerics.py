@@ -89,7 +89,7 @@ def test_a_process_without_the_pins_refuses_a_portable_run_and_stays_as_it_was()
     import torch
 
     from incofl.config import RunConfig
-    from incofl.fl.engine.engine import run_device
+    from incofl.fl.engine.device import run_device
     from incofl.numerics import NumericsError
 
     with pytest.raises(NumericsError, match="numerics: portable cannot hold here"):
@@ -98,7 +98,7 @@ def test_a_process_without_the_pins_refuses_a_portable_run_and_stays_as_it_was()
 
 
 def test_federation_up_starts_its_processes_with_the_pins_and_refuses_an_override(tmp_path, monkeypatch):
-    from incofl.deploy.local import Processes
+    from incofl.deploy.up import Processes
     from incofl.numerics import NumericsError
 
     assert Processes(tmp_path / "a", "portable").env.items() >= environment("portable").items()

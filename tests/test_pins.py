@@ -146,11 +146,13 @@ def two_rounds(method: str) -> list[list[float]]:
     """Two float64 rounds of `method` on 128 images; the change of each federation's weights."""
     with float64():
         engine = engine_on(small_synthetic(128), **{**TINY, "method": method, **FAMILIES[method]})
-        start = [{k: v.clone() for k, v in state.items() if v.is_floating_point()} for state in engine.states]
+        start = [{k: v.clone() for k, v in state.items() if v.is_floating_point()} for state in engine.server.weights]
         for round_ in range(2):
             engine.observe(engine.run_round(round_))
-        assert all(v.dtype == torch.float64 for state in engine.states for v in state.values() if v.is_floating_point())
-        return [change(before, after) for before, after in zip(start, engine.states, strict=True)]
+        assert all(
+            v.dtype == torch.float64 for state in engine.server.weights for v in state.values() if v.is_floating_point()
+        )
+        return [change(before, after) for before, after in zip(start, engine.server.weights, strict=True)]
 
 
 @pytest.mark.parametrize("name", DATA)

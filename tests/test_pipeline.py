@@ -25,7 +25,8 @@ from incofl.data.release import ReleasePartitionError, read_release_partition, r
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit, to_device
 from incofl.fl.contracts import RoundContext, Setup
-from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.assembly import assemble
+from incofl.fl.engine.engine import simulator
 from incofl.fl.methods.inco.step import InCoStep
 from incofl.fl.stages.evaluation import score
 from incofl.fl.stages.local import client_batches
@@ -165,14 +166,17 @@ def _engine(data, **settings):
     }
     cfg = RunConfig(**{**base, **settings})
     parts = iid_partition(len(data.y_train), cfg.clients, seed=0)
-    return Engine(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), CPU)
+    return simulator(assemble(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), CPU))
 
 
 def test_every_pipeline_option_reaches_the_engine():
     data = _images(40, channels=1, size=28)
     default = _engine(data)
-    assert default.train_data.augmentation == Augmentation()  # synthetic: no augmentation by default
-    assert default.train_data.input_size == 28 and not default.runner.trainer.cfg.drop_last
+    assert default.server.assembly.train_data.augmentation == Augmentation()  # synthetic: no augmentation by default
+    assert (
+        default.server.assembly.train_data.input_size == 28
+        and not default.transport.clients.runner.trainer.cfg.drop_last
+    )
     engine = _engine(
         data,
         augment="crop_flip",
@@ -183,15 +187,24 @@ def test_every_pipeline_option_reaches_the_engine():
         drop_last=True,
         eval_batch_size=16,
     )
-    assert engine.train_data.augmentation == Augmentation(crop=True, flip=True, cutout=6, black_pad=True)
-    assert engine.test_data.augmentation == Augmentation()  # the test set is never augmented
-    assert engine.train_data.input_size == engine.test_data.input_size == 32
-    assert engine.test_data.batch(torch.arange(2))[0].shape == (2, 1, 32, 32)
-    assert torch.equal(engine.test_data.mean, torch.zeros(1, 1, 1, 1)) and torch.equal(
-        engine.test_data.std, torch.ones(1, 1, 1, 1)
+    assert engine.server.assembly.train_data.augmentation == Augmentation(
+        crop=True, flip=True, cutout=6, black_pad=True
     )
-    assert engine.layout.evaluator.drop_last and engine.layout.evaluator.batch_size == 16
-    batches = client_batches(engine.train_data, engine.parts[0], 1, 4, torch.Generator(), engine.cfg.drop_last)
+    assert engine.server.assembly.test_data.augmentation == Augmentation()  # the test set is never augmented
+    assert engine.server.assembly.train_data.input_size == engine.server.assembly.test_data.input_size == 32
+    assert engine.server.assembly.test_data.batch(torch.arange(2))[0].shape == (2, 1, 32, 32)
+    assert torch.equal(engine.server.assembly.test_data.mean, torch.zeros(1, 1, 1, 1)) and torch.equal(
+        engine.server.assembly.test_data.std, torch.ones(1, 1, 1, 1)
+    )
+    assert engine.server.layout.evaluator.drop_last and engine.server.layout.evaluator.batch_size == 16
+    batches = client_batches(
+        engine.server.assembly.train_data,
+        engine.server.assembly.parts[0],
+        1,
+        4,
+        torch.Generator(),
+        engine.server.cfg.drop_last,
+    )
     assert all(len(y) == 4 for _, y in batches)
 
 
@@ -335,7 +348,7 @@ def _prox_run(rounds: int, anchor: str) -> str:
     for r in range(rounds):
         engine.run_round(r)
     h = hashlib.sha256()
-    for state in engine.states:
+    for state in engine.server.weights:
         for k, v in sorted(state.items()):
             h.update(k.encode() + v.detach().contiguous().numpy().tobytes())
     return h.hexdigest()
@@ -374,7 +387,7 @@ def test_the_engine_puts_the_release_epoch_scale_first_on_vits_only():
 
     def posts(**settings):
         engine = engine_on(data, method="InCoAvg", clients=2, ratio=1.0, local_epochs=4, partition="iid", **settings)
-        return [(type(t).__name__, t.scale) for t in engine.post]
+        return [(type(t).__name__, t.scale) for t in engine.server.post]
 
     assert posts(models=["vit_d8"]) == [("InCoStep", 0.25)]
     assert posts(models=["vit_d8"], vit_epoch_scale="all") == [("EpochScale", 0.25), ("InCoStep", 1.0)]

@@ -16,7 +16,8 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.fl.contracts import ClientUpdate, Setup
-from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.assembly import assemble
+from incofl.fl.engine.engine import simulator
 from incofl.params import describe
 from incofl.registry import METHODS
 
@@ -57,10 +58,10 @@ def data(tmp_path_factory):
 def _final_states(data, method, **args):
     cfg = RunConfig(**TINY, method=method, method_args=args)
     parts = iid_partition(len(data.y_train), cfg.clients, seed=0)
-    engine = Engine(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu"))
+    engine = simulator(assemble(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu")))
     for t in range(cfg.rounds):
         engine.run_round(t)
-    return engine.states
+    return engine.server.weights
 
 
 def _equal(a, b):

@@ -13,6 +13,7 @@ from helpers import engine_on, small_synthetic
 
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import Setup
+from incofl.fl.engine.fold import RoundFold
 from incofl.fl.stages.client import KEPT, ClientRunner
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.registry import METHODS
@@ -36,8 +37,8 @@ def data():
 def node_of(engine, client: int) -> ClientRunner:
     """A client side built as a node builds it: the config, a fresh objective, its own copies of
     the group models and only this client's training samples."""
-    cfg, train = engine.cfg, engine.train_data
-    own = torch.from_numpy(engine.parts[client])
+    cfg, train = engine.server.cfg, engine.server.assembly.train_data
+    own = torch.from_numpy(engine.server.assembly.parts[client])
     split = TensorSplit(
         train.x[own].numpy(),
         train.y[own].numpy(),
@@ -49,7 +50,9 @@ def node_of(engine, client: int) -> ClientRunner:
     )
     method, store = METHODS[cfg.method], ClientStore()  # the node's own store: what its client keeps
     objective = method.objective.cls(method.parse_args(cfg.method_args), Setup(cfg, [], store=store))
-    return ClientRunner(cfg, objective, copy.deepcopy(engine.models), split, {client: np.arange(len(own))}, store)
+    return ClientRunner(
+        cfg, objective, copy.deepcopy(engine.server.models), split, {client: np.arange(len(own))}, store
+    )
 
 
 @pytest.mark.slow
@@ -57,19 +60,23 @@ def test_a_node_trains_its_client_as_the_simulator_does(data):
     """Each round the node trains its client from the server's start weights (overlaying the BN
     statistics it kept from its last round itself): the same update, bit for bit."""
     engine = engine_on(data, method="FedAvg", **SETTINGS)
-    sampled = [int(c) for t in range(engine.cfg.rounds) for c in engine.schedule[t]]
+    sampled = [int(c) for t in range(engine.server.cfg.rounds) for c in engine.server.schedule[t]]
     client = max(set(sampled), key=sampled.count)  # sampled in two rounds at least: it starts from what it kept
     node, trained = node_of(engine, client), 0
-    for t in range(engine.cfg.rounds):
-        plans = engine.plan(t)
-        starts = {plan.client: engine.start(plan) for plan in plans}
-        updates = engine.runner.train_round(t, plans, engine.start)
-        for plan, update in zip(plans, updates, strict=True):
+    for t in range(engine.server.cfg.rounds):
+        plans, server = engine.server.plan(t), engine.server
+        starts = {plan.client: server.start(plan) for plan in plans}
+        fold = RoundFold(server, t, plans)
+        for plan, reply in zip(
+            plans, engine.transport.train(t + 1, plans, server.start, server.broadcasts(plans)), strict=True
+        ):
+            update = reply.update
             if plan.client == client:
                 mine = node.train(t, plan, starts[client])
                 assert mine.delta.keys() == update.delta.keys() and mine.kept.keys() == update.kept.keys()
                 assert all(torch.equal(mine.delta[k], v) for k, v in update.delta.items())
                 assert all(torch.equal(mine.kept[k], v) for k, v in update.kept.items())
                 trained += 1
-        engine.conclude(t, plans, updates)
+            fold.add(update)
+        fold.finish()
     assert trained >= 2 and node.store.clients(KEPT) == [client]

@@ -16,7 +16,8 @@ from helpers import small_synthetic
 from test_resume import momentum_example, settings
 
 from incofl.data.partition import partition_for
-from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.assembly import assemble
+from incofl.fl.engine.engine import Engine, simulator
 from incofl.fl.stages.component import Stateful, restore, snapshot
 from incofl.fl.stages.local import Objective
 from incofl.registry import METHODS, Component, Method, register
@@ -59,7 +60,7 @@ def undeclared_changes(engine: Engine, rounds: int) -> list[str]:
     """`role.attribute` of every undeclared attribute a round changed, over the first `rounds`."""
     changed = []
     for round_ in range(rounds):
-        components = [*engine.components(), ("clients' objective", engine.runner.objective)]
+        components = [*engine.server.components(), ("clients' objective", engine.transport.clients.runner.objective)]
         before = {role: attributes(c) for role, c in components}
         engine.observe(engine.run_round(round_))
         for role, component in components:
@@ -80,7 +81,7 @@ def engine_for(name: str, data) -> Engine:
     from incofl.config import RunConfig
 
     cfg = RunConfig(**{**settings(name), "rounds": 2})
-    return Engine(cfg, data, partition_for(cfg, data), torch.device("cpu"))
+    return simulator(assemble(cfg, data, partition_for(cfg, data), torch.device("cpu")))
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -94,7 +95,7 @@ def test_every_declared_state_round_trips_through_a_checkpoint(data):
     engine = engine_for("FedLAG", data)
     for round_ in range(2):
         engine.observe(engine.run_round(round_))
-    for role, component in engine.components():
+    for role, component in engine.server.components():
         saved = component.state_dict()
         assert not any(isinstance(v, np.ndarray) for v in saved.values()), role
         before = attributes(component)
@@ -161,7 +162,10 @@ def test_a_session_sees_server_state_only_as_delivered(broadcasts, data):
             engine.observe(engine.run_round(round_))
     finally:
         METHODS.pop("Peeking")
-    assert engine.runner.objective is not engine.objective and int(engine.objective.rounds_done) == 2
-    per_round = len(engine.schedule[0])
-    assert engine.runner.objective.seen == [0] * per_round + [1 if broadcasts else 0] * per_round
-    assert engine.objective.seen == []  # the server's objective opens no session
+    assert (
+        engine.transport.clients.runner.objective is not engine.server.objective
+        and int(engine.server.objective.rounds_done) == 2
+    )
+    per_round = len(engine.server.schedule[0])
+    assert engine.transport.clients.runner.objective.seen == [0] * per_round + [1 if broadcasts else 0] * per_round
+    assert engine.server.objective.seen == []  # the server's objective opens no session

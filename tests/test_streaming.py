@@ -42,7 +42,7 @@ def test_a_round_holds_no_update_but_the_one_in_flight(method, data):
     consumer's loop still names) is gone: deltas and extras (SCAFFOLD's increments) alike. The
     engine that kept the round's updates until aggregation fails this."""
     engine = engine_on(data, method=method, **SETTINGS)
-    train, refs, alive = engine.runner.trainer.train, [], []
+    train, refs, alive = engine.transport.clients.runner.trainer.train, [], []
 
     def watched(*args):
         for update in train(*args):
@@ -51,15 +51,23 @@ def test_a_round_holds_no_update_but_the_one_in_flight(method, data):
             refs.append([weakref.ref(t) for t in _tensors(update)])
             yield update
 
-    engine.runner.trainer.train = watched
+    engine.transport.clients.runner.trainer.train = watched
     engine.run_round(0)
     assert len(refs) == 6 and all(refs) and alive == [0] * 6
 
 
 def _trained_round(engine):
-    plans = engine.plan(0)
-    engine.deliver(plans)
-    return plans, engine.runner.train_round(0, plans, engine.start)
+    """Round 1's plans and its clients' updates, through the engine's transport (not yet folded in)."""
+    plans, server = engine.server.plan(0), engine.server
+    return plans, [reply.update for reply in engine.transport.train(1, plans, server.start, server.broadcasts(plans))]
+
+
+def _concluded(engine, plans, updates):
+    """The round's report with `updates` folded in, in order (what Engine.run_round does with them)."""
+    fold = RoundFold(engine.server, 0, plans)
+    for update in updates:
+        fold.add(update)
+    return fold.finish()
 
 
 def test_updates_in_any_order_or_left_out_fold_to_the_same_bits(data):
@@ -68,9 +76,9 @@ def test_updates_in_any_order_or_left_out_fold_to_the_same_bits(data):
     `conclude` over the clients that replied, bit for bit."""
     ordered, shuffled = (engine_on(data, method="SCAFFOLD", **SETTINGS) for _ in range(2))
     plans, updates = _trained_round(ordered)
-    expected = ordered.conclude(0, plans[:2] + plans[3:], updates[:2] + updates[3:])
+    expected = _concluded(ordered, plans[:2] + plans[3:], updates[:2] + updates[3:])
     plans, updates = _trained_round(shuffled)
-    fold = RoundFold(shuffled, 0, plans)
+    fold = RoundFold(shuffled.server, 0, plans)
     for update in [*reversed(updates[3:]), updates[1]]:
         fold.add(update)
     fold.drop(plans[2].client)
@@ -79,11 +87,12 @@ def test_updates_in_any_order_or_left_out_fold_to_the_same_bits(data):
     assert (got.samples, got.upload_bytes, got.losses) == (expected.samples, expected.upload_bytes, expected.losses)
     assert ordered.fingerprint() == shuffled.fingerprint()
     assert all(
-        torch.equal(ordered.objective.c[0][k], shuffled.objective.c[0][k]) for k in ordered.objective.c[0]
+        torch.equal(ordered.server.objective.c[0][k], shuffled.server.objective.c[0][k])
+        for k in ordered.server.objective.c[0]
     )  # SCAFFOLD's c: the increments' sum, in the plans' order
     with pytest.raises(ValueError, match=r"round 1: client 99 is not planned or was already folded in"):
-        RoundFold(shuffled, 0, plans).add(ClientUpdate(99, 0, {}, 1, 1))
-    fold = RoundFold(shuffled, 0, plans)
+        RoundFold(shuffled.server, 0, plans).add(ClientUpdate(99, 0, {}, 1, 1))
+    fold = RoundFold(shuffled.server, 0, plans)
     fold.add(updates[0])
     with pytest.raises(ValueError, match=rf"client {plans[0].client} is not planned or was already folded in"):
         fold.add(updates[0])
@@ -117,7 +126,7 @@ def test_the_engine_ticks_once_a_client(data):
     ticks = []
     engine.tick = lambda: ticks.append(1)
     engine.run_round(0)
-    assert len(ticks) == len(engine.schedule[0]) == 3
+    assert len(ticks) == len(engine.server.schedule[0]) == 3
 
 
 def test_the_finiteness_check_names_the_first_bad_tensor_and_nothing_finite():

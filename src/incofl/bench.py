@@ -27,7 +27,9 @@ from incofl.config import RunConfig
 from incofl.data.partition import Partition, iid_draw_partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
-from incofl.fl.engine.engine import Engine, resolve_device
+from incofl.fl.engine.assembly import assemble
+from incofl.fl.engine.device import resolve_device
+from incofl.fl.engine.engine import Engine, simulator
 from incofl.fl.engine.estimate import training_flops
 from incofl.fl.stages.aggregate import Fold
 from incofl.fl.stages.sampling import client_seed
@@ -103,11 +105,11 @@ def benchmark(
         )
     first = next(iter(paths.values()))[0]
     plain_model = build_model(model, data.num_classes, data.channels).to(dev)
-    plain_model.load_state_dict(first.states[0])
-    x, y = first.train_data.batch(torch.from_numpy(parts[0][:batch_size]))
+    plain_model.load_state_dict(first.server.weights[0])
+    x, y = first.server.assembly.train_data.batch(torch.from_numpy(parts[0][:batch_size]))
     flops = training_flops(plain_model, x, y)
     warm_up = [parts[0][: 2 * batch_size]]
-    plain_loop(plain_model, first.train_data, warm_up, seed, 1, batch_size, first.cfg.lr)
+    plain_loop(plain_model, first.server.assembly.train_data, warm_up, seed, 1, batch_size, first.server.cfg.lr)
     seconds: dict[str, list[float]] = {name: [] for name in [*paths, "plain"]}
     for _ in range(repeats):
         for name, (engine, _) in paths.items():
@@ -115,7 +117,9 @@ def benchmark(
             trained = engine.run_round(0).samples
             seconds[name].append(_finished(dev) - start)
         start = time.perf_counter()
-        plain_samples = plain_loop(plain_model, first.train_data, parts, seed, epochs, batch_size, first.cfg.lr)
+        plain_samples = plain_loop(
+            plain_model, first.server.assembly.train_data, parts, seed, epochs, batch_size, first.server.cfg.lr
+        )
         seconds["plain"].append(_finished(dev) - start)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
     plain_sps = plain_samples / min(seconds["plain"])
@@ -185,8 +189,8 @@ def _engine(
         bf16=precision == "bf16",
         analyses=analyses or {},
     )
-    engine = Engine(cfg, data, Partition(parts, np.zeros((len(parts), 0)), {}), dev)
-    fold_of, aggregate_s = engine.aggregator.fold, []
+    engine = simulator(assemble(cfg, data, Partition(parts, np.zeros((len(parts), 0)), {}), dev))
+    fold_of, aggregate_s = engine.server.aggregator.fold, []
 
     def timed_fold() -> Fold:
         fold, spent = fold_of(), [0.0]
@@ -206,7 +210,7 @@ def _engine(
         fold.add, fold.averages = timed_add, timed_averages
         return fold
 
-    engine.aggregator.fold = timed_fold
+    engine.server.aggregator.fold = timed_fold
     return engine, aggregate_s
 
 
@@ -234,17 +238,19 @@ def per_client(
     parts = iid_draw_partition(len(data.y_train), clients, samples, seed)
     engine, _ = _engine(data, parts, dev, model, epochs, batch_size, seed, "serial", "fp32", method=method)
     plain_model = build_model(model, data.num_classes, data.channels).to(dev)
-    plain_model.load_state_dict(engine.states[0])
+    plain_model.load_state_dict(engine.server.weights[0])
     one = [np.concatenate(parts)]  # every client's images, one client
     warm_up = [one[0][: 2 * batch_size]]
-    plain_loop(plain_model, engine.train_data, warm_up, seed, 1, batch_size, engine.cfg.lr)
+    plain_loop(plain_model, engine.server.assembly.train_data, warm_up, seed, 1, batch_size, engine.server.cfg.lr)
     seconds: dict[str, list[float]] = {"round": [], "one_loop": []}
     for _ in range(repeats):
         start = time.perf_counter()
         trained = engine.run_round(0).samples
         seconds["round"].append(_finished(dev) - start)
         start = time.perf_counter()
-        looped = plain_loop(plain_model, engine.train_data, one, seed, epochs, batch_size, engine.cfg.lr)
+        looped = plain_loop(
+            plain_model, engine.server.assembly.train_data, one, seed, epochs, batch_size, engine.server.cfg.lr
+        )
         seconds["one_loop"].append(_finished(dev) - start)
     round_s, loop_s = min(seconds["round"]), min(seconds["one_loop"])
     return {

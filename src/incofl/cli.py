@@ -99,8 +99,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_federation_export(args: argparse.Namespace) -> int:
     from incofl.data.partition import partition_for
     from incofl.data.sources import dataset_for
-    from incofl.deploy.server import tested_on_nodes
     from incofl.deploy.sitedata import export_client
+    from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     cfg = load_run_config(args.config, parse_overrides(args.set))
     data = dataset_for(cfg)
@@ -139,7 +139,7 @@ def _node_key(folder: Path, client: int) -> Path:
 
 
 def cmd_federation_up(args: argparse.Namespace) -> int:
-    from incofl.deploy.local import LocalFederation, up
+    from incofl.deploy.up import LocalFederation, up
 
     fed = LocalFederation(
         Path(args.sites),

@@ -1,21 +1,21 @@
-"""One client of a real federation, without Flower: the run's engine built on the node from
-the config and that client's data alone (sitedata.py), used for its trainer, objective and
-evaluation.
+"""One client of a real federation, without Flower: the run's client side (fl/engine/clients.py)
+built on the node from the config and that client's data alone (sitedata.py).
 
-A planned round: the objective receives the server's broadcast (SCAFFOLD's c), then the
-engine's client side (`Engine.runner`) lays what this client keeps over the server's start
-weights and trains exactly as the simulator does (the config's trainer, the method's objective,
-the client's own batch stream). An evaluation scores the client's model (its group's global
-weights with what it keeps) with the layout's own scoring (the held-out share, the test split).
+A job (fl/engine/exchange.py) is answered as the simulator's in-process transport answers it:
+a TrainJob's broadcast (SCAFFOLD's c) is received, then the client side lays what this client
+keeps over the server's start weights and trains exactly as the simulator does (the config's
+trainer, the method's objective, the client's own batch stream); an EvalJob scores the client's
+model (its group's global weights with what it keeps) with the layout's own scoring (the
+held-out share, the test split).
 
-What the client keeps across rounds (the engine's ClientStore: its kept entries, SCAFFOLD's
-c_i, MOON's previous models) is saved on the node after every round it trains, one file per
-round in `state_dir/<run key>/` (`NodeState`): a round starts from the client's state after the
-last round before it, so a restarted server resuming from its checkpoint finds each client as
-it was then, and the run goes on as if never stopped. The node reports the hash of that state
-(never the state) and the server sends it back with the client's next message: a node whose
-restored state is another (its files moved or deleted) refuses to go on (`StaleState`) rather
-than train from a fresh one.
+What the client keeps across rounds (its ClientStore: its kept entries, SCAFFOLD's c_i, MOON's
+previous models) is saved on the node after every round it trains, one file per round in
+`state_dir/<run key>/` (`SavedStores`): a round starts from the client's store after the last
+round before it, so a restarted server resuming from its checkpoint finds each client as it was
+then, and the run goes on as if never stopped. The node reports the hash of that store (never
+the store) and the server sends it back with the client's next job: a node whose restored store
+is another (its files moved or deleted) refuses to go on (`StaleState`) rather than train from
+a fresh one.
 """
 
 from __future__ import annotations
@@ -30,25 +30,26 @@ import torch
 
 from incofl.atomic import save_tensors
 from incofl.config import RunConfig
-from incofl.deploy.server import EvalJob, TrainJob
 from incofl.deploy.sitedata import load_site, test_sha256
 from incofl.fl.contracts import ClientUpdate
-from incofl.fl.engine.checkpoint import semantic_config
-from incofl.fl.engine.engine import Engine, run_device
+from incofl.fl.engine.assembly import assemble
+from incofl.fl.engine.checkpoint import last_checkpoint, semantic_config
+from incofl.fl.engine.clients import Clients
+from incofl.fl.engine.device import run_device
+from incofl.fl.engine.exchange import EvalJob, TrainJob
 from incofl.fl.engine.fingerprint import state_sha256
-from incofl.fl.stages.client import KEPT
 from incofl.fl.stages.evaluation import Scores
 from incofl.fl.stages.layout import ClientEval
 
 
-class NodeState:
-    """A client's states after the rounds it trained, for one run: `after-round-R.pt` files in
+class SavedStores:
+    """A client's stores after the rounds it trained, for one run: `after-round-R.pt` files in
     `folder` (written atomically; read with weights_only, so no code runs)."""
 
     FILE = re.compile(r"after-round-(\d+)\.pt")
 
-    def __init__(self, folder: Path, checkpoint_every: int):
-        self.folder, self.every = folder, checkpoint_every
+    def __init__(self, folder: Path, cfg: RunConfig):
+        self.folder, self.cfg = folder, cfg
 
     def rounds(self) -> list[int]:
         if not self.folder.is_dir():  # none saved (or the folder deleted: the caller's hash check tells)
@@ -69,11 +70,11 @@ class NodeState:
         return torch.load(self.path(saved[-1]), map_location="cpu", weights_only=True)
 
     def save(self, round_: int, state: dict[str, Any]) -> None:
-        """The state after round `round_`; states no checkpoint of the server can resume from are dropped:
-        older than the last one at or before the server's last checkpoint."""
+        """The store after round `round_`; stores no checkpoint of the server can resume from are dropped:
+        older than the last one at or before the server's last checkpoint before this round."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # 0700: its states are its owner's only
         save_tensors(self.path(round_), state)  # a full disk: one line naming the file
-        checkpoint = (round_ - 1) // self.every * self.every
+        checkpoint = last_checkpoint(round_, self.cfg)
         saved = self.rounds()
         resumable = [r for r in saved if r <= checkpoint]
         for r in saved:
@@ -101,8 +102,8 @@ class StaleState(RuntimeError):
 
 
 class SiteClient:
-    """Client `client` of the run `cfg`, with its data file and the folder its states are saved
-    in (module docstring): the engine's client side and objective, on the node's data alone."""
+    """Client `client` of the run `cfg`, with its data file and the folder its stores are saved
+    in (module docstring): the run's client side, on the node's data alone."""
 
     def __init__(self, cfg: RunConfig, client: int, data_path: str | Path, state_dir: str | Path):
         self.cfg, self.client = cfg, client
@@ -110,44 +111,43 @@ class SiteClient:
             torch.set_num_threads(cfg.threads)
         data, partition = load_site(data_path, cfg, client)
         self.test_sha256 = test_sha256(data)
-        # the engine seeds the models' initialisation: the caller's random stream is left as it was
+        self.device = run_device(cfg)
+        # the assembly seeds the models' initialisation: the caller's random stream is left as it was
         with torch.random.fork_rng(devices=[]):
-            self.engine = Engine(cfg, data, partition, run_device(cfg))
-        self.states = NodeState(Path(state_dir) / run_key(cfg) / f"client{client}", cfg.checkpoint_every)
-        self.fresh = self.engine.store.state_dict()  # a client before its first round: it keeps nothing
+            self.clients = Clients(assemble(cfg, data, partition, self.device))
+        self.saved = SavedStores(Path(state_dir) / run_key(cfg) / f"client{client}", cfg)
+        self.fresh = self.clients.store.state_dict()  # a client before its first round: it keeps nothing
 
     def restore(self, round_: int, expected: str) -> None:
-        """What the client kept after round `round_` (1-based; none before its first round),
-        which must be the state whose hash it last reported (`expected`; '' before any)."""
-        state = self.states.at(round_)
+        """The client's store after round `round_` (1-based; none before its first round), which
+        must be the one whose hash it last reported (`expected`; '' before any)."""
+        state = self.saved.at(round_)
         state = state if state is not None else self.fresh
         if expected and store_sha256(state) != expected:
             raise StaleState(
-                f"client {self.client}: its state after round {round_} in {self.states.folder} is not the one "
+                f"client {self.client}: its state after round {round_} in {self.saved.folder} is not the one "
                 "it reported to the server (the node's state-dir moved, deleted or another node's?)"
             )
-        self.engine.store.load_state_dict(state)
+        self.clients.store.load_state_dict(state)
 
-    def train(self, round_: int, job: TrainJob) -> tuple[ClientUpdate, str, str]:
-        """One planned round (0-based `round_`) from the server's start weights and its
-        objective's broadcast: the update, the hash of what the client keeps ('' if nothing)
-        and of its whole state, saved (neither state is ever sent)."""
-        plan = job.plan
+    def train(self, job: TrainJob) -> tuple[ClientUpdate, str, str]:
+        """The job's round from the server's start weights and its objective's broadcast: the
+        update, the hash of what the client keeps ('' if nothing) and of its whole store, saved
+        (neither is ever sent)."""
+        plan, clients = job.plan, self.clients
         if plan.client != self.client:
             raise ValueError(f"a plan for client {plan.client} sent to client {self.client}'s node")
-        engine = self.engine
-        self.restore(round_, job.state_sha256)
-        engine.runner.objective.receive(plan.federation, job.broadcast)
-        update = engine.runner.train(round_, plan, job.start)
-        state = engine.store.state_dict()
-        self.states.save(round_ + 1, state)
-        kept = engine.store.get(KEPT, self.client)
+        self.restore(job.round - 1, job.state_sha256)
+        clients.receive({plan.federation: job.broadcast})
+        [update] = clients.stream(job.round, [plan], lambda _: job.start)
+        state = clients.store.state_dict()
+        self.saved.save(job.round, state)
+        kept = clients.kept(self.client)
         return update, "" if kept is None else state_sha256(kept), store_sha256(state)
 
-    def evaluate(self, round_: int, job: EvalJob) -> list[Scores]:
-        """The client's model after round `round_` (1-based) scored on each of the job's splits."""
+    def evaluate(self, job: EvalJob) -> list[Scores]:
+        """The client's model after the job's round scored on each of its splits."""
         if job.client != self.client:
             raise ValueError(f"an evaluation of client {job.client} sent to client {self.client}'s node")
-        self.restore(round_, job.state_sha256)
-        state = self.engine.runner.overlay(self.client, job.start)
-        return [self.engine.layout.score(ClientEval(self.client, job.group, split), state) for split in job.splits]
+        self.restore(job.round, job.state_sha256)
+        return [self.clients.score(ClientEval(self.client, job.group, split), job.start) for split in job.splits]

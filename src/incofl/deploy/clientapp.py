@@ -36,8 +36,7 @@ from incofl.deploy.client import SiteClient
 from incofl.deploy.codec import (
     SIGNATURE,
     open_instruction,
-    read_evaluate,
-    read_train,
+    read_job,
     scores_content,
     sign_reply,
     signature_of,
@@ -46,6 +45,7 @@ from incofl.deploy.codec import (
 )
 from incofl.deploy.signing import SignatureError, private_key, public_key
 from incofl.deploy.sitedata import site_server_key
+from incofl.fl.engine.exchange import EvalJob, TrainJob
 
 log = logging.getLogger("incofl.deploy")
 STATE = "incofl"  # the node's Context.state record: the run's config
@@ -137,8 +137,8 @@ def identify(message: Message, context: Context) -> Message:
 def train(message: Message, context: Context) -> Message:
     content, signed_round = instruction(message, context)
     client = site(context)
-    round_, job = read_train(content, client.engine.device)
-    update, kept, state = client.train(round_, job)
+    job = read_job(TrainJob, content, client.device)
+    update, kept, state = client.train(job)
     return answer(message, context, update_content(update, kept, state), signed_round)
 
 
@@ -146,6 +146,6 @@ def train(message: Message, context: Context) -> Message:
 def evaluate(message: Message, context: Context) -> Message:
     content, signed_round = instruction(message, context)
     client = site(context)
-    round_, job = read_evaluate(content, client.engine.device)
-    scores = client.evaluate(round_, job)
+    job = read_job(EvalJob, content, client.device)
+    scores = client.evaluate(job)
     return answer(message, context, scores_content(job.client, job.splits, scores), signed_round)

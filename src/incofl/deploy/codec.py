@@ -1,35 +1,37 @@
-"""Between incofl's round contracts and Flower's records: states (name -> tensor) as an
-`ArrayRecord` (bit-exact: numpy's .npy bytes of the tensor, dtype and shape kept), a
-`ClientPlan` as a `ConfigRecord` (its width view's index tensors in an `ArrayRecord`), and a
-`ClientUpdate` as a `RecordDict` (its deltas, what it leaves for the server in `extra`, the
-classes it holds and its counts as metrics). The round's messages: `train_content` (server to
-client) and `update_content` (client to server), read back by `read_train` and `read_update`;
-an evaluation's: `evaluate_content` and `scores_content` (`read_evaluate`, `read_scores`).
+"""Between incofl's exchange (fl/engine/exchange.py) and Flower's records: states (name ->
+tensor) as an `ArrayRecord` (bit-exact: numpy's .npy bytes of the tensor, dtype and shape kept),
+a job (`TrainJob`, `EvalJob`, with the `ClientPlan` a TrainJob carries) as records derived from
+its fields (`job_content`, read back by `read_job`), a `ClientUpdate` as a `RecordDict` (its
+deltas, what it leaves for the server in `extra`, the classes it holds and its counts as metrics:
+`update_content`, `read_update`), and a client's `Scores` by split (`scores_content`,
+`read_scores`).
 
-Both dataclasses are mapped field by field from their declarations (`dataclasses.fields`), by
-each field's type: a new field of a known type travels without a change here, one of another
-type fails loudly at its first message. What a node sends is read against what the server
-expects (server.py's `ExpectedUpdate`, `ExpectedScores`) before any array is decoded: exactly
-the expected records and entries, each array's dtype and shape from its metadata and its .npy
-header, its bytes exactly what those say, the message within the byte budget its arrays allow,
-each metric of its field's type. A reply that is not so is refused (`CodecError`, one line).
+Every dataclass is mapped field by field from its declarations (`dataclasses.fields`), by each
+field's type, through one table (`FIELDS`; an update's metrics: `WIRE`): a new field of a known
+type travels without a change here, one of another type fails loudly at its first message. What
+a node sends is read against what the server expects (`ExpectedUpdate`, `ExpectedScores`) before
+any array is decoded: exactly the expected records and entries, each array's dtype and shape
+from its metadata and its .npy header, its bytes exactly what those say, the message within the
+byte budget its arrays allow, each metric of its field's type. A reply that is not so is refused
+(`CodecError`, one line).
 """
 
 from __future__ import annotations
 
 import io
 import math
-from dataclasses import fields
-from typing import Any
+from collections.abc import Callable
+from dataclasses import Field, fields
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.constant import SType
 
-from incofl.deploy.server import EvalJob, ExpectedScores, ExpectedUpdate, TrainJob
 from incofl.deploy.signing import SignatureError, digest, sign, statement, verify
-from incofl.fl.contracts import ClientPlan, ClientUpdate, Index, State, View
+from incofl.fl.contracts import ClientPlan, ClientUpdate, State, View
+from incofl.fl.engine.exchange import EvalJob, ExpectedScores, ExpectedUpdate, TrainJob
 from incofl.fl.stages.component import Expected
 from incofl.fl.stages.evaluation import Scores
 
@@ -39,6 +41,7 @@ UPDATE_KEPT_ON_NODE = ("kept", "view")  # never sent: what the client keeps; the
 NPY_HEADER = 1024  # the most bytes an array's .npy header may take (an honest one: 128)
 WIRE = {"int": int, "float": float, "bool": int}  # a metric field's declared type -> the type it travels as
 SIGNATURE = "incofl.signature"  # the config record of a message's signature (signing.py)
+J = TypeVar("J", TrainJob, EvalJob)
 
 
 class CodecError(ValueError):
@@ -125,103 +128,145 @@ def read_metric(record: MetricRecord | ConfigRecord, key: str, kind: type, what:
     return value
 
 
-# ClientPlan: each field by its declared type -> (encode into the config record, decode from it)
-def _names_or_all(value: frozenset[str] | None) -> list[str]:
-    return sorted(value) if value is not None else []
+# Each field of a message's dataclass (TrainJob, EvalJob and the ClientPlan in a TrainJob) travels
+# by its declared type, through one table that both encodes and decodes it: plain values in the
+# dataclass's config record, a state (and a width view's index tensors) in an array record of its
+# own, a nested dataclass in records of its own. A field of a type the table lacks fails at once.
+class Value:
+    """A field held by one config value: `out` makes the value sent of it, `back` the field of that."""
+
+    def __init__(self, out: Callable[[Any], Any], back: Callable[[Any], Any]):
+        self.out, self.back = out, back
+
+    def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
+        config[name] = self.out(value)
+
+    def decode(self, name: str, config: ConfigRecord, content: RecordDict, key: str, device: Any) -> Any:
+        return self.back(config[name])
 
 
-def plan_records(plan: ClientPlan) -> tuple[ConfigRecord, ArrayRecord]:
-    """A plan's fields by their types (a set that may be None: its names and `name.all`; the
-    view: its group, cost and shape, its index tensors keyed `name#dim`, dims that take all: none)."""
+class NamesOrAll(Value):
+    """A set of names that may be None (all): its names and `name.all`."""
+
+    def __init__(self) -> None:
+        super().__init__(sorted, frozenset)
+
+    def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
+        config |= {name: sorted(value) if value is not None else [], f"{name}.all": value is None}
+
+    def decode(self, name: str, config: ConfigRecord, content: RecordDict, key: str, device: Any) -> Any:
+        return None if config[f"{name}.all"] else frozenset(config[name])
+
+
+class ViewField(Value):
+    """A width view or None: whether there is one, its group, cost and shape in the config record,
+    its index tensors in the array record `key` (keyed `entry#dim`; dims that take all: none)."""
+
+    def __init__(self) -> None:
+        super().__init__(bool, bool)
+
+    def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
+        config[name] = value is not None
+        records[key] = ArrayRecord()
+        if value is not None:
+            config |= {
+                f"{name}.group": value.group,
+                f"{name}.cost": float(value.cost),
+                f"{name}.names": list(value.index),
+                f"{name}.dims": [len(index) for index in value.index.values()],
+            }
+            for entry, index in value.index.items():
+                for dim, positions in enumerate(index):
+                    if positions is not None:
+                        records[key][f"{entry}#{dim}"] = Array(positions.cpu().numpy())
+
+    def decode(self, name: str, config: ConfigRecord, content: RecordDict, key: str, device: Any) -> Any:
+        if not config[name]:
+            return None
+        arrays, index = content.array_records[key], {}
+        for entry, dims in zip(config[f"{name}.names"], config[f"{name}.dims"], strict=True):
+            index[entry] = tuple(
+                torch.from_numpy(arrays[f"{entry}#{d}"].numpy().copy()) if f"{entry}#{d}" in arrays else None
+                for d in range(int(dims))
+            )
+        return View(int(config[f"{name}.group"]), index, float(config[f"{name}.cost"]))
+
+
+class StateField(Value):
+    """A state (name -> tensor) in the array record `key`."""
+
+    def __init__(self) -> None:
+        super().__init__(to_arrays, from_arrays)
+
+    def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
+        records[key] = to_arrays(value)
+
+    def decode(self, name: str, config: ConfigRecord, content: RecordDict, key: str, device: Any) -> Any:
+        return from_arrays(content.array_records[key], device)
+
+
+class Nested(Value):
+    """A dataclass field in records of its own, named from `key`."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__(lambda v: v, lambda v: v)
+        self.cls = cls
+
+    def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
+        records |= encode_fields(value, key)
+
+    def decode(self, name: str, config: ConfigRecord, content: RecordDict, key: str, device: Any) -> Any:
+        return decode_fields(self.cls, content, key, device)
+
+
+FIELDS: dict[str, Value] = {
+    "int": Value(int, int),
+    "bool": Value(bool, bool),
+    "str": Value(str, str),
+    "float": Value(float, float),
+    "frozenset[str]": Value(sorted, frozenset),
+    "tuple[str, ...]": Value(list, lambda v: tuple(map(str, v))),
+    "frozenset[str] | None": NamesOrAll(),
+    "View | None": ViewField(),
+    "State": StateField(),
+    "ClientPlan": Nested(ClientPlan),
+}
+
+
+def field_codec(cls: type, f: Field) -> Value:
+    if f.type not in FIELDS:
+        raise CodecError(f"{cls.__name__}.{f.name}: no encoding for its type {f.type}")
+    return FIELDS[str(f.type)]
+
+
+def encode_fields(obj: Any, key: str) -> dict[str, Any]:
+    """A dataclass's records: its plain fields in the config record `key`, the others in records
+    named `key.field`."""
     config: dict[str, Any] = {}
-    arrays = ArrayRecord()
-    for f in fields(plan):
-        value = getattr(plan, f.name)
-        if f.type in ("int", "bool"):
-            config[f.name] = value
-        elif f.type == "frozenset[str]":
-            config[f.name] = sorted(value)
-        elif f.type == "frozenset[str] | None":
-            config |= {f.name: _names_or_all(value), f"{f.name}.all": value is None}
-        elif f.type == "View | None":
-            config[f.name] = value is not None
-            if value is not None:
-                config |= view_config(f.name, value)
-                arrays = view_arrays(value)
-        else:
-            raise CodecError(f"{type(plan).__name__}.{f.name}: no encoding for its type {f.type}")
-    return ConfigRecord(config), arrays
+    records: dict[str, Any] = {}
+    for f in fields(obj):
+        field_codec(type(obj), f).encode(f.name, getattr(obj, f.name), config, records, f"{key}.{f.name}")
+    return {key: ConfigRecord(config), **records}
 
 
-def view_config(name: str, view: View) -> dict[str, Any]:
-    return {
-        f"{name}.group": view.group,
-        f"{name}.cost": float(view.cost),
-        f"{name}.names": list(view.index),
-        f"{name}.dims": [len(index) for index in view.index.values()],
-    }
-
-
-def view_arrays(view: View) -> ArrayRecord:
-    arrays = ArrayRecord()
-    for name, index in view.index.items():
-        for dim, positions in enumerate(index):
-            if positions is not None:
-                arrays[f"{name}#{dim}"] = Array(positions.cpu().numpy())
-    return arrays
-
-
-def read_plan(config: ConfigRecord, arrays: ArrayRecord, cls: type[ClientPlan] = ClientPlan) -> ClientPlan:
-    values: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.type == "int":
-            values[f.name] = int(config[f.name])
-        elif f.type == "bool":
-            values[f.name] = bool(config[f.name])
-        elif f.type == "frozenset[str]":
-            values[f.name] = frozenset(config[f.name])
-        elif f.type == "frozenset[str] | None":
-            values[f.name] = None if config[f"{f.name}.all"] else frozenset(config[f.name])
-        elif f.type == "View | None":
-            values[f.name] = read_view(f.name, config, arrays) if config[f.name] else None
-        else:
-            raise CodecError(f"{cls.__name__}.{f.name}: no decoding for its type {f.type}")
-    return cls(**values)
-
-
-def read_view(name: str, config: ConfigRecord, arrays: ArrayRecord) -> View:
-    index: dict[str, Index] = {}
-    for entry, dims in zip(config[f"{name}.names"], config[f"{name}.dims"], strict=True):
-        index[entry] = tuple(
-            torch.from_numpy(arrays[f"{entry}#{d}"].numpy().copy()) if f"{entry}#{d}" in arrays else None
-            for d in range(int(dims))
-        )
-    return View(int(config[f"{name}.group"]), index, float(config[f"{name}.cost"]))
-
-
-def train_content(round_: int, job: TrainJob) -> RecordDict:
-    """A planned client's instructions: the round, its plan, its start weights, what the
-    server's objective sends (SCAFFOLD's c) and the hash of the state it should resume from."""
-    config, view = plan_records(job.plan)
-    return RecordDict(
-        {
-            "round": ConfigRecord({"round": round_, "state_sha256": job.state_sha256}),
-            "plan": config,
-            "view": view,
-            "start": to_arrays(job.start),
-            "broadcast": to_arrays(job.broadcast),
-        }
+def decode_fields(cls: type, content: RecordDict, key: str, device: Any) -> Any:
+    config = content.config_records[key]
+    return cls(
+        **{f.name: field_codec(cls, f).decode(f.name, config, content, f"{key}.{f.name}", device) for f in fields(cls)}
     )
 
 
-def read_train(content: RecordDict, device: torch.device) -> tuple[int, TrainJob]:
+def job_content(job: TrainJob | EvalJob) -> RecordDict:
+    """A job's message (server to client): its fields (module docstring)."""
+    return RecordDict(encode_fields(job, "job"))
+
+
+def read_job(cls: type[J], content: RecordDict, device: torch.device | str) -> J:
+    """A job of type `cls` from its message (from the server: its signature checked)."""
     try:
-        plan = read_plan(content.config_records["plan"], content.array_records["view"])
-        arrays, head = content.array_records, content.config_records["round"]
-        start, broadcast = from_arrays(arrays["start"], device), from_arrays(arrays["broadcast"], device)
-        return int(head["round"]), TrainJob(plan, start, broadcast, str(head["state_sha256"]))
+        return decode_fields(cls, content, "job", device)
     except (KeyError, TypeError, ValueError) as err:
-        raise CodecError(f"malformed train message: {err!r}") from err
+        raise CodecError(f"malformed {cls.__name__} message: {err!r}") from err
 
 
 def update_metrics(cls: type[ClientUpdate] = ClientUpdate) -> dict[str, str]:
@@ -294,58 +339,41 @@ def message_bytes(content: RecordDict) -> int:
     return sum(record.count_bytes() for record in content.array_records.values())
 
 
-def evaluate_content(round_: int, job: EvalJob) -> RecordDict:
-    """A client's models to score: the round, the client, its group, the splits and its group's global weights."""
-    config = {
-        "round": round_,
-        "client": job.client,
-        "group": job.group,
-        "splits": list(job.splits),
-        "state_sha256": job.state_sha256,
-    }
-    return RecordDict({"job": ConfigRecord(config), "start": to_arrays(job.start)})
-
-
-def read_evaluate(content: RecordDict, device: torch.device) -> tuple[int, EvalJob]:
-    try:
-        job = content.config_records["job"]
-        start = from_arrays(content.array_records["start"], device)
-        client, group, splits = int(job["client"]), int(job["group"]), tuple(map(str, job["splits"]))
-        return int(job["round"]), EvalJob(client, group, splits, start, str(job["state_sha256"]))
-    except (KeyError, TypeError, ValueError) as err:
-        raise CodecError(f"malformed evaluate message: {err!r}") from err
+SCORE_WIRE = {"list[int]": (list, int), "list[float]": (list, float), "int": (int, None)}  # Scores' field types
 
 
 def scores_content(client: int, splits: tuple[str, ...], scores: list[Scores]) -> RecordDict:
-    """A node's scores of its client's models, by split: correct predictions and summed loss per exit, samples."""
+    """A client's scores of its models, by split: each of Scores' fields as `split.field` (correct
+    predictions and summed loss per exit, samples)."""
     metrics: dict[str, Any] = {"client": client}
     for split, s in zip(splits, scores, strict=True):
-        metrics |= {f"{split}.correct": list(s.correct), f"{split}.loss": list(s.loss), f"{split}.n": s.n}
+        metrics |= {f"{split}.{f.name}": getattr(s, f.name) for f in fields(Scores)}
     return RecordDict({"scores": MetricRecord(metrics)})
 
 
 def read_scores(content: RecordDict, splits: tuple[str, ...], expected: ExpectedScores) -> tuple[int, list[Scores]]:
     """The client a reply names and its scores on `splits` (the splits asked), if its form is
-    what `expected` allows: exactly these metrics, each of its type, one entry per exit
-    (server.check_scores checks the values)."""
+    what `expected` allows: exactly these metrics, each of its field's type, one entry per exit
+    (exchange.check_scores checks the values)."""
     check_records(content, set(), {"scores"}, set())
     m = content.metric_records["scores"]
-    keys = {"client", *(f"{split}.{part}" for split in splits for part in ("correct", "loss", "n"))}
+    keys = {"client", *(f"{split}.{f.name}" for split in splits for f in fields(Scores))}
     if set(m) != keys:
         raise CodecError(f"scores other than expected: {short(set(m) ^ keys)}")
     scores = []
     for split in splits:
-        correct, loss = (
-            read_metric(m, f"{split}.correct", list, "scores"),
-            read_metric(m, f"{split}.loss", list, "scores"),
-        )
-        if not len(correct) == len(loss) == expected.exits:
-            raise CodecError(
-                f"scores {split}: {len(correct)} counts, {len(loss)} losses, the model has {expected.exits} exit(s)"
-            )
-        if not all(type(c) is int for c in correct) or not all(type(x) is float for x in loss):
-            raise CodecError(f"scores {split}: counts must be integers, losses floats")
-        scores.append(Scores(correct, loss, read_metric(m, f"{split}.n", int, "scores")))
+        values = {}
+        for f in fields(Scores):
+            kind, item = SCORE_WIRE[str(f.type)]
+            value = read_metric(m, f"{split}.{f.name}", kind, "scores")
+            if item is not None and not all(type(x) is item for x in value):
+                raise CodecError(f"scores {split}.{f.name}: entries must be of type {item.__name__}")
+            if item is not None and len(value) != expected.exits:
+                raise CodecError(
+                    f"scores {split}.{f.name}: {len(value)} entries, the model has {expected.exits} exit(s)"
+                )
+            values[f.name] = value
+        scores.append(Scores(**values))
     return read_metric(m, "client", int, "scores"), scores
 
 

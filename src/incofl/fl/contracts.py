@@ -169,6 +169,7 @@ class RoundReport:
     losses: dict[int, float]  # client -> mean local training loss
     diagnostics: dict[str, dict[str, float]] = field(default_factory=dict)  # e.g. InCo's per-layer theta/beta
     seconds: float = 0.0  # training time of the round
+    missing: list[int] | None = None  # planned clients left out (a transport that can lose them; None: it cannot)
 
     @classmethod
     def of(cls, round_: int, updates: list[ClientUpdate], epochs: int, diagnostics: dict) -> RoundReport:

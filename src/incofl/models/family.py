@@ -52,6 +52,11 @@ def exit_logits(output: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]
     return output if isinstance(output, list) else [output]
 
 
+def exit_count(model: nn.Module) -> int:
+    """How many exits a model's output has (exit_logits): resnet110's levels say, the others have one."""
+    return int(getattr(model, "outputs", 1))
+
+
 def input_size(name: str, image_size: int) -> int:
     """The side of the images a model family takes: ViTs 224 (images are resized), ResNets and
     cnn20 the data's (after `resize`)."""

@@ -83,6 +83,7 @@ class ExitResNet(nn.Module):
         self.exit_after = EXIT_AFTER[:exits]
         self.exits = nn.ModuleList(Exit(widths[(b - 1) // STAGE_BLOCKS], num_classes) for b in self.exit_after)
         self.fc = nn.Linear(channels, num_classes) if exits == LEVELS else None
+        self.outputs = len(self.exit_after) + (self.fc is not None)  # the logits `forward` returns
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Logits of every exit the model has, shallowest first; the last is the deepest."""

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from incofl.atomic import save_tensors
-from incofl.config import Affects, Analyses, run_settings
+from incofl.config import Affects, Analyses, RunConfig, run_settings
 from incofl.registry import METHODS
 
 # Settings a checkpoint stays valid across: those that change nothing a run computes, and those
@@ -103,3 +103,15 @@ def check_same(path: Path, theirs: dict[str, Any], config: dict[str, Any], remed
         raise CheckpointMismatch(
             f"{path}: made with {key}={theirs.get(key)!r}, this run has {key}={ours.get(key)!r}; {remedy}"
         )
+
+
+def checkpointed(round_: int, cfg: RunConfig) -> bool:
+    """Whether a run's checkpoint is written after round `round_` (1-based): every
+    `checkpoint_every`-th round but the last (summary.json marks a finished run)."""
+    return round_ % cfg.checkpoint_every == 0 and round_ < cfg.rounds
+
+
+def last_checkpoint(round_: int, cfg: RunConfig) -> int:
+    """The last round before round `round_` after which a checkpoint was written (0: none): where a
+    run stopped during round `round_` resumes from."""
+    return (round_ - 1) // cfg.checkpoint_every * cfg.checkpoint_every

@@ -19,7 +19,7 @@ from incofl.models.family import exit_logits
 from incofl.streams import PROBE_INPUT_SEED
 
 if TYPE_CHECKING:
-    from incofl.fl.engine.engine import Engine
+    from incofl.fl.engine.server import Server
 
 
 def training_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -33,14 +33,14 @@ def training_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 class Work:
     """The training work of rounds `start` to the end of a run."""
 
-    def __init__(self, engine: Engine, start: int):
-        cfg, data = engine.cfg, engine.train_data
+    def __init__(self, server: Server, start: int):
+        cfg, data = server.cfg, server.assembly.train_data
         gen = torch.Generator().manual_seed(PROBE_INPUT_SEED)  # its own generator: the run's draws stay untouched
         x = torch.rand((2, data.x.shape[1], data.input_size, data.input_size), generator=gen).to(data.x.device)
         y = torch.zeros(2, dtype=torch.long, device=data.x.device)
-        per_sample = [training_flops(copy.deepcopy(m).eval(), x, y) for m in engine.models]  # eval: no dropout draws
-        sizes = [len(p) * cfg.local_epochs for p in engine.parts]
-        rounds = [[int(c) for c in engine.schedule[t]] for t in range(start, cfg.rounds)]
+        per_sample = [training_flops(copy.deepcopy(m).eval(), x, y) for m in server.models]  # eval: no dropout draws
+        sizes = [len(p) * cfg.local_epochs for p in server.assembly.parts]
+        rounds = [[int(c) for c in server.schedule[t]] for t in range(start, cfg.rounds)]
         self.round_passes = [sum(sizes[c] for c in clients) for clients in rounds]
         self.flops = sum(sizes[c] * per_sample[group_of(c, cfg.clients, cfg.groups)] for r in rounds for c in r)
         self.largest = max(per_sample)

@@ -23,19 +23,16 @@ checkpoint in a new engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 
 from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundContext, RoundReport, Trained
 from incofl.fl.engine.divergence import check_states, check_updates
+from incofl.fl.engine.server import Server
 from incofl.fl.stages.aggregate import apply_update
 from incofl.fl.stages.clientstore import ClientStore
-
-if TYPE_CHECKING:
-    from incofl.fl.engine.engine import Engine
 
 HELD = "held"  # the held updates' space in their store
 
@@ -59,20 +56,21 @@ class Held:
 
 
 class RoundFold:
-    """One round's server side in progress (module docstring): `add` each client's update (any
-    order), `drop` a planned client that sends none, then `finish` once for the round's report."""
+    """One round (0-based `round_`) of the server side in progress (module docstring): `add` each
+    client's update (any order), `drop` a planned client that sends none, then `finish` once for
+    the round's report; `tick` is called as each update is folded in (a progress bar)."""
 
-    def __init__(self, engine: Engine, round_: int, plans: list[ClientPlan]):
-        self.engine, self.round, self.plans = engine, round_, plans
+    def __init__(self, server: Server, round_: int, plans: list[ClientPlan], tick: Callable[[], object] | None = None):
+        self.server, self.round, self.plans, self.tick = server, round_, plans, tick
         self.position = {plan.client: i for i, plan in enumerate(plans)}
         self.next = 0  # the position of the next plan to fold in
         self.waiting: dict[int, ClientUpdate | None] = {}  # position -> an update that came early (None: dropped)
         self.receipts: list[ClientUpdate] = []  # the folded updates without their tensors (the report's)
-        self.probes = [o for o in engine.observers if o.wants(round_ + 1)]
+        self.probes = [o for o in server.observers if o.wants(round_ + 1)]
         self.trained: list[Trained] = []  # the probes' (none unless they probe this round)
-        self.sums = engine.aggregator.fold()
+        self.sums = server.aggregator.fold()
         self.held = {
-            i: Held(engine.cfg.client_memory_mb, engine.device) for i, t in enumerate(engine.pre) if t.whole_round
+            i: Held(server.cfg.client_memory_mb, server.device) for i, t in enumerate(server.pre) if t.whole_round
         }
 
     def add(self, update: ClientUpdate) -> None:
@@ -86,29 +84,29 @@ class RoundFold:
     def finish(self) -> RoundReport:
         """The rest of the round once every update is in: clients neither added nor dropped are
         left out. Returns the round's report."""
-        engine, round_ = self.engine, self.round
+        server, round_ = self.server, self.round
         while self.waiting:
             self.next = min(self.waiting)
             self._advance()
         for i, held in self.held.items():  # in the transforms' order: a later one may hold again
-            engine.pre[i].seen_all(round_)
+            server.pre[i].seen_all(round_)
             for update in held:
-                self._through(engine.pre[i](round_, update), i + 1)
-        engine.planner.round_end(round_)
+                self._through(server.pre[i](round_, update), i + 1)
+        server.planner.round_end(round_)
         for probe in self.probes:
             probe.see_clients(round_ + 1, self.trained)
         for federation, average in self.sums.averages().items():
             aggregated = {k: v.clone() for k, v in average.items()} if self.probes else {}
             ctx = RoundContext.of(round_, federation, self.receipts, self.sums.covered.get(federation))
-            for post in engine.post:
+            for post in server.post:
                 average = post(average, ctx)
             for probe in self.probes:
                 probe.see_average(round_ + 1, federation, aggregated, average)
-            apply_update(engine.states[federation], average)
-        check_states(round_ + 1, engine.states)
-        engine.objective.server_round_end()
-        diagnostics = {k: v for post in engine.post for k, v in post.diagnostics().items()}
-        return RoundReport.of(round_ + 1, self.receipts, engine.cfg.local_epochs, diagnostics)
+            apply_update(server.weights[federation], average)
+        check_states(round_ + 1, server.weights)
+        server.objective.server_round_end()
+        diagnostics = {k: v for post in server.post for k, v in post.diagnostics().items()}
+        return RoundReport.of(round_ + 1, self.receipts, server.cfg.local_epochs, diagnostics)
 
     def _arrive(self, client: int, update: ClientUpdate | None) -> None:
         position = self.position.get(client)
@@ -127,26 +125,26 @@ class RoundFold:
                 self._fold(plan, update)
 
     def _fold(self, plan: ClientPlan, update: ClientUpdate) -> None:
-        engine, round_ = self.engine, self.round
+        server, round_ = self.server, self.round
         check_updates(round_ + 1, [update])
         if self.probes:  # its delta copied: a pre transform may change the update's in place
-            trained = engine.trained(plan, update)
+            trained = server.trained(plan, update)
             self.trained.append(replace(trained, delta={k: v.clone() for k, v in trained.delta.items()}))
-        engine.planner.observe(round_, update)
+        server.planner.observe(round_, update)
         self.receipts.append(update.receipt())
         self._through(update, 0)
-        if engine.tick is not None:
-            engine.tick()
+        if self.tick is not None:
+            self.tick()
 
     def _through(self, update: ClientUpdate, first: int) -> None:
         """Through the pre transforms from the `first` on into the sums; a whole-round
         transform sees it and holds it for `finish`."""
-        engine = self.engine
-        for i in range(first, len(engine.pre)):
+        server = self.server
+        for i in range(first, len(server.pre)):
             if i in self.held:
-                engine.pre[i].see(self.round, update)
+                server.pre[i].see(self.round, update)
                 self.held[i].put(update)
                 return
-            update = engine.pre[i](self.round, update)
+            update = server.pre[i](self.round, update)
         self.sums.add(update)
-        engine.objective.server_add(update)
+        server.objective.server_add(update)

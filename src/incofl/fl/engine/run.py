@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,13 +26,13 @@ from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import partition_for
 from incofl.fl.engine import checkpoint
+from incofl.fl.engine.assembly import Assembly, assemble
+from incofl.fl.engine.device import run_device
 from incofl.fl.engine.divergence import Diverged
-from incofl.fl.engine.engine import Engine, run_device
+from incofl.fl.engine.engine import Engine, simulator
 from incofl.fl.engine.estimate import Work
 from incofl.fl.engine.hardware import cpu_model, hardware_kind
 from incofl.fl.engine.rundir import claimed
-
-E = TypeVar("E", bound=Engine)
 
 
 def evaluated(round_: int, cfg: RunConfig) -> bool:
@@ -94,8 +94,8 @@ class Run:
         tqdm.write(line, file=sys.stderr)
 
     def record(self, round_: int) -> dict[str, float]:
-        costs = self.engine.costs.totals()  # upload bytes and compute units so far
-        row = {"round": round_, **self.engine.evaluate(), "seconds": round(self.elapsed, 3), **costs}
+        costs = self.engine.server.costs.totals()  # upload bytes and compute units so far
+        row = {"round": round_, **self.engine.evaluate(round_), "seconds": round(self.elapsed, 3), **costs}
         accs = [row[f"acc_g{g}"] for g in range(self.cfg.groups)]
         self.rows.append(row)
         with atomic_path(self.out / "metrics.csv") as tmp:
@@ -139,7 +139,7 @@ class Run:
                 raise Diverged(done["diverged_round"], done["diverged"])
             return done
         self.resume()
-        self.engine.store.attach(self.clientstate)  # after resume: drops files its checkpoint does not name
+        self.engine.attach(self.clientstate)  # after resume: drops files its checkpoint does not name
         self.log.info(
             "run %s %s alpha=%s seed=%d: rounds %d..%d",
             cfg.name,
@@ -149,7 +149,7 @@ class Run:
             self.round + 1,
             cfg.rounds,
         )
-        work, first = Work(self.engine, self.round), self.round
+        work, first = Work(self.engine.server, self.round), self.round
         self.say(work.line())
         bar = tqdm(
             range(self.round, cfg.rounds),
@@ -162,7 +162,7 @@ class Run:
         clients = tqdm(total=0, disable=not cfg.progress, desc="clients", unit="client", leave=False, position=1)
         self.engine.tick = clients.update  # the round's clients as each one's update is folded in
         for t in bar:
-            clients.reset(total=len(self.engine.schedule[t]))
+            clients.reset(total=len(self.engine.server.schedule[t]))
             start = time.perf_counter()
             try:
                 report = self.engine.run_round(t)
@@ -177,7 +177,7 @@ class Run:
                 self.say(work.time_line(report.seconds))
             if evaluated(self.round, cfg):
                 bar.set_postfix(acc=f"{self.record(self.round)['mean_acc']:.2f}")
-            if self.round % cfg.checkpoint_every == 0 and self.round < cfg.rounds:
+            if checkpoint.checkpointed(self.round, cfg):
                 self.save()
         clients.close()
         return self.finish()
@@ -196,16 +196,16 @@ class Run:
             **(self.accuracy() if diverged is None else {"diverged_round": diverged.round, "diverged": diverged.where}),
             "wall_s": round(self.elapsed, 3),
             "samples_per_s": round(self.samples / max(self.elapsed, 1e-9), 1),
-            **self.engine.costs.totals(),
-            **self.engine.planner.summary(),
-            "device": str(self.engine.device),
-            "hardware": hardware_kind(self.engine.device, cfg.numerics),  # one kind and threads: bit-identical
+            **self.engine.server.costs.totals(),
+            **self.engine.server.planner.summary(),
+            "device": str(self.engine.server.device),
+            "hardware": hardware_kind(self.engine.server.device, cfg.numerics),  # one kind and threads: bit-identical
             "cpu": cpu_model(),
             "numerics": cfg.numerics,
             "torch": torch.__version__,
             "config": cfg.model_dump(),
         }
-        for observer in self.engine.observers:
+        for observer in self.engine.server.observers:
             observer.write(self.out)
         write_json(self.out / "summary.json", summary, strict=True)
         if cfg.keep_checkpoint and diverged is None:
@@ -235,25 +235,25 @@ class Run:
             "last10_acc": float(np.mean([r["mean_acc"] for r in self.rows if r["round"] > cfg.rounds - 10])),
             "group_final_acc": [final[f"acc_g{g}"] for g in range(cfg.groups)],
             "final_loss": final["mean_loss"],
-            **self.engine.layout.summary(self.rows),
+            **self.engine.server.layout.summary(self.rows),
             "state_sha256": self.engine.fingerprint(),
         }
 
 
-def build_engine(cfg: RunConfig, data: ImageDataset | None, kind: type[E]) -> E:
-    """A run's engine as every entry point builds it (`incofl train`, a federation's server): the
-    config's threads, its data set (unless given), its partition and device; every input is
-    checked before an output is touched."""
+def build_assembly(cfg: RunConfig, data: ImageDataset | None = None) -> Assembly:
+    """What a run's server side is built on, as every entry point builds it (`incofl train`, a
+    federation's server): the config's threads, its data set (unless given), its partition and
+    device; every input is checked before an output is touched."""
     from incofl.data.sources import dataset_for
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = data or dataset_for(cfg)
-    return kind(cfg, data, partition_for(cfg, data), run_device(cfg))
+    return assemble(cfg, data, partition_for(cfg, data), run_device(cfg))
 
 
 def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:
-    """Run (or resume) one configured training run and return its summary."""
-    engine = build_engine(cfg, data, Engine)
+    """Run (or resume) one configured training run in the simulator and return its summary."""
+    engine = simulator(build_assembly(cfg, data))
     with claimed(Path(out_dir)):
         return Run(cfg, engine, Path(out_dir)).execute()

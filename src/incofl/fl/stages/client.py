@@ -6,7 +6,7 @@ training data, the run's trainer and the method's objective, and the entries eac
 for itself (`ClientPlan.keep`: personal layers, local BN statistics). It needs no server
 state: the simulator builds one for every client, a federation's node one for its own client
 (its own data only). The server hands it a plan and the server's start weights
-(`Engine.start`); the runner overlays what the client keeps (`own_start`), trains, and keeps
+(`Server.start`); the runner overlays what the client keeps (`own_start`), trains, and keeps
 the new kept entries in its `ClientStore` (fl/stages/clientstore.py), with whatever else the
 objective keeps per client.
 """

@@ -77,7 +77,7 @@ class ClientStore:
         self.used = 0  # bytes of the states in memory
         self.version = 0  # the last file written: names are never reused, so files never change
         self.folder: Path | None = None
-        self.scratch: tempfile.TemporaryDirectory | None = None  # spills before a folder is attached
+        self.spill_dir: tempfile.TemporaryDirectory | None = None  # spills before a folder is attached
         self.pinned: list[set[str]] = []  # the files of the last manifests, oldest first
 
     def get(self, space: str, client: int) -> State | None:
@@ -114,12 +114,12 @@ class ClientStore:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(folder)
-        if self.scratch is not None:
+        if self.spill_dir is not None:
             for entry in self.entries.values():
                 if entry.file is not None:
-                    shutil.move(Path(self.scratch.name) / entry.file, folder / entry.file)
-            self.scratch.cleanup()
-            self.scratch = None
+                    shutil.move(Path(self.spill_dir.name) / entry.file, folder / entry.file)
+            self.spill_dir.cleanup()
+            self.spill_dir = None
         self.folder = folder
         named = self._named()
         for path in folder.glob("*.pt"):
@@ -208,6 +208,6 @@ class ClientStore:
     def _dir(self) -> Path:
         if self.folder is not None:
             return self.folder
-        if self.scratch is None:
-            self.scratch = tempfile.TemporaryDirectory(prefix="incofl-clientstate-")
-        return Path(self.scratch.name)
+        if self.spill_dir is None:
+            self.spill_dir = tempfile.TemporaryDirectory(prefix="incofl-clientstate-")
+        return Path(self.spill_dir.name)

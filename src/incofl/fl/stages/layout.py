@@ -27,7 +27,10 @@ from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, State
 from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.evaluation import GroupEvaluator, PersonalEvaluator, Scores
+from incofl.fl.stages.plan import local_statistics
+from incofl.fl.stages.sampling import group_of
 from incofl.models.family import check_nested
+from incofl.registry import METHODS
 
 SubState = Callable[[int], State]  # group -> its global sub-state (the server's weights a group's model holds)
 TEST, HELD_OUT = "test", "held_out"  # the splits a client's model is scored on
@@ -49,8 +52,24 @@ def first_clients(groups: list[int]) -> list[int]:
     return [groups.index(g) for g in range(max(groups) + 1)]
 
 
-# Scores of client models, in order: where the clients keep their entries (a simulator's engine
-# scores them itself, a real federation's server asks the clients' nodes)
+def keeps(cfg: RunConfig) -> bool:
+    """Whether the run's clients keep entries of their models (personal layers, local BN
+    statistics): a client's model is then not its group's global weights, and is scored where
+    the client is."""
+    return METHODS[cfg.method].planner.personal or local_statistics(cfg)
+
+
+def tested_on_clients(cfg: RunConfig) -> list[int]:
+    """The clients whose models are scored on the test split where the clients are (their sites
+    need it: `incofl federation export --test`): each model group's first client's, where clients
+    keep entries and the data set has a global test set (GroupLayout.client_evals, Layout.on_client)."""
+    if not keeps(cfg) or cfg.pool_test:
+        return []
+    return first_clients([group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)])
+
+
+# Scores of client models, in order: those that need what only a client has scored where it is
+# (`Layout.on_client`: the client side, through the run's transport), the others by the server
 ClientScores = Callable[[list[ClientEval]], list[Scores]]
 
 
@@ -58,7 +77,7 @@ ClientScores = Callable[[list[ClientEval]], list[Scores]]
 class LayoutInputs:
     """What a layout is built from: the config, `build(name, **model_args)` (a model on the
     run's device), the models' input size, the splits on the device, each client's training and
-    held-out indices, and each client's model group."""
+    held-out indices, each client's model group, and whether clients keep entries (`keeps`)."""
 
     cfg: RunConfig
     build: Callable[..., nn.Module]
@@ -68,21 +87,29 @@ class LayoutInputs:
     parts: list[np.ndarray]
     held_out: list[np.ndarray] | None
     groups: list[int]
+    keeps: bool = False
 
 
 class Layout(Stateful):
     """The interface: `models` (one per model group), `server_model` (the server state's
-    shapes), `start`, `evaluate` (with `client_evals` and `score`, the client models it scores)
-    and `summary`."""
+    shapes), `start`, `evaluate` (with `client_evals` and `score`, the client models it scores,
+    and `on_client`, which of them need what only their client has) and `summary`."""
 
     models: list[nn.Module]
     server_model: nn.Module
+    keeps: bool = False  # clients keep entries of their models (the inputs' `keeps`)
 
-    def start(self, plan: ClientPlan, states: list[State], sub_state: SubState) -> State:
-        """The server's weights a planned client trains from (the client adds what it keeps)."""
+    def on_client(self, job: ClientEval) -> bool:
+        """Whether a listed client model is scored where its client is: on its held-out data, or
+        with what it keeps; otherwise it is its group's global weights, which the server scores."""
+        return job.split == HELD_OUT or self.keeps
+
+    def start(self, plan: ClientPlan, weights: list[State], sub_state: SubState) -> State:
+        """The server's weights a planned client trains from (the client adds what it keeps);
+        `weights`: the global weights, one state per federation."""
         return sub_state(plan.group)
 
-    def evaluate(self, states: list[State], client_scores: ClientScores) -> dict[str, float]:
+    def evaluate(self, weights: list[State], client_scores: ClientScores) -> dict[str, float]:
         """The metrics row of an evaluated round: mean_acc, mean_loss and acc_g{g} at least;
         `client_scores` scores the client models `client_evals` lists."""
         raise NotImplementedError
@@ -104,7 +131,7 @@ class GroupLayout(Layout):
     """One whole model per model group (module docstring)."""
 
     def __init__(self, inputs: LayoutInputs):
-        cfg = inputs.cfg
+        cfg, self.keeps = inputs.cfg, inputs.keeps
         self.models = [inputs.build(name) for name in cfg.models]
         self.server_model = self.models[check_nested(self.models)]
         self.evaluator = GroupEvaluator(self.models, inputs.test, cfg.eval_batch_size, cfg.drop_last)
@@ -132,7 +159,7 @@ class GroupLayout(Layout):
         assert self.personal is not None
         return self.personal.score_client(job.client, state)
 
-    def evaluate(self, states: list[State], client_scores: ClientScores) -> dict[str, float]:
+    def evaluate(self, weights: list[State], client_scores: ClientScores) -> dict[str, float]:
         """mean_acc, mean_loss and acc_g{g}; with `holdout` also personal_acc(_std)."""
         jobs = self.client_evals()
         scores = dict(zip(jobs, client_scores(jobs), strict=True))

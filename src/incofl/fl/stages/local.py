@@ -14,7 +14,7 @@ never the update itself) and `objective.server_round_end()` once the round is ap
 and clients hold separate objective objects, in the simulator as in a real federation: the server sends each client
 `objective.broadcast(federation)` with its start weights (what a client reads of the server's
 objective state: SCAFFOLD's c) and the clients' objective takes a copy of it with
-`receive(federation, state)` before training (`Engine.deliver`); a session reaches the server's
+`receive(federation, state)` before training (fl/engine/exchange.py); a session reaches the server's
 state only through what was delivered.
 The objective's state across rounds is its `state_dict` (fl/stages/component.py).
 """

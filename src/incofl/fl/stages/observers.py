@@ -66,7 +66,8 @@ def mean_trained(losses: Iterable[float]) -> float:
 
 class CostLog(Observer):
     """rounds.csv: per round its training time, samples, upload bytes, compute units and mean
-    training loss; totals for metrics.csv and summary.json."""
+    training loss (and, where a transport can lose clients, those left out); totals for
+    metrics.csv and summary.json."""
 
     filename = "rounds.csv"
 
@@ -79,6 +80,7 @@ class CostLog(Observer):
                 "upload_bytes": report.upload_bytes,
                 "compute_units": report.compute_units,
                 "train_loss": mean_trained(report.losses.values()),
+                **({} if report.missing is None else {"missing": " ".join(map(str, report.missing))}),
             }
         )
 

@@ -44,20 +44,24 @@ def last_gradients(model: nn.Module) -> State:
     }
 
 
+def held_classes(data: TensorSplit, indices: np.ndarray) -> torch.Tensor:
+    """The classes of `data` the samples at `indices` hold (sorted; on the data's device)."""
+    return data.y[torch.from_numpy(indices).to(data.y.device)].unique()
+
+
 class Trainer:
     """What every trainer holds: the run's config, the group models, the training split, the
     indices of each client it trains; and each client's batches of a round, from its own generator."""
 
     def __init__(self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: Parts, autocast: bool):
         self.cfg, self.models, self.data, self.parts, self.autocast = cfg, models, data, parts, autocast
-        self.held_classes: dict[int, torch.Tensor] = {}
+        self.held: dict[int, torch.Tensor] = {}
 
     def classes(self, client: int) -> torch.Tensor:
         """The classes a client holds samples of (masked cross-entropy, HeteroFL's classifier rows)."""
-        if client not in self.held_classes:
-            indices = torch.from_numpy(self.parts[client]).to(self.data.y.device)
-            self.held_classes[client] = self.data.y[indices].unique()
-        return self.held_classes[client]
+        if client not in self.held:
+            self.held[client] = held_classes(self.data, self.parts[client])
+        return self.held[client]
 
     def batches(self, round_: int, client: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.cfg

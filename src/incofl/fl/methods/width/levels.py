@@ -177,15 +177,15 @@ class WidthLayout(Layout):
             self.widths, self.models, self.server_model, inputs.test, cfg.eval_batch_size, static
         )
 
-    def start(self, plan: ClientPlan, states: list[State], sub_state: SubState) -> State:
+    def start(self, plan: ClientPlan, weights: list[State], sub_state: SubState) -> State:
         """The client's block of the global model (its view); a whole-model method's client (its
         levels uncut) its group's global sub-state."""
         if plan.view is None:
             return sub_state(plan.group)
-        return extract(states[plan.federation], plan.view.index)
+        return extract(weights[plan.federation], plan.view.index)
 
-    def evaluate(self, states: list[State], client_scores: ClientScores) -> dict[str, float]:
-        return self.evaluator(states[0])
+    def evaluate(self, weights: list[State], client_scores: ClientScores) -> dict[str, float]:
+        return self.evaluator(weights[0])
 
     def summary(self, rows: list[dict[str, float]]) -> dict[str, Any]:
         """Models with early exits (ScaleFL): each exit's final accuracy, and the release's mean over them."""

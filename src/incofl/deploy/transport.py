@@ -1,0 +1,374 @@
+"""A Flower federation as the transport of incofl's exchange (fl/engine/exchange.py): each job
+of a round or an evaluation is one message to its client's SuperNode, each reply is read and
+checked as it arrives, and nothing in a reply reaches the server side before every check passed.
+
+Identity (`Identity`): with site keys, a node's claim to be client C is accepted only if the
+key the SuperLink holds for it (`grid.get_nodes()`, node authentication) is site C's, and every
+reply must come from the node its message went to and be signed with its client's site key
+over its content and what it answers (the run, the round, the client, the id and type of the
+message it answers), checked before anything in it is read. Every instruction is signed with
+the server's key, which the nodes check against the public half their data files carry.
+
+Reading (`accept_update`, `accept_scores`): the codec checks a reply's form (records, names,
+shapes, dtypes, bytes) against what the server side expects of that client (`Server.expect`,
+`expect_scores`: derived from the plan, the start weights, the partition, the schedule's epochs
+and batches, and what the run's components declare their clients send) before it decodes an
+array; `check_update` / `check_scores` check its values. No reply can stop the server: one that
+fails any check, or raises anything while it is read, is refused in one line naming its node
+and client. Replies are pulled through a guarded inbox (inbox.py): one that does not decode is
+its node's fault, a message the server did not ask for is ignored, and no reply holds a round
+past its deadline (`round-timeout`).
+
+What the client side keeps stays on its node; the transport records the hashes each node
+reports (of what its client keeps, for the run's fingerprint; of its whole state, sent back
+with the client's next job so that a node whose restored state is another refuses to go on)
+and checkpoints them. federation.csv: the bytes each message's arrays took each way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+
+from incofl.atomic import atomic_path
+from incofl.config import ConfigError
+from incofl.deploy.codec import (
+    CodecError,
+    job_content,
+    message_bytes,
+    open_reply,
+    read_scores,
+    read_update,
+    sign_instruction,
+    unsigned,
+)
+from incofl.deploy.inbox import Inbox, Pulled
+from incofl.deploy.signing import SignatureError, private_key, public_key
+from incofl.fl.contracts import ClientPlan, State
+from incofl.fl.engine.exchange import (
+    EvalJob,
+    EvalReply,
+    ExpectedScores,
+    ExpectedUpdate,
+    MissingClients,
+    Reply,
+    TrainJob,
+    by_client,
+    check_hashes,
+    check_scores,
+    check_update,
+)
+from incofl.fl.engine.server import Server
+from incofl.fl.stages.evaluation import Scores
+from incofl.fl.stages.layout import ClientEval
+
+log = logging.getLogger("incofl.deploy")
+POLL = 0.05  # seconds between pulls of the replies still awaited (a reply waits on the SuperLink no longer)
+
+
+def spki(key: bytes, ssh: bool = False) -> bytes:
+    """A public key (PEM, as the SuperLink holds it; `ssh`: OpenSSH, as a site's file holds it) in
+    one form to compare (DER SubjectPublicKeyInfo); b'' if it is not one."""
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        public = serialization.load_ssh_public_key(key) if ssh else serialization.load_pem_public_key(key)
+    except (ValueError, TypeError):
+        return b""
+    return public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+@dataclass
+class Identity:
+    """Which node may speak for which client: with site keys (client -> key), only the node whose
+    key the SuperLink holds is that site's, and only a reply signed with that key is its; without,
+    any node (module docstring). The server's key signs every instruction of run `run`."""
+
+    grid: Grid
+    keys: dict[int, bytes] | None = None
+    node_keys: dict[int, bytes] = field(default_factory=dict)  # node -> its key (the SuperLink's)
+    run: int = 0
+    server: Any = None  # the server's private key (None: instructions go unsigned)
+
+    @classmethod
+    def load(cls, grid: Grid, node_keys: Path | None, server_path: Path | None, clients: int, run: int) -> Identity:
+        """The sites' keys in `node_keys` (`node<client>.pub`), each client's, and the server's
+        private key at `server_path`; refused in one line naming a missing or unreadable file."""
+        if server_path is not None and not server_path.is_file():
+            raise ConfigError(f"server-key: no {server_path}; make it with incofl federation export")
+        server = private_key(server_path) if server_path is not None else None
+        if server is None:
+            log.warning("no server key: the nodes cannot tell this server's messages from another's")
+        if node_keys is None:
+            log.warning("no node-keys: any node may claim any client (each client is bound to its node's word)")
+            return cls(grid, run=run, server=server)
+        keys = {}
+        for client in range(clients):
+            path = node_keys / f"node{client}.pub"
+            key = spki(path.read_bytes(), ssh=True) if path.is_file() else b""
+            if not key:
+                raise ConfigError(f"node-keys: {path}: no OpenSSH public key of client {client}'s site")
+            keys[client] = key
+        log.info("node keys from %s: each client is bound to its site's key", node_keys)
+        return cls(grid, keys, run=run, server=server)
+
+    def instruction(self, content: RecordDict, node: int, kind: str, round_: int, group: str = "") -> Message:
+        """A message to `node`, signed with the server's key where there is one."""
+        if self.server is not None:
+            content = sign_instruction(RecordDict(dict(content.items())), self.server, self.run, node, kind, round_)
+        return Message(content, node, kind, group_id=group)
+
+    def opened(self, reply: Message, client: int, answers: str, kind: str, round_: int) -> RecordDict:
+        """A reply's content, with site keys only if client `client`'s site signed it as the answer
+        to `answers` (SignatureError otherwise), before anything in it is read."""
+        if self.keys is None:
+            return unsigned(reply.content)
+        public = public_key(self.keys[client], f"client {client}'s key")
+        return open_reply(reply.content, public, self.run, round_, client, answers, kind)
+
+    def key(self, node: int) -> bytes:
+        """The key the SuperLink holds for `node` (b'' if none)."""
+        if node not in self.node_keys:
+            self.node_keys = {info.node_id: spki(bytes(info.public_key)) for info in self.grid.get_nodes()}
+        return self.node_keys.get(node, b"")
+
+    def refusal(self, node: int, client: int) -> str:
+        """Why `node` may not speak for `client` ('' if it may)."""
+        if self.keys is not None and self.key(node) != self.keys.get(client):
+            return f"node {node}'s key is not client {client}'s site's"
+        return ""
+
+
+def pulled(inbox: Inbox, waiting: Iterable[str], timeout: float) -> Iterator[Pulled]:
+    """The replies to the messages `waiting` (their ids), each as it arrives (or why it cannot be
+    read: inbox.py): pulled every POLL seconds until every one came or `timeout` passed, however
+    long a reply takes to upload."""
+    waiting, deadline = set(waiting), time.monotonic() + timeout
+    while waiting:
+        for got in inbox.pull(waiting, deadline):
+            waiting.discard(got.answers)
+            yield got
+        if not waiting or time.monotonic() >= deadline:
+            inbox.forget(waiting)
+            return
+        time.sleep(POLL)
+
+
+def no_content(node: int, reply: Message | None) -> str:
+    """Why a node's reply holds no content to decode ('' if it does): none came (in one line,
+    the last of a failed ClientApp's traceback)."""
+    if reply is None:
+        return "no reply within round-timeout (node gone?)" if node >= 0 else "no node"
+    if reply.has_error():
+        lines = [line.strip() for line in reply.error.reason.strip().splitlines() if line.strip()]
+        return f"the node's ClientApp failed: {lines[-1][:300] if lines else 'no reason given'}"
+    return ""
+
+
+def one_line(err: Exception) -> str:
+    """An exception raised while a reply was read, in one short line."""
+    text = str(err).strip().splitlines()
+    what = text[0][:300] if text else ""
+    return what if isinstance(err, CodecError) else f"unreadable ({type(err).__name__}: {what})"
+
+
+def accept_update(reply: Message, expected: ExpectedUpdate, content: RecordDict | None = None) -> Reply:
+    """A training reply read and checked against what the server accepts of its client (never
+    raises: what fails anything is refused, with why in `error`); `content`: its content, its
+    signature checked and left out (default: the reply's own)."""
+    client, node = expected.plan.client, reply.metadata.src_node_id
+    try:
+        update, kept, state = read_update(reply.content if content is None else content, expected, "cpu")
+        bad_hash = check_hashes(kept, state)
+        why = bad_hash or check_update(expected, update)
+    except Exception as err:  # noqa: BLE001 (no reply can stop the server)
+        return Reply(client, error=one_line(err), node=node)
+    if why:  # its state hash kept all the same (the node saved that state): unless malformed
+        return Reply(client, error=why, state_sha256="" if bad_hash else state, node=node)
+    return Reply(client, update, kept, state, node=node)
+
+
+def accept_scores(
+    reply: Message, job: EvalJob, expected: ExpectedScores, content: RecordDict | None = None
+) -> EvalReply:
+    """An evaluation reply read and checked (never raises, as accept_update)."""
+    node = reply.metadata.src_node_id
+    try:
+        client, scores = read_scores(reply.content if content is None else content, job.splits, expected)
+        why = check_scores(expected, client, scores)
+    except Exception as err:  # noqa: BLE001 (no reply can stop the server)
+        return EvalReply(error=one_line(err), node=node)
+    return EvalReply(client, scores, error=why, node=node)
+
+
+@dataclass
+class FlowerTransport:
+    """The exchange over a Flower Grid (module docstring): one message per job, so that clients
+    may hold different architectures, to the node of its client (`nodes`: client -> node)."""
+
+    lossy: ClassVar[bool] = True
+    server: Server
+    inbox: Inbox
+    nodes: dict[int, int]
+    timeout: float
+    out: Path
+    identity: Identity
+    kept: dict[int, str] = field(default_factory=dict)  # client -> hash of what it keeps (its last reply's; '' none)
+    states: dict[int, str] = field(default_factory=dict)  # client -> hash of its whole state (its last reply's)
+    traffic: list[dict[str, int]] = field(default_factory=list)
+
+    def train(
+        self, round_: int, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
+    ) -> Iterator[Reply]:
+        """Each planned client's job to its node; each reply read and checked as it arrives, then
+        one for each job without one (why: none came)."""
+        jobs = [
+            TrainJob(round_, plan, start(plan), broadcasts[plan.federation], self.states.get(plan.client, ""))
+            for plan in plans
+        ]
+        expected = [self.server.expect(job.plan, job.start) for job in jobs]
+        sent = [i for i, job in enumerate(jobs) if job.plan.client in self.nodes]
+        answered = set()
+        for i, got in self.send(sent, [jobs[i] for i in sent], [jobs[i].plan.client for i in sent], "train", round_):
+            answered.add(i)
+            yield self.taken(round_, jobs[i].plan, self.read_update(jobs[i].plan.client, expected[i], got, round_))
+        for i, job in enumerate(jobs):
+            if i not in answered:
+                node = self.nodes.get(job.plan.client, -1)
+                yield self.taken(round_, job.plan, Reply(job.plan.client, error=no_content(node, None), node=node))
+
+    def taken(self, round_: int, plan: ClientPlan, reply: Reply) -> Reply:
+        """A read reply recorded: its node saved the state it hashes (whether or not it is averaged),
+        what its client keeps; a refusal logged by node and client."""
+        if reply.state_sha256:
+            self.states[plan.client] = reply.state_sha256
+        if reply.error or reply.update is None:
+            log.warning("round %d: node %d, client %d: refused: %s", round_, reply.node, plan.client, reply.error)
+            return reply
+        reply.update.view = plan.view  # the server's own plan says where a sub-model sits
+        self.kept[plan.client] = reply.kept_sha256
+        return reply
+
+    def score(self, round_: int, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:
+        """Each client's listed models in one message to its node, scored there; stops naming the
+        clients without valid scores (an evaluation needs every one)."""
+        asked = [
+            EvalJob(
+                round_,
+                client,
+                evals[0].group,
+                tuple(j.split for j in evals),
+                start(evals[0].group),
+                self.states.get(client, ""),
+            )
+            for client, evals in by_client(jobs).items()
+        ]
+        replies: dict[int, EvalReply] = {}
+        for i, got in self.send(range(len(asked)), asked, [job.client for job in asked], "evaluate", round_):
+            replies[i] = self.read_scores(asked[i], got, round_)
+        why = {}
+        for i, job in enumerate(asked):
+            node = self.nodes.get(job.client, -1)
+            reply = replies.get(i) or EvalReply(error=no_content(node, None), node=node)
+            if reply.error:
+                log.warning(
+                    "evaluation after round %d: node %d, client %d: refused: %s",
+                    round_,
+                    reply.node,
+                    job.client,
+                    reply.error,
+                )
+                why[job.client] = reply.error
+            replies[i] = reply
+        if why:
+            raise MissingClients(round_, sorted(why), why, evaluation=True)
+        scored = {
+            (job.client, split): s
+            for i, job in enumerate(asked)
+            for split, s in zip(job.splits, replies[i].scores, strict=True)
+        }
+        return [scored[job.client, job.split] for job in jobs]
+
+    def send(
+        self, index: Iterable[int], jobs: list[Any], clients: list[int], kind: str, round_: int
+    ) -> Iterator[tuple[int, Pulled]]:
+        """Each job (with its index) as a signed message to its client's node; (index, what came)
+        for each reply as it arrives. Bytes each way go to federation.csv."""
+        index, messages, down = list(index), [], {}
+        for job, client in zip(jobs, clients, strict=True):
+            content = job_content(job)
+            down[client] = message_bytes(content)
+            messages.append(self.identity.instruction(content, self.nodes[client], kind, round_, str(round_)))
+        waiting = {message_id: k for message_id, k in self.inbox.push(messages).items()}
+        for got in pulled(self.inbox, waiting, self.timeout):
+            k = waiting[got.answers]
+            if got.message is not None and got.message.has_content():
+                self.count(kind, round_, clients[k], down[clients[k]], got.message)
+            yield index[k], got
+        self.write_traffic()
+
+    def read_update(self, client: int, expected: ExpectedUpdate, got: Pulled, round_: int) -> Reply:
+        """A training reply: refused if it cannot be its client's, else read and checked."""
+        if got.message is None:  # it does not decode, or never arrived whole: its node's fault
+            return Reply(client, error=got.why, node=got.node)
+        content, why = self.opened(client, got.message, "train", round_)
+        if content is None:
+            return Reply(client, error=why, node=self.nodes[client])
+        return accept_update(got.message, expected, content)
+
+    def read_scores(self, job: EvalJob, got: Pulled, round_: int) -> EvalReply:
+        """An evaluation reply: refused if it cannot be its client's, else read and checked."""
+        if got.message is None:
+            return EvalReply(error=got.why, node=got.node)
+        content, why = self.opened(job.client, got.message, "evaluate", round_)
+        if content is None:
+            return EvalReply(error=why, node=self.nodes[job.client])
+        return accept_scores(got.message, job, self.server.expect_scores(job.client, job.group, job.splits), content)
+
+    def opened(self, client: int, reply: Message, kind: str, round_: int) -> tuple[RecordDict | None, str]:
+        """A reply's content if it can be its client's, else (None, why): it must come from the
+        node its message went to, whose key is the client's, hold content, and (with site keys)
+        be signed by the client's site as the answer to this message (module docstring)."""
+        node, src = self.nodes[client], reply.metadata.src_node_id
+        if src != node:
+            return None, f"a reply from node {src} to a message sent to node {node}"
+        why = self.identity.refusal(src, client) or no_content(node, reply)
+        if why:
+            return None, why
+        try:
+            return self.identity.opened(reply, client, reply.metadata.reply_to_message_id, kind, round_), ""
+        except SignatureError as err:
+            return None, str(err)
+
+    def count(self, stage: str, round_: int, client: int, down: int, reply: Message) -> None:
+        """A message's bytes each way, for federation.csv."""
+        up = message_bytes(reply.content)
+        node = self.nodes[client]
+        self.traffic.append(
+            {"round": round_, "stage": stage, "client": client, "node": node, "down_bytes": down, "up_bytes": up}
+        )
+
+    def write_traffic(self) -> None:
+        with atomic_path(self.out / "federation.csv") as tmp:
+            pd.DataFrame(self.traffic).to_csv(tmp, index=False)
+
+    def kept_sha256(self) -> dict[int, str]:
+        """The hashes the nodes reported of what their clients keep (the run's fingerprint hashes them)."""
+        return {client: sha for client, sha in self.kept.items() if sha}
+
+    def attach(self, folder: Path) -> None:
+        """Nothing: what the clients keep stays on their nodes."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kept_sha256": dict(self.kept), "client_sha256": dict(self.states)}
+
+    def load_state_dict(self, payload: dict[str, Any]) -> None:
+        self.kept, self.states = dict(payload["kept_sha256"]), dict(payload["client_sha256"])

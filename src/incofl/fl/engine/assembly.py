@@ -1,0 +1,90 @@
+"""What both sides of a run are built on, in one downward pass: the data on the run's device,
+each client's share, the models as the run's layout lays them out, and the method's typed
+parameters. The server side (server.py) and the client side (clients.py) are each built from an
+`Assembly`; the simulator builds one and hands it to both, a federation's server and each of
+its nodes build their own (a node from its client's data alone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from incofl.config import RunConfig
+from incofl.data.augment import resolve_augment
+from incofl.data.dataset import ImageDataset
+from incofl.data.partition import Partition, holdout_split
+from incofl.data.tensors import TensorSplit, to_device
+from incofl.fl.contracts import Setup
+from incofl.fl.stages.clientstore import ClientStore
+from incofl.fl.stages.layout import Layout, LayoutInputs, keeps
+from incofl.fl.stages.sampling import group_of
+from incofl.models.family import build_model, input_size
+from incofl.params import Params
+from incofl.registry import METHODS, Method, layout_of
+
+
+@dataclass
+class Assembly:
+    """A run's data, shares, models (its layout's) and method, on its device (module docstring)."""
+
+    cfg: RunConfig
+    device: torch.device
+    parts: list[np.ndarray]  # each client's training indices (with `holdout`, less its held-out share)
+    held_out: list[np.ndarray] | None  # each client's held-out indices (holdout > 0)
+    train_data: TensorSplit
+    test_data: TensorSplit
+    layout: Layout
+    method: Method
+    hp: Params
+
+    @property
+    def models(self) -> list[nn.Module]:
+        return self.layout.models
+
+    def setup(self, store: ClientStore | None = None) -> Setup:
+        """What the method's components are built from (`store`: the client side's, for its objective)."""
+        aggregator = self.method.aggregator.cls
+        server = list(self.layout.server_model.state_dict())
+        return Setup(self.cfg, server, self.layout, self.models, aggregator.federation, store)
+
+
+def assemble(cfg: RunConfig, data: ImageDataset, partition: Partition, device: torch.device) -> Assembly:
+    """The data (each client's share, the splits on the device in the models' input size, with the
+    augmentation they train with), then the models, seeded by the run's seed (laid out as the run's
+    model asks: fl/stages/layout.py), then the method's parameters."""
+    parts, held_out = partition.parts, None
+    if len(parts) != cfg.clients:
+        raise ValueError(f"partition has {len(parts)} clients, config has clients={cfg.clients}")
+    if cfg.holdout:
+        parts, held_out = holdout_split(parts, data.y_train, cfg.holdout, cfg.partition_seed)
+    size = input_size(cfg.models[0], cfg.resize or data.image_size)
+    aug = resolve_augment(cfg.augment, cfg.dataset, model=cfg.models[0], cutout=cfg.cutout, pad_fill=cfg.pad_fill)
+    train_data, test_data = to_device(data, device, size, aug, cfg.normalize)
+    method = METHODS[cfg.method]
+    hp = method.parse_args(cfg.method_args)
+    model_kwargs = method.model_kwargs(hp)
+
+    def build(name: str, **model_args: Any) -> nn.Module:
+        model = build_model(
+            name,
+            data.num_classes,
+            data.channels,
+            stem=cfg.stem,
+            pretrained=cfg.pretrained,
+            image_size=size,
+            scale=cfg.model_scale,
+            **model_args,
+            **model_kwargs,
+        ).to(device)
+        return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+
+    torch.manual_seed(cfg.seed)  # the models' initialisation
+    groups = [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)]
+    inputs = LayoutInputs(cfg, build, size, train_data, test_data, parts, held_out, groups, keeps(cfg))
+    layout = layout_of(cfg).cls(inputs)
+    return Assembly(cfg, device, parts, held_out, train_data, test_data, layout, method, hp)

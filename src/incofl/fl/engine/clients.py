@@ -1,0 +1,94 @@
+"""The client side of a run, and the simulator's transport to it.
+
+`Clients` holds what lives on clients: the group models they train in (the layout's), their
+training data, the run's trainer and the method's objective (its client side: sessions, what
+was delivered), the entries each client keeps for itself and whatever else the objective keeps
+per client (its `ClientStore`), and the scoring of a client's model on the client's data. It
+holds no server state: the server sends each planned client its plan and start weights and its
+objective's broadcast (exchange.py), and the client side trains from them to the update. The
+simulator builds one for every client; a federation's node one for its own client, from its own
+data alone (incofl.deploy.client).
+
+`InProcess` is the simulator's transport: the same exchange, called directly. The broadcast is
+copied on the way, as a network would copy it; start weights are read-only to a client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.engine.assembly import Assembly
+from incofl.fl.engine.exchange import Reply
+from incofl.fl.engine.fingerprint import state_sha256
+from incofl.fl.stages.client import KEPT, ClientRunner
+from incofl.fl.stages.clientstore import ClientStore
+from incofl.fl.stages.evaluation import Scores
+from incofl.fl.stages.layout import ClientEval
+
+
+class Clients:
+    """A run's client side (module docstring): `stream` a round's planned clients to their
+    updates, `score` a client's model."""
+
+    def __init__(self, assembly: Assembly):
+        a, cfg = assembly, assembly.cfg
+        self.layout = a.layout
+        self.store = ClientStore(cfg.client_memory_mb)  # what each client keeps across rounds
+        self.objective = a.method.objective.cls(a.hp, a.setup(self.store))  # its client side
+        self.runner = ClientRunner(cfg, self.objective, a.models, a.train_data, a.parts, self.store)
+        self.objective.begin(a.layout.server_model.state_dict())  # read-only: the models' initial weights
+
+    def receive(self, broadcasts: dict[int, State]) -> None:
+        """What the server's objective sent each federation's clients, before they train."""
+        for federation, sent in broadcasts.items():
+            self.objective.receive(federation, sent)
+
+    def stream(
+        self, round_: int, plans: list[ClientPlan], start: Callable[[ClientPlan], State]
+    ) -> Iterator[ClientUpdate]:
+        """Round `round_` (1-based) of the planned clients from the server's start weights, each
+        update as soon as the run's trainer has it (ClientRunner.stream_round)."""
+        return self.runner.stream_round(round_ - 1, plans, start)
+
+    def score(self, job: ClientEval, start: State) -> Scores:
+        """A client's model scored on its split: the server's `start` with what the client keeps over it."""
+        return self.layout.score(job, self.runner.overlay(job.client, start))
+
+    def kept(self, client: int) -> State | None:
+        """The entries `client` keeps for itself (None: none)."""
+        return self.store.get(KEPT, client)
+
+
+class InProcess:
+    """The simulator's transport (module docstring): no client is ever left without a reply."""
+
+    lossy = False
+
+    def __init__(self, clients: Clients):
+        self.clients = clients
+
+    def train(
+        self, round_: int, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
+    ) -> Iterator[Reply]:
+        self.clients.receive({f: {k: v.clone() for k, v in sent.items()} for f, sent in broadcasts.items()})
+        for update in self.clients.stream(round_, plans, start):
+            yield Reply(update.client, update)
+
+    def score(self, round_: int, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:
+        return [self.clients.score(job, start(job.group)) for job in jobs]
+
+    def kept_sha256(self) -> dict[int, str]:
+        store = self.clients.store
+        return {c: state_sha256(store.get(KEPT, c)) for c in store.clients(KEPT)}
+
+    def attach(self, folder: Path) -> None:
+        self.clients.store.attach(folder)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.clients.store.state_dict()
+
+    def load_state_dict(self, payload: dict[str, Any]) -> None:
+        self.clients.store.load_state_dict(payload)

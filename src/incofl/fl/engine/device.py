@@ -1,0 +1,23 @@
+"""The device a run computes on (the same for both sides of a run)."""
+
+from __future__ import annotations
+
+import torch
+
+from incofl.config import ConfigError, RunConfig
+from incofl.numerics import activate
+
+
+def run_device(cfg: RunConfig) -> torch.device:
+    """The device a run computes on, its numerics in effect: a portable run computes on the CPU
+    with every pin checked (incofl.numerics), so `device: auto` means the CPU there."""
+    activate(cfg.numerics)
+    return resolve_device("cpu" if cfg.numerics == "portable" else cfg.device)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda, but this machine has no CUDA device (device: auto uses the CPU then)")
+    return torch.device(name)
