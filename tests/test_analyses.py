@@ -162,7 +162,7 @@ def test_analyses_do_not_change_training(data):
         for t in range(2):
             engine.observe(engine.run_round(t))
     assert plain.fingerprint() == probed.fingerprint()
-    assert len(probed.observers) == len(plain.observers) + 3
+    assert len(probed.server.observers) == len(plain.server.observers) + 3
 
 
 @pytest.mark.slow
@@ -207,8 +207,8 @@ def test_update_noise_has_the_std_asked_for_and_is_reproducible():
 
 
 def test_noise_is_off_by_default_and_first_when_on(data):
-    assert not any(isinstance(t, UpdateNoise) for t in engine_on(data, method="FedNova", **SMALL).pre)
-    pre = engine_on(data, method="FedNova", **{**SMALL, "update_noise": 0.1}).pre
+    assert not any(isinstance(t, UpdateNoise) for t in engine_on(data, method="FedNova", **SMALL).server.pre)
+    pre = engine_on(data, method="FedNova", **{**SMALL, "update_noise": 0.1}).server.pre
     assert isinstance(pre[0], UpdateNoise) and len(pre) == 2
 
 

@@ -163,7 +163,9 @@ def test_scores_without_counts_and_a_negative_sample_count_are_refused(honest):
     for part, value in (("n", -1), ("correct", []), ("loss", [])):
         changed.metric_records["scores"][f"{split}.{part}"] = value
     refused = accept_scores(reply_with(reply, changed), job, expected)
-    assert refused.error and f"scores {split}.correct: 0 entries, the model has {expected.exits} exit(s)" in refused.error
+    assert (
+        refused.error and f"scores {split}.correct: 0 entries, the model has {expected.exits} exit(s)" in refused.error
+    )
 
 
 # ---- random changes

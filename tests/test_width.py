@@ -142,9 +142,9 @@ def test_fedrolex_first_round_is_heterofl_and_rolls_after_it(data):
     rates = {"width_rates": [1.0, 0.5]}
     hetero, rolex = _run(data, "HeteroFL", **rates), _run(data, "FedRolex", **rates)
     assert hetero.fingerprint() == rolex.fingerprint()  # offset 0: leading channels
-    assert rolex.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(64, 32, 1).tolist()
-    assert hetero.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(64, 32, 0).tolist()
-    assert rolex.planner.plan(1, 0).view.index["conv1.weight"][0] is None  # rate 1: the full model
+    assert rolex.server.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(64, 32, 1).tolist()
+    assert hetero.server.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(64, 32, 0).tolist()
+    assert rolex.server.planner.plan(1, 0).view.index["conv1.weight"][0] is None  # rate 1: the full model
 
 
 @pytest.mark.slow
