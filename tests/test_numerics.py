@@ -72,6 +72,22 @@ def test_the_cli_refuses_an_environment_that_overrides_a_pin(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_incofl_train_pins_before_anything_imports_torch():
+    """The command the workflow runs (a fresh process, no pins in its environment): nothing it
+    imports before it reads the config and pins imports torch (the CLI's imports once did, and
+    every portable run was refused as pinned too late)."""
+    done = python("""
+        import sys
+        import incofl.numerics
+        from incofl import cli
+        pinned = []
+        cli.pin = lambda mode: pinned.append("torch" in sys.modules)
+        cli.run(["train", "--set", "numerics=portable", "--out", "/nonexistent/never"])
+        assert pinned == [False], pinned
+    """)
+    assert done.returncode in (0, 2), done.stderr
+
+
 def test_pins_are_environment_variables_of_portable_runs_only():
     assert environment("native") == {} and conflicts("native", {"MKL_CBWR": "AVX512"}) == []
     assert environment("portable") == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from incofl.config import BUILT_IN, ConfigError, ExperimentConfig, load_experiment, load_run_config, parse_overrides
+from incofl.errors import EXIT_DIVERGED, Diverged
 from incofl.numerics import NumericsError, pin
 
 # glibc's allocator costs 20-30% system time in CPU training; these must be set before
@@ -625,8 +626,6 @@ def _analysis_name(text: str) -> str:
 def run(argv: list[str] | None = None) -> int:
     """Parse and dispatch. Bad input (config, data, files) is one line on stderr and exit code
     2; a diverged run one line and 3; Ctrl-C one line and 130. No traceback for any of them."""
-    from incofl.fl.engine.divergence import EXIT_DIVERGED, Diverged
-
     args = build_parser().parse_args(argv)
     say = f"incofl {args.command}"
     try:

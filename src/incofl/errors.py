@@ -9,6 +9,18 @@ class ConfigError(ValueError):
     """A config problem, phrased as one line that names the key."""
 
 
+EXIT_DIVERGED = 3  # `incofl train`'s exit code for a diverged run (a result, not a crash)
+
+
+class Diverged(RuntimeError):
+    """A run's first non-finite training loss or server weight (fl/engine/divergence.py). Here,
+    torch-free, so that the CLI can name it before a run pins its numerics and imports torch."""
+
+    def __init__(self, round_: int, where: str):
+        super().__init__(f"diverged in round {round_}: {where}")
+        self.round, self.where = round_, where
+
+
 def key_and_message(err: ValueError) -> str:
     """`key: message` of a ValidationError's first error (or a ValueError's own text)."""
     if not isinstance(err, ValidationError):

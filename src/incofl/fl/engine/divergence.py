@@ -11,15 +11,8 @@ import math
 
 import torch
 
+from incofl.errors import Diverged
 from incofl.fl.contracts import ClientUpdate
-
-EXIT_DIVERGED = 3
-
-
-class Diverged(RuntimeError):
-    def __init__(self, round_: int, where: str):
-        super().__init__(f"diverged in round {round_}: {where}")
-        self.round, self.where = round_, where
 
 
 def first_nonfinite(tensors: dict[str, torch.Tensor]) -> str | None:

@@ -25,10 +25,10 @@ from incofl.atomic import atomic_path, write_json
 from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import partition_for
+from incofl.errors import Diverged
 from incofl.fl.engine import checkpoint
 from incofl.fl.engine.assembly import Assembly, assemble
 from incofl.fl.engine.device import run_device
-from incofl.fl.engine.divergence import Diverged
 from incofl.fl.engine.engine import Engine, simulator
 from incofl.fl.engine.estimate import Work
 from incofl.fl.engine.hardware import cpu_model, hardware_kind
