@@ -7,16 +7,16 @@ start it (flower-supernode with Flower's own SuperExec; its key registered with
 `flwr supernode register`), so that it can be killed alone. Then:
 
 - a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator,
-  every file up wrote private;
+  every file up wrote private, though three registered nodes that speak Flower's protocol
+  themselves (federation_rogue.py) answer its identify with replies no incofl node would send;
 - up's node ran all its messages in its one executor process, the other node each in a fresh one;
 - a node with a key nobody registered is refused by the SuperLink;
 - only the federation's own SuperExecs (which hold `up`'s secret) can take a run's work;
 - a site that reaches the port it dials (the Fleet API's) cannot use the Control API;
 - a node speaking the Fleet API itself with its registered key cannot push past the gate's caps;
 - client 1's flower-supernode SIGKILLed mid-round: with `allow-missing` the run ends without it;
-- then runs whose ClientApp raises leave up's warm executor serving the next;
-- and a reply up's node refuses (its ClientApp here: federation_executor_app.py) fails its task
-  only, and the warm executor serves the node's next message;
+- then a run whose ClientApp raises, and one whose reply up's node refuses (its ClientApp here:
+  federation_executor_app.py), each fail their task only: up's warm executor serves the next;
 - once stopped, no process any of this started is left (a /proc scan, recorded while it ran).
 """
 
@@ -159,6 +159,8 @@ class Deployment:
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
     logs: list = field(default_factory=list)
     port: int = 0
+    rogues: list = field(default_factory=list)  # the nodes of federation_rogue.py in the first run
+    simulated: dict = field(default_factory=dict)  # the simulator's summary of the first run
 
     def start(self, argv: list[str | Path], log: str, **kwargs: object) -> subprocess.Popen:
         out = open(self.root / f"{log}.log", "w")  # noqa: SIM115 (closed in stop)
@@ -251,12 +253,44 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     assert len(private) >= 12 and {p.stat().st_mode & 0o777 for p in private} == {0o600}
     assert {p.stat().st_mode & 0o777 for p in (sites / "keys", sites / "logs", sites / "superlink")} == {0o700}
     out = deployment.root / "deployed"
-    deployment.flwr_run(out, **{"round-timeout": 120})
-    deployment.wait_for(out / "summary.json", timeout=400)
+    deployment.rogues = _rogues(deployment)  # test_replies_a_node_crafts_... reads what they did
+    threads = [rogue.start() for rogue in deployment.rogues]
+    try:
+        deadline = time.monotonic() + 60  # each connected before the run asks every node to identify
+        while not all(rogue.node or rogue.error for rogue in deployment.rogues) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        deployment.flwr_run(out, **{"round-timeout": 120})
+        deployment.wait_for(out / "summary.json", timeout=400)
+    finally:
+        for rogue in deployment.rogues:
+            rogue.stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
     deployed = json.loads((out / "summary.json").read_text())
-    simulated = train(load_run_config(deployment.config), tmp_path / "simulator")
+    deployment.simulated = simulated = train(load_run_config(deployment.config), tmp_path / "simulator")
     assert deployed["state_sha256"] == simulated["state_sha256"]
     assert deployed["final_acc"] == simulated["final_acc"]
+
+
+def _rogues(deployment: Deployment) -> list:
+    """Three nodes of federation_rogue.py, each with a key of its own that the operator registered:
+    two dial the sites' port (the gate), the third the SuperLink's loopback listener (Flower's app whole)."""
+    from federation_rogue import Rogue
+
+    from incofl.deploy.credentials import node_key
+
+    ca = (deployment.root / "sites" / "certificates" / "ca.pem").read_bytes()
+    rogues = []
+    for kind, port in (
+        ("undecodable", deployment.port),
+        ("stalled", deployment.port),
+        ("unasked", deployment.port + 1),
+    ):
+        private, public = node_key(deployment.root / f"rogue-{kind}", 0)
+        register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
+        subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
+        rogues.append(Rogue(f"127.0.0.1:{port}", ca, private, kind))
+    return rogues
 
 
 def test_ups_node_runs_every_message_in_its_one_warm_executor(deployment):
@@ -385,45 +419,21 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
     ]
 
 
-def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_the_server(deployment, tmp_path):
-    """Three registered nodes that speak Flower's protocol themselves (federation_rogue.py), once
-    asked a run's identify: one answers with bytes Flower cannot decode (hash, header and length
-    right: the SuperLink stores them), one announces a reply and never uploads it, and one sends
-    the SuperLink a message of its own, never uploaded, through the loopback listener (Flower's app
-    whole, as a SuperLink without the gate serves its sites: the gate refuses it). Before, the first
-    raised out of the ServerApp's pull, and the others held it until their upload session expired
-    (Flower retries a reply's objects until then: 180 s after the last object pushed, the run's
-    join had run out); now each is its node's fault or ignored, and the run ends with the
-    simulator's weights."""
-    from federation_rogue import Rogue
-
-    from incofl.config import parse_overrides
-    from incofl.deploy.credentials import node_key
-
-    ca = (deployment.root / "sites" / "certificates" / "ca.pem").read_bytes()
-    rogues = []
-    for kind, port in (
-        ("undecodable", deployment.port),
-        ("stalled", deployment.port),
-        ("unasked", deployment.port + 1),
-    ):
-        private, public = node_key(deployment.root / f"rogue-{kind}", 0)
-        register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
-        subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
-        rogues.append(Rogue(f"127.0.0.1:{port}", ca, private, kind))
-    threads = [rogue.start() for rogue in rogues]
-    out = deployment.root / "rogues"
-    try:
-        deployment.flwr_run(out, set='"rounds=1"', **{"round-timeout": 120, "join-timeout": 180})
-        deployment.wait_for(out / "summary.json", timeout=300)
-    finally:
-        for rogue in rogues:
-            rogue.stop.set()
-        for thread in threads:
-            thread.join(timeout=30)
-    assert all(rogue.answered.is_set() for rogue in rogues), [rogue.error for rogue in rogues]
-    simulated = train(load_run_config(str(deployment.config), parse_overrides(["rounds=1"])), tmp_path / "sim")
-    assert json.loads((out / "summary.json").read_text())["state_sha256"] == simulated["state_sha256"]
+def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_the_server(deployment):
+    """Three registered nodes that speak Flower's protocol themselves (federation_rogue.py), present
+    in the first test's run (two rounds) and asked its identify: one answers with bytes Flower
+    cannot decode (hash, header and length right: the SuperLink stores them), one announces a reply
+    and never uploads it, and one sends the SuperLink a message of its own, never uploaded, through
+    the loopback listener (Flower's app whole, as a SuperLink without the gate serves its sites: the
+    gate refuses it). Before, the first raised out of the ServerApp's pull, and the others held it
+    until their upload session expired (Flower retries a reply's objects until then: 180 s after
+    the last object pushed, the run's join had run out); now each is its node's fault or ignored,
+    and the run ends with the simulator's weights. (The run is the first test's, so that one run
+    serves both: a run of its own cost this module about 50 s.)"""
+    assert len(deployment.rogues) == 3 and deployment.simulated, "the first test's run did not complete"
+    assert all(rogue.answered.is_set() for rogue in deployment.rogues), [rogue.error for rogue in deployment.rogues]
+    deployed = json.loads((deployment.root / "deployed" / "summary.json").read_text())
+    assert deployed["state_sha256"] == deployment.simulated["state_sha256"]
 
 
 def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment):
@@ -431,7 +441,9 @@ def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment)
     log = deployment.root / "elsewhere.log"
     trained = log.read_text().count("Receiving: train message")
     out = deployment.root / "killed"
-    deployment.flwr_run(out, set='"rounds=1"', **{"allow-missing": "true", "round-timeout": 30})
+    # the round waits out the killed node: up's warm node answered a train message in 7-14 s under a
+    # load of 4.7 on 2 cores (the slower beside a fresh flwr-clientapp's imports), so 20 s, not 30
+    deployment.flwr_run(out, set='"rounds=1"', **{"allow-missing": "true", "round-timeout": 20})
     deployment.wait_for(log, timeout=120, text="Receiving: train message", count=trained + 1)
     node.send_signal(signal.SIGKILL)  # the node itself, as a crash would: its own helpers are left to notice
     node.wait(timeout=30)  # reaped, as its parent would: Flower's helpers watch for their parent's pid to go
@@ -441,44 +453,45 @@ def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment)
     assert rounds["samples"].iloc[0] > 0  # client 0 was averaged
 
 
-def test_an_app_that_raises_fails_its_run_and_the_warm_executor_serves_on(deployment):
-    """Once client 1's node is gone: two runs whose config partitions otherwise than the site
-    files; up's node's ClientApp raises at identify each time, and its one executor reports it
-    and serves the next message (before, any exception but one of the app's ended it, and up with it)."""
-    log = deployment.root / "sites" / "logs" / "executor0.log"
-    raised = log.read_text().count("ClientApp raised an exception")
-    for i in (1, 2):
-        deployment.flwr_run(deployment.root / f"raises{i}", set='"partition_seed=99"', **{"join-timeout": 5})
-        deployment.wait_for(log, timeout=120, text="ClientApp raised an exception", count=raised + i)
-    assert "partition_seed" in log.read_text()
-    executor = [pid for pid, cmd in deployment.started.commands.items() if "incofl.deploy.executor" in cmd]
-    assert len(executor) == 1 and _stat(executor[0]) is not None  # the same process, still running
+def test_an_app_that_raises_or_a_push_the_node_refuses_fails_its_task_and_the_warm_executor_serves_on(deployment):
+    """Once client 1's node is gone (each run ends at identify, join-timeout), three runs in turn
+    on up's node, all served by its one warm executor:
 
+    - a run whose config partitions otherwise than the site files: the ClientApp raises at
+      identify, and the executor reports it (before, any exception but one of the app's ended it,
+      and up with it) and serves the next message, the next run's identify;
+    - that run's identify reply claims another run (federation_executor_app.py), which Flower's
+      SuperNode refuses (403, raised by Flower's HTTP retry as RunNotRunningException, a
+      BaseException): the executor logs it as that task's failure and pushes an error reply in its
+      place, which the node sends on (before, the exception ended the executor, and up with it);
+    - the third run's identify is served and answered by the same executor, and up runs on.
 
-def test_a_push_the_node_refuses_fails_its_task_and_the_warm_executor_serves_on(deployment):
-    """Once client 1's node is gone (each run ends at identify, join-timeout): a run whose identify
-    reply on up's node claims another run (federation_executor_app.py), which Flower's SuperNode
-    refuses (403, raised by Flower's HTTP retry as RunNotRunningException, a BaseException). The
-    executor logs it as that task's failure and pushes an error reply in its place, which the node
-    sends on; then the next run's identify is served and answered by the same executor, and up
-    runs on. Before, the exception ended the executor, and up with it."""
+    (One test, so that the run after the raise is the push that fails: a run fewer, 10 s.)"""
     from federation_executor_app import FAILING
 
     log = deployment.root / "sites" / "logs" / "executor0.log"
     node = deployment.root / "sites" / "logs" / "supernode0.log"
-    failed, start = log.read_text().count("Failed to push the reply"), len(node.read_text())
+    text = log.read_text()
+    raised, failed = text.count("ClientApp raised an exception"), text.count("Failed to push the reply")
+    deployment.flwr_run(deployment.root / "raises", set='"partition_seed=99"', **{"join-timeout": 5})
+    deployment.wait_for(log, timeout=120, text="ClientApp raised an exception", count=raised + 1)
+    assert "partition_seed" in log.read_text()
+    start = len(node.read_text())
     deployment.flwr_run(deployment.root / FAILING, **{"join-timeout": 5})
     deployment.wait_for(log, timeout=120, text="Failed to push the reply", count=failed + 1)
     deployment.flwr_run(deployment.root / "after-push-fails", **{"join-timeout": 5})
-    # on the node, in order: Flower's refusal ("Run ID in message does not match authenticated task's
-    # run ID"), the error reply sent in its place, the next run's identify received and answered
-    steps = ("ApiError:3014", "Sent successfully", "Receiving: query.identify", "Sent successfully")
+    # on the node, in order: the identify of the run after the raise, Flower's refusal of its reply
+    # ("Run ID in message does not match authenticated task's run ID"), the error reply sent in its
+    # place, the next run's identify received and answered
+    steps = ("Receiving: query.identify", "ApiError:3014", "Sent successfully", "Receiving: query.identify")
+    steps += ("Sent successfully",)
     deadline = time.monotonic() + 120
     while not _in_order(node.read_text()[start:], steps):
         assert time.monotonic() < deadline and deployment.up.poll() is None, node.read_text()[start:]
         time.sleep(0.2)
     text = log.read_text()
     assert "RunNotRunningException" in text and text.count("Failed to push the reply") == failed + 1
+    assert text.count("ClientApp raised an exception") == raised + 1  # the push that failed raised nothing
     executor = [pid for pid, cmd in deployment.started.commands.items() if "incofl.deploy.executor" in cmd]
     assert len(executor) == 1 and _stat(executor[0]) is not None and deployment.up.poll() is None
 

@@ -31,6 +31,9 @@ from hypothesis import strategies as st  # noqa: E402
 from incofl.config import load_run_config  # noqa: E402
 
 RUNS = {"SCAFFOLD": {}, "FedLAG": {"holdout": 0.2}, "FedNova": {"rounds": 1}, "HeteroFL": {**WIDTH, "rounds": 1}}
+# every test reads `honest` (four runs, 11 s on CI): on one worker, one after another, it is made
+# once (as single tests, xdist spread them over both workers, and each made it)
+pytestmark = pytest.mark.xdist_group("fuzz")
 
 
 @pytest.fixture(scope="module")

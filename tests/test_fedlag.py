@@ -23,6 +23,7 @@ TINY = {
     "clients": 4,
     "ratio": 1.0,
     "models": ["resnet10"],
+    "model_scale": 0.25,  # a quarter of the channels: conflicts, top-K and personal layers are counted by entry
     "batch_size": 16,
     "partition": "iid",
     "holdout": 0.25,
@@ -198,6 +199,7 @@ def test_the_cli_writes_personal_layers_and_personal_accuracy(tmp_path):
         "dataset=digits",
         "method=FedLAG",
         "models=[resnet10]",
+        "model_scale=0.25",
         "clients=4",
         "ratio=1.0",
         "rounds=3",

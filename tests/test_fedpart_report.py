@@ -30,6 +30,9 @@ TINY = {
     "eval_last": 0,
 }
 CYCLE = {"warmup": 0, "rounds_per_group": 1}  # L = 0 + 1 x 10 layer groups
+# every test reads `root` (five runs of 20 rounds, 11 s on CI): on one worker, one after another, it is
+# made once (as single tests the slow one ran apart from the others, and CI made it three times)
+pytestmark = pytest.mark.xdist_group("fedpart_report")
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,11 @@ TINY = {
     "clients": 4,
     "ratio": 0.5,
     "models": ["resnet10", "resnet14"],
+    # a quarter of the channels: the identities and hand-computed values here hold at any width, and
+    # a Table 2 round still lowers the training loss of every method (by 2-6%, 18-27% at full width:
+    # the 108 s this module took on CI at full width fell to about a third); the test that asks
+    # for a 30% drop in three rounds keeps full width
+    "model_scale": 0.25,
     "rounds": 3,
     "batch_size": 32,
     "partition": "iid",
@@ -325,7 +330,7 @@ def test_moon_uses_the_global_model_until_a_client_has_a_previous_one():
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["FedProx", "SCAFFOLD", "FedNova", "MOON"])
 def test_method_lowers_the_training_loss(data, method):
-    engine = _engine(data, method, models=["resnet10"], ratio=1.0)
+    engine = _engine(data, method, models=["resnet10"], ratio=1.0, model_scale=1.0)  # MOON: 0.78x at 0.25
 
     def train_loss():
         engine.server.models[0].load_state_dict(engine.server.sub_state(0))

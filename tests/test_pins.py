@@ -174,6 +174,7 @@ def test_client_sampling_schedule(key):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cifar10")  # the tests that read CIFAR-10 on one worker: its cache_dir decodes it once
 def test_cifar10_bytes(data_dir, cache_dir):
     assert content_hash(vars(load_dataset("cifar10", data_dir, cache_dir))) == CIFAR10
 

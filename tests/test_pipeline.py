@@ -308,6 +308,7 @@ def test_partition_release_through_the_config(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cifar10")  # the tests that read CIFAR-10 on one worker: its cache_dir decodes it once
 def test_fmnist_partition_drawn_over_cifar10_labels(data_dir, cache_dir):
     """The release's FMNIST clients get the CIFAR-10 partition: Dirichlet over CIFAR-10's labels,
     applied to FMNIST's first 50,000 images (10,000 unused)."""

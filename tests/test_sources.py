@@ -161,6 +161,7 @@ def test_tree_with_a_test_class_missing_from_train_is_rejected(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cifar10")  # the tests that read CIFAR-10 on one worker: its cache_dir decodes it once
 def test_real_cifar10(data_dir, cache_dir, monkeypatch):
     ds = load_dataset("cifar10", data_dir=data_dir, cache_dir=cache_dir, download=False)
     assert_well_formed(ds, 3, 32)

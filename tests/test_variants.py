@@ -34,6 +34,7 @@ TINY = {
     "clients": 4,
     "ratio": 0.5,
     "models": ["resnet10", "resnet14"],
+    "model_scale": 0.25,  # a quarter of the channels: what is checked here is names and settings
     "rounds": 2,
     "batch_size": 32,
     "eval_batch_size": 500,

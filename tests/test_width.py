@@ -20,6 +20,7 @@ from incofl.models.family import build_model
 
 WIDTH = {
     "models": ["preresnet18"],
+    "model_scale": 0.25,  # a quarter of the channels: the slicing, rolling and averaging are the same at any scale
     "clients": 4,
     "ratio": 1.0,
     "rounds": 1,
@@ -142,8 +143,9 @@ def test_fedrolex_first_round_is_heterofl_and_rolls_after_it(data):
     rates = {"width_rates": [1.0, 0.5]}
     hetero, rolex = _run(data, "HeteroFL", **rates), _run(data, "FedRolex", **rates)
     assert hetero.fingerprint() == rolex.fingerprint()  # offset 0: leading channels
-    assert rolex.server.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(64, 32, 1).tolist()
-    assert hetero.server.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(64, 32, 0).tolist()
+    # conv1's 64 channels at a quarter scale: 16, 8 at rate 0.5
+    assert rolex.server.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(16, 8, 1).tolist()
+    assert hetero.server.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(16, 8, 0).tolist()
     assert rolex.server.planner.plan(1, 0).view.index["conv1.weight"][0] is None  # rate 1: the full model
 
 
