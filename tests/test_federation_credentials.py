@@ -124,9 +124,10 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
         Processes(tmp_path / "logs")
     import torch
 
-    from incofl.deploy.client import NodeState
+    from incofl.config import RunConfig
+    from incofl.deploy.client import SavedStores
 
-    states = NodeState(tmp_path / "site0.state" / "run", checkpoint_every=1)  # a node's saved client states
+    states = SavedStores(tmp_path / "site0.state" / "run", RunConfig(checkpoint_every=1))  # a node's saved stores
     states.save(1, {"c": torch.zeros(2)})
     assert states.folder.stat().st_mode & 0o777 == 0o700 and states.at(1) is not None
     states.folder.chmod(0o755)
