@@ -49,9 +49,9 @@ TINY = {
     "ratio": 0.5,
     "models": ["resnet10", "resnet14"],
     # a quarter of the channels: the identities and hand-computed values here hold at any width, and
-    # a Table 2 round still lowers the training loss of every method (by 2-6%, 18-27% at full width:
-    # the 108 s this module took on CI at full width fell to about a third); the test that asks
-    # for a 30% drop in three rounds keeps full width
+    # a Table 2 round still lowers the training loss of every method (by 2-6%, 12-27% at full width;
+    # the module takes 40% of its full-width time); the test that asks for a 30% drop in three
+    # rounds keeps full width
     "model_scale": 0.25,
     "rounds": 3,
     "batch_size": 32,
