@@ -5,7 +5,10 @@ name, and what cannot run federated is refused before anything starts."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +91,226 @@ def test_codec_round_trip_is_exact():
     assert (kept, state) == ("abc", "def") and torch.equal(decoded.delta["w"], update.delta["w"])
     assert torch.equal(decoded.extra["last_grad"]["w"], start["w"]) and torch.equal(decoded.classes, update.classes)
     assert (decoded.num_samples, decoded.steps, decoded.loss, decoded.upload_params) == (17, 5, 0.5, 12)
+
+
+DTYPES_STATE = {  # one entry of every dtype a packed state may hold, odd shapes included
+    "w": torch.randn(3, 4, generator=torch.Generator().manual_seed(1)),
+    "nan": torch.tensor([float("nan"), -0.0, float("inf")]),
+    "num_batches_tracked": torch.tensor(7),
+    "f64": torch.tensor([1 / 3], dtype=torch.float64),
+    "f16": torch.tensor([[0.1, -2.5]], dtype=torch.float16),
+    "bf16": torch.tensor([0.1, 3e38], dtype=torch.bfloat16),
+    "i32": torch.tensor([-(2**31)], dtype=torch.int32),
+    "i16": torch.tensor([-3], dtype=torch.int16),
+    "i8": torch.tensor([-1], dtype=torch.int8),
+    "u8": torch.tensor([255], dtype=torch.uint8),
+    "mask": torch.tensor([True, False]),
+    "empty": torch.zeros(0, 3),
+    "t": torch.arange(6.0).reshape(2, 3).t(),  # not contiguous
+}
+
+
+def _raw(tensor: torch.Tensor) -> bytes:
+    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def test_a_packed_state_is_one_record_of_two_arrays_and_round_trips_bit_for_bit_in_every_dtype():
+    from incofl.deploy.codec import DTYPES, from_arrays, read_state, to_arrays
+
+    assert {str(t.dtype).removeprefix("torch.") for t in DTYPES_STATE.values()} == set(DTYPES)
+    record = to_arrays(DTYPES_STATE)
+    assert list(record) == ["index", "data"]
+    assert record["data"].data == b"".join(_raw(t) for t in DTYPES_STATE.values())
+    expected = {name: (tuple(t.shape), t.dtype) for name, t in DTYPES_STATE.items()}
+    for back in (from_arrays(record), read_state(record, expected, "delta", "cpu")):
+        assert list(back) == list(DTYPES_STATE)  # the sender's order
+        for name, t in DTYPES_STATE.items():
+            assert back[name].dtype == t.dtype and back[name].shape == t.shape and _raw(back[name]) == _raw(t), name
+    empty = to_arrays({})
+    assert [len(a.data) for a in empty.values()] == [2, 0] and from_arrays(empty) == {}
+    assert read_state(empty, {}, "extra", "cpu") == {}
+
+
+def _pack(index, data: bytes):
+    """A record in the packed form with this index (JSON of `index`, or these bytes) and data."""
+    from flwr.app import ArrayRecord
+
+    from incofl.deploy.codec import packed_array
+
+    raw = index if isinstance(index, bytes) else json.dumps(index, separators=(",", ":")).encode()
+    return ArrayRecord({"index": packed_array(raw), "data": packed_array(data)})
+
+
+STATE = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "n": torch.tensor(4)}
+EXPECTED = {"w": ((2, 3), torch.float32), "n": ((), torch.int64)}
+DATA = _raw(STATE["w"]) + _raw(STATE["n"])
+W, N = ["w", "float32", [2, 3]], ["n", "int64", []]
+
+
+def _malformed():
+    """{case: (record, what the server's refusal says, what a node's says)}: packs a node could
+    send, none EXPECTED's state; a node reading an instruction cannot know what the server
+    expects (None: it takes it), so it checks the form only. An index longer than the expected
+    entries' is refused by its length before it is parsed."""
+    from flwr.app import Array, ArrayRecord
+
+    from incofl.deploy.codec import PACKED, to_arrays
+
+    honest = to_arrays(STATE)
+    longer = "an index of {} bytes, the expected entries' is 40"
+    index = honest["index"].data
+    return {
+        "a name missing": (_pack([W], _raw(STATE["w"])), "entries other than expected: 'n'", None),
+        "an extra name": (_pack([W, N, ["x", "int64", []]], DATA + bytes(8)), longer.format(57), None),
+        "a renamed entry": (_pack([W, ["m", "int64", []]], DATA), "entries other than expected: 'm', 'n'", None),
+        "a wrong dtype of the same size": (
+            _pack([["w", "int32", [2, 3]], N], DATA),
+            "w: int32 (2, 3), expected float32 (2, 3)",
+            None,
+        ),
+        "float64 for float32": (
+            _pack([["w", "float64", [2, 3]], N], _raw(STATE["w"].double()) + _raw(STATE["n"])),
+            "w: float64 (2, 3), expected float32 (2, 3)",
+            None,
+        ),
+        "a wrong shape of the same size": (
+            _pack([["w", "float32", [3, 2]], N], DATA),
+            "w: float32 (3, 2), expected float32 (2, 3)",
+            None,
+        ),
+        "a shape of more dimensions": (
+            _pack([["w", "float32", [6]], ["n", "int64", [1]]], DATA),
+            "w: float32 (6,)",
+            None,
+        ),
+        "a dtype no state holds": (
+            _pack([["w", "complex", [2, 3]], N], DATA),
+            "w: dtype 'complex', expected one of float32",
+            "w: dtype 'complex', expected one of float32",
+        ),
+        "one byte short": (_pack([W, N], DATA[:-1]), "31 bytes of data, its index says 32", "31 bytes of data"),
+        "one byte more": (_pack([W, N], DATA + b"\0"), "33 bytes of data, its index says 32", "33 bytes of data"),
+        "no data": (_pack([W, N], b""), "0 bytes of data, its index says 32", "0 bytes of data"),
+        "a name twice": (_pack([W, ["w", "int64", []]], DATA), "'w' twice in its index", "'w' twice in its index"),
+        "a name twice, and the other": (_pack([W, N, W], DATA + DATA[:24]), longer.format(62), "'w' twice"),
+        "an index not a list": (_pack({"w": 1}, DATA), "its index is a dict, expected a list", "is a dict"),
+        "an entry of two": (
+            _pack([W, ["n", "int64"]], DATA),
+            "an index entry [str, str], expected [str, str, list]",
+            "an index entry [str, str], expected",
+        ),
+        "an entry not a list": (_pack([W, "n"], DATA), "an index entry str, expected", "an index entry str"),
+        "a name not a string": (_pack([W, [7, "int64", []]], DATA), "an index entry [int, str, list]", "[int, str"),
+        "a shape not a list": (
+            _pack([W, ["n", "int64", {}]], DATA),
+            "an index entry [str, str, dict]",
+            "[str, str, dict]",
+        ),
+        "a size not an int": (_pack([["w", "float32", [6.0]], N], DATA), "w: its shape is not a list", "w: its shape"),
+        "a bool size": (_pack([["w", "float32", [True]], N], DATA), longer.format(41), "w: its shape is not a list"),
+        "a negative size": (_pack([["w", "float32", [-6]], N], DATA), "w: its shape is not a list", "w: its shape"),
+        "an index not JSON": (
+            _pack(b'[["w","float32",[2,3]],', DATA),
+            "its index is not JSON",
+            "its index is not JSON",
+        ),
+        "an index not ASCII": (_pack('[["\u00e9","int64",[]]]'.encode(), DATA), "its index is not JSON", "not JSON"),
+        "an index nested deep": (_pack(b"[" * 19 + b"]" * 19, DATA), "an index entry [list]", "an index entry [list]"),
+        "an index nested past Python's limit": (_pack(b"[" * 100_000, DATA), longer.format(100_000), "not JSON"),
+        "an index with spaces": (_pack(b" " * 39 + b"[]", DATA), longer.format(41), "its index says 0"),
+        "no index": (ArrayRecord({"data": honest["data"]}), "arrays 'data', expected a packed state", "arrays 'data'"),
+        "an array per tensor": (
+            ArrayRecord({k: Array(t.numpy()) for k, t in STATE.items()}),
+            "arrays 'n', 'w', expected a packed state (index, data)",
+            "arrays 'n', 'w', expected a packed state",
+        ),
+        "a .npy array for the data": (
+            ArrayRecord({"index": honest["index"], "data": Array(STATE["w"].numpy())}),
+            "data: numpy.ndarray float32 (2, 3), expected incofl.packed uint8 of its length",
+            "data: numpy.ndarray float32",
+        ),
+        "data of another stype": (
+            ArrayRecord({"index": honest["index"], "data": Array("uint8", (32,), "numpy.ndarray", DATA)}),
+            "data: numpy.ndarray uint8 (32,), expected",
+            "data: numpy.ndarray uint8",
+        ),
+        "data whose shape is not its length": (
+            ArrayRecord({"index": honest["index"], "data": Array("uint8", (33,), PACKED, DATA)}),
+            "data: incofl.packed uint8 (33,), expected",
+            "data: incofl.packed uint8 (33,)",
+        ),
+        "an index of another dtype": (
+            ArrayRecord({"index": Array("int8", (len(index),), PACKED, index), "data": honest["data"]}),
+            "index: incofl.packed int8",
+            "index: incofl.packed int8",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_malformed()))
+def test_a_malformed_pack_is_refused_before_any_tensor_is_decoded(monkeypatch, case):
+    """Each way a node's packed state can differ from the expected one (its names, dtypes, shapes,
+    length, its index's form and size, its arrays' metadata) is refused in one line, by the
+    server and by a node reading it as an instruction, before a byte of its data is read."""
+    from incofl.deploy import codec
+
+    record, server, node = _malformed()[case]
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(codec, "unpack", decoded)
+    with pytest.raises(codec.CodecError, match="^delta.*" + re.escape(server)):
+        codec.read_state(record, EXPECTED, "delta", "cpu")
+    if node is None:
+        with pytest.raises(AssertionError, match="decoded"):  # well-formed: the node decodes it
+            codec.from_arrays(record, what="start")
+    else:
+        with pytest.raises(codec.CodecError, match="^start.*" + re.escape(node)):
+            codec.from_arrays(record, what="start")
+
+
+def test_a_bool_entry_holding_other_bytes_is_refused():
+    from incofl.deploy.codec import CodecError, from_arrays, read_state
+
+    record = _pack([["mask", "bool", [2]]], bytes([1, 2]))
+    with pytest.raises(CodecError, match="mask: bool values other than 0 and 1"):
+        read_state(record, {"mask": ((2,), torch.bool)}, "classes", "cpu")
+    with pytest.raises(CodecError, match="mask: bool values other than 0 and 1"):
+        from_arrays(record)
+
+
+def test_a_malformed_pack_in_an_instruction_is_refused_by_the_node():
+    from flwr.app import ArrayRecord
+
+    from incofl.deploy.codec import CodecError, job_content, read_job
+    from incofl.fl.engine.exchange import EvalJob, TrainJob
+
+    plan = ClientPlan(0, 0, 0, 1, trainable=frozenset({"w"}))
+    train = job_content(TrainJob(1, plan, STATE, {}, ""))
+    train["job.start"] = _pack([W, N], DATA[:-1])  # one byte short
+    with pytest.raises(CodecError, match="malformed TrainJob message: .*state: 31 bytes of data, its index says 32"):
+        read_job(TrainJob, train, "cpu")
+    evaluate = job_content(EvalJob(1, 0, 0, ("test",), STATE, ""))
+    evaluate["job.start"] = ArrayRecord()
+    with pytest.raises(CodecError, match="malformed EvalJob message: .*expected a packed state"):
+        read_job(EvalJob, evaluate, "cpu")
+
+
+def test_the_byte_budget_refuses_a_message_before_any_state_is_read():
+    from flwr.app import RecordDict
+
+    from incofl.deploy.codec import CodecError, check_budget, index_bytes, to_arrays
+
+    honest = RecordDict({"delta": to_arrays(STATE), "classes": to_arrays({"classes": torch.tensor([1, 4])})})
+    states = [EXPECTED, {"classes": ((2,), torch.int64)}]
+    check_budget(honest, states)  # exactly the budget: indexes and data
+    assert sum(len(a.data) for r in honest.array_records.values() for a in r.values()) == sum(
+        len(index_bytes(s)) + sum(math.prod(shape) * d.itemsize for shape, d in s.values()) for s in states
+    )
+    bigger = RecordDict({"delta": _pack([W, N], DATA + b"\0"), "classes": honest["classes"]})
+    with pytest.raises(CodecError, match="bytes of arrays, the plan allows"):
+        check_budget(bigger, states)
 
 
 @pytest.mark.slow
@@ -192,11 +415,12 @@ def _corrupting(change):
 
 
 def _first_delta(content, change):
-    from flwr.app import Array
+    from incofl.deploy.codec import from_arrays, to_arrays
 
-    delta = content.array_records["delta"]
+    delta = from_arrays(content.array_records["delta"])
     name = next(iter(delta))
-    delta[name] = Array(change(delta[name].numpy().copy()))
+    delta[name] = torch.from_numpy(change(delta[name].numpy().copy()))
+    content["delta"] = to_arrays(delta)  # packed again: a well-formed reply with the changed entry
 
 
 def _nan(content):

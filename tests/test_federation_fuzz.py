@@ -1,12 +1,13 @@
 """The federation server's checks of every reply (docs/federation.md): honest replies of tiny
 in-process runs (SCAFFOLD's increments, sent after a local step, FedLAG's last gradients and held-out scores,
 FedNova's steps, HeteroFL's width views), captured once, are accepted; each named lie, and
-random changes of any part a server can know (every metric, record, array, .npy header, dtype,
-hash and score), are refused without an exception escaping."""
+random changes of any part a server can know (every metric, record, packed state's entries,
+index and arrays, dtype, hash and score), are refused without an exception escaping."""
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import tempfile
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
@@ -137,24 +139,39 @@ def test_a_lie_about_the_counts_is_refused(honest, method, lie, why):
 
 
 def test_an_unasked_extra_array_is_refused_before_it_is_decoded(honest):
+    from incofl.deploy.codec import to_arrays
     from incofl.deploy.transport import accept_update
 
     reply, expected = _first(honest[0], "SCAFFOLD")
     changed = clone(reply.content)
-    changed["extra.junk"] = ArrayRecord({"x": Array(np.zeros(16 * 2**20, dtype=np.float32))})  # 64 MB
+    changed["extra.junk"] = to_arrays({"x": torch.zeros(16 * 2**20)})  # 64 MB
     refused = accept_update(reply_with(reply, changed), expected)
     assert "array records other than expected: 'extra.junk'" in refused.error
 
 
 def test_a_float64_delta_where_the_plan_holds_float32_is_refused(honest):
+    """Refused by the message's byte budget before any index is read (the budget is exact: the
+    expected states' bytes and indexes); an index that reads an entry's float32 bytes as half as
+    many float64 values (the data as long as expected): by that entry's dtype and shape."""
+    from incofl.deploy.codec import from_arrays, index_bytes, packed_array, to_arrays
     from incofl.deploy.transport import accept_update
 
     reply, expected = _first(honest[0], "SCAFFOLD")
+    delta = from_arrays(reply.content.array_records["delta"])
+    name = next(iter(delta))
     changed = clone(reply.content)
-    name, array = next(iter(changed.array_records["delta"].items()))
-    changed.array_records["delta"][name] = Array(array.numpy().astype(np.float64))
+    changed["delta"] = to_arrays({**delta, name: delta[name].double()})
     refused = accept_update(reply_with(reply, changed), expected)
-    assert f"delta {name}: float64" in refused.error and "expected float32" in refused.error
+    assert refused.update is None and "bytes of arrays, the plan allows" in refused.error
+
+    name = next(k for k, t in delta.items() if t.numel() % 2 == 0)
+    entries = {k: (tuple(t.shape), t.dtype) for k, t in delta.items()}
+    entries[name] = (half := (delta[name].numel() // 2,), torch.float64)
+    changed = clone(reply.content)
+    changed["delta"]["index"] = packed_array(index_bytes(entries))
+    refused = accept_update(reply_with(reply, changed), expected)
+    assert refused.update is None and f"delta {name}: float64 {half}" in refused.error
+    assert f"expected float32 {tuple(delta[name].shape)}" in refused.error
 
 
 def test_scores_without_counts_and_a_negative_sample_count_are_refused(honest):
@@ -242,83 +259,153 @@ def _change_record(content: RecordDict, data) -> bool:
     names = NAMES | st.sampled_from(["extra.last_grad", "extra.scaffold_increment", "delta", "classes", "kept"])
     name = data.draw(names.filter(lambda n: n not in content))
     kind = data.draw(st.sampled_from(["array", "metric", "config"]))
-    if kind == "array":
-        content[name] = ArrayRecord({"w": Array(np.zeros(data.draw(st.integers(0, 4)), dtype=np.float32))})
+    if kind == "array":  # packed, or one array per tensor as before
+        from incofl.deploy.codec import to_arrays
+
+        zeros = np.zeros(data.draw(st.integers(0, 4)), dtype=np.float32)
+        packed = data.draw(st.booleans())
+        content[name] = to_arrays({"w": torch.from_numpy(zeros)}) if packed else ArrayRecord({"w": Array(zeros)})
     else:
         content[name] = MetricRecord({"x": 1}) if kind == "metric" else ConfigRecord({"x": "y"})
     return True
 
 
+DTYPES = [torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool, torch.float32]
+
+
 def _change_array(content: RecordDict, data) -> bool:
-    """An array's entry removed, added or renamed, its dtype, shape, metadata or .npy bytes
-    changed, or a NaN/Inf written into it; the classes a client holds changed."""
+    """A packed state changed: its entries (one removed, added or renamed, its dtype or shape
+    changed, a NaN/Inf written into it, the classes a client holds changed; packed again, so
+    well-formed) or its form (its index's bytes, a name twice, an entry of the wrong types, the
+    data's length, the record's arrays, their metadata)."""
     if not content.array_records:
         return False
-    record = content.array_records[data.draw(st.sampled_from(sorted(content.array_records)))]
-    if not record:
+    name = data.draw(st.sampled_from(sorted(content.array_records)))
+    record = content.array_records[name]
+    how = data.draw(st.sampled_from(["entry", "index", "twice", "types", "length", "arrays", "metadata"]))
+    if how == "entry":
+        return _change_entry(content, name, data)
+    if how == "arrays":
+        if record and data.draw(st.booleans()):
+            key = data.draw(st.sampled_from(sorted(record)))
+            if data.draw(st.booleans()):
+                del record[key]
+            else:
+                record[data.draw(NAMES.filter(lambda k: k not in record))] = record.pop(key)
+        else:
+            record[data.draw(NAMES.filter(lambda k: k not in record))] = Array(np.zeros(3, dtype=np.uint8))
+        return True
+    if set(record) != {"index", "data"}:
         return False
-    key = data.draw(st.sampled_from(sorted(record)))
-    array = record[key]
-    values = array.numpy()
-    how = data.draw(st.sampled_from(["remove", "add", "rename", "dtype", "shape", "metadata", "bytes", "nonfinite"]))
-    if how == "remove":
-        del record[key]
-    elif how == "add":
-        record[data.draw(NAMES.filter(lambda k: k not in record))] = Array(values.copy())
-    elif how == "rename":
-        record[data.draw(NAMES.filter(lambda k: k not in record))] = record.pop(key)
-    elif how == "dtype":
-        dtype = data.draw(st.sampled_from([np.float64, np.float16, np.int64, np.int32, np.bool_, np.float32]))
-        if np.dtype(dtype) == values.dtype:
+    index, raw = record["index"], record["data"]
+    if how == "metadata":
+        array = data.draw(st.sampled_from([index, raw]))
+        stype = data.draw(st.sampled_from([array.stype, "numpy.ndarray", ""]))
+        dtype = data.draw(st.sampled_from([array.dtype, "float32", "int8", "object"]))
+        shape = data.draw(st.sampled_from([tuple(array.shape), (len(array.data) + 1,), (1, len(array.data)), (2**31,)]))
+        if (stype, dtype, shape) == (array.stype, array.dtype, tuple(array.shape)):
             return False
-        record[key] = Array(values.astype(dtype))
-    elif how == "shape":
-        if not values.size:
+        key = "index" if array is index else "data"
+        record[key] = Array(dtype, shape, stype, array.data)
+    elif how == "length":
+        cut = data.draw(st.integers(1, 8))
+        changed = raw.data + b"\0" * cut if data.draw(st.booleans()) or len(raw.data) < cut else raw.data[:-cut]
+        record["data"] = Array(raw.dtype, (len(changed),), raw.stype, changed)
+    elif how == "index":
+        text = index.data
+        at = data.draw(st.integers(0, len(text)))
+        cut = data.draw(st.sampled_from(["truncate", "extend", "flip"]))
+        if cut == "truncate" and at == len(text) or cut == "flip" and at == len(text):
             return False
-        shape = data.draw(st.sampled_from([(values.size,), (1, values.size), (values.size + 1,), (0,), ()]))
-        if shape == values.shape:
+        if cut == "flip":
+            changed = text[:at] + bytes([text[at] ^ data.draw(st.integers(1, 255))]) + text[at + 1 :]
+        else:
+            changed = text[:at] if cut == "truncate" else text + data.draw(st.sampled_from([b" ", b"[]", b"\0"]))
+        if _same_index(changed, text):
             return False
-        record[key] = Array(np.resize(values, shape))
-    elif how == "metadata":
-        shape = data.draw(st.sampled_from([(1,), (2**31,), tuple(values.shape) + (1,)]))
-        dtype = data.draw(st.sampled_from(["float32", "float64", "int64", "object"]))
-        if shape == values.shape and dtype == str(values.dtype):
+        record["index"] = Array(index.dtype, (len(changed),), index.stype, changed)
+    else:  # an entry named twice, or one of the wrong types (JSON the node could send)
+        try:
+            entries = _index(index.data)
+        except (ValueError, RecursionError):  # broken by an earlier change
             return False
-        record[key] = Array(dtype, tuple(shape), array.stype, array.data)
-    elif how == "bytes":
-        at = data.draw(st.integers(0, len(array.data)))
-        cut = data.draw(st.sampled_from(["truncate", "extend", "header"]))
-        if cut == "header" and at >= 128:
+        if (
+            not isinstance(entries, list)
+            or not entries
+            or not all(isinstance(e, list) and len(e) == 3 for e in entries)
+        ):
             return False
-        if cut == "truncate" and at == len(array.data):
-            return False
-        raw = array.data[:at] if cut == "truncate" else array.data + b"\0" * 4 if cut == "extend" else None
-        if raw is None:
-            flipped = array.data[at] ^ data.draw(st.integers(1, 255))
-            raw = array.data[:at] + bytes([flipped]) + array.data[at + 1 :]
-            if _same_npy(raw, array.data):
+        at = data.draw(st.integers(0, len(entries) - 1))
+        if how == "twice":
+            entries.insert(data.draw(st.integers(0, len(entries))), list(entries[at]))
+        else:
+            part = data.draw(st.integers(0, 2))
+            entries[at][part] = data.draw(st.sampled_from([7, 1.5, None, "x", [], {}, True, [-1], [0.5], ["2"]]))
+            if entries[at][part] == _index(index.data)[at][part]:
                 return False
-        record[key] = Array(array.dtype, array.shape, array.stype, raw)
-    elif values.dtype.kind == "f" and values.size:  # nonfinite
-        changed = values.copy()
-        changed.flat[data.draw(st.integers(0, values.size - 1))] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]))
-        record[key] = Array(changed)
-    elif key == "classes" and values.size:  # classes: values change
-        record[key] = Array(values + 1)
-    else:
-        return False
+        text = json.dumps(entries, separators=(",", ":")).encode()
+        record["index"] = Array(index.dtype, (len(text),), index.stype, text)
     return True
 
 
-def _same_npy(raw: bytes, original: bytes) -> bool:
-    """Whether changed .npy bytes still hold the same array (a header's padding or spacing changed)."""
-    import io
+def _index(text: bytes) -> list:
+    return json.loads(text.decode())
+
+
+def _same_index(changed: bytes, original: bytes) -> bool:
+    """Whether changed index bytes still read as the same index, at the same length (a change no check needs to see)."""
+    try:
+        return len(changed) == len(original) and _index(changed) == _index(original)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _change_entry(content: RecordDict, name: str, data) -> bool:
+    """An entry of a packed state removed, added, renamed, of another dtype or shape, NaN or Inf
+    written into it; the classes changed: the state packed again."""
+    from incofl.deploy.codec import CodecError, from_arrays, to_arrays
 
     try:
-        a, b = np.load(io.BytesIO(raw), allow_pickle=False), np.load(io.BytesIO(original), allow_pickle=False)
-    except Exception:  # noqa: BLE001 (any failure: not the same array)
+        state = from_arrays(content.array_records[name])
+    except CodecError:  # broken by an earlier change
         return False
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes() and raw[:8] == original[:8]
+    if not state:
+        return False
+    key = data.draw(st.sampled_from(sorted(state)))
+    values = state[key]
+    how = data.draw(st.sampled_from(["remove", "add", "rename", "dtype", "shape", "nonfinite", "values"]))
+    if how == "remove":
+        del state[key]
+    elif how == "add":
+        state[data.draw(NAMES.filter(lambda k: k not in state))] = values.clone()
+    elif how == "rename":
+        state[data.draw(NAMES.filter(lambda k: k not in state))] = state.pop(key)
+    elif how == "dtype":
+        dtype = data.draw(st.sampled_from(DTYPES))
+        if dtype == values.dtype:
+            return False
+        state[key] = values.to(dtype)
+    elif how == "shape":
+        if not values.numel():
+            return False
+        size = values.numel()
+        shape = data.draw(st.sampled_from([(size,), (1, size), (size + 1,), (0,), ()]))
+        if shape == tuple(values.shape):
+            return False
+        count = math.prod(shape)  # its values repeated or cut to the new shape (np.resize, in any dtype)
+        state[key] = values.reshape(-1).repeat(count // size + 1)[:count].reshape(shape)
+    elif how == "nonfinite" and values.is_floating_point() and values.numel():
+        changed = values.clone()
+        changed.view(-1)[data.draw(st.integers(0, values.numel() - 1))] = data.draw(
+            st.sampled_from([math.nan, math.inf, -math.inf])
+        )
+        state[key] = changed
+    elif how == "values" and name == "classes" and values.numel():  # a delta's values: a lie no server can see
+        state[key] = values + 1
+    else:
+        return False
+    content[name] = to_arrays(state)
+    return True
 
 
 def _change_hash(content: RecordDict, data) -> bool:

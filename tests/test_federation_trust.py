@@ -156,10 +156,8 @@ def test_an_instruction_the_server_did_not_sign_is_refused_and_the_node_left_as_
 def test_a_finite_update_that_would_overflow_the_rounds_sums_is_the_nodes_fault(tmp_path, caplog):
     """A delta of +-3e38 is finite (and its float32 sum overflows before any check sees a NaN): it
     is refused by node and client, not averaged into a run that then reads as diverged."""
-    from flwr.app import Array
-
     from incofl.deploy.clientapp import answer, app
-    from incofl.deploy.codec import unsigned
+    from incofl.deploy.codec import from_arrays, to_arrays, unsigned
     from incofl.deploy.inprocess import FIRST_NODE
 
     bad = _scheduled(0)[0]
@@ -169,12 +167,11 @@ def test_a_finite_update_that_would_overflow_the_rounds_sums_is_the_nodes_fault(
         if message.metadata.message_type != "train":
             return reply
         content = unsigned(reply.content)
-        delta = content.array_records["delta"]
-        name = next(iter(delta))
-        values = delta[name].numpy().copy()
+        delta = from_arrays(content.array_records["delta"])
+        values = next(iter(delta.values()))
         values[...] = 3e38
-        values.flat[0] = -3e38
-        delta[name] = Array(values)
+        values.view(-1)[0] = -3e38
+        content["delta"] = to_arrays(delta)
         return answer(message, context, content, int(message.metadata.group_id))  # signed: the site's own lie
 
     _, _, out = _signed_run(tmp_path, apps={FIRST_NODE + bad: huge}, rounds=1)

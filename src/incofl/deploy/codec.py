@@ -1,25 +1,38 @@
 """Between incofl's exchange (fl/engine/exchange.py) and Flower's records: states (name ->
-tensor) as an `ArrayRecord` (bit-exact: numpy's .npy bytes of the tensor, dtype and shape kept),
-a job (`TrainJob`, `EvalJob`, with the `ClientPlan` a TrainJob carries) as records derived from
-its fields (`job_content`, read back by `read_job`), a `ClientUpdate` as a `RecordDict` (its
-deltas, what it leaves for the server in `extra`, the classes it holds and its counts as metrics:
-`update_content`, `read_update`), and a client's `Scores` by split (`scores_content`,
-`read_scores`).
+tensor) as packed `ArrayRecord`s, a job (`TrainJob`, `EvalJob`, with the `ClientPlan` a TrainJob
+carries) as records derived from its fields (`job_content`, read back by `read_job`), a
+`ClientUpdate` as a `RecordDict` (its deltas, what it leaves for the server in `extra`, the
+classes it holds and its counts as metrics: `update_content`, `read_update`), and a client's
+`Scores` by split (`scores_content`, `read_scores`).
+
+A packed state is one record of two byte arrays, whatever its number of tensors: `data`, every
+tensor's raw little-endian bytes back to back in the state's order, and `index`, its entries'
+names, dtypes and shapes in that order (compact JSON: `[[name, dtype, shape], ...]`); both
+`Array`s of stype PACKED, dtype uint8, shape (length,). Flower moves every `Array` as its own
+object (one request each, at most two at a time): a state as one array per tensor cost two
+objects per tensor each way (the array and its data), packed it is four objects, one more per
+5 MiB of data (docs/performance.md, Flower). Bit-exact for every dtype of DTYPES (bfloat16
+included). A width view's index tensors travel packed the same way.
 
 Every dataclass is mapped field by field from its declarations (`dataclasses.fields`), by each
 field's type, through one table (`FIELDS`; an update's metrics: `WIRE`): a new field of a known
 type travels without a change here, one of another type fails loudly at its first message. What
 a node sends is read against what the server expects (`ExpectedUpdate`, `ExpectedScores`) before
-any array is decoded: exactly the expected records and entries, each array's dtype and shape
-from its metadata and its .npy header, its bytes exactly what those say, the message within the
-byte budget its arrays allow, each metric of its field's type. A reply that is not so is refused
-(`CodecError`, one line).
+any tensor is decoded: exactly the expected records, the message within the byte budget its
+states take packed (their data and indexes), each state exactly its two arrays, each of stype
+PACKED, uint8 and its length; its index no longer than the expected entries' (before it is
+parsed), well-formed (a JSON list of [string, known dtype, list of ints >= 0], no name twice),
+exactly the expected names, each of its expected dtype and shape; its data exactly the bytes
+they take; each metric of its field's type. A reply that is not so is refused (`CodecError`, one
+line); an instruction a node reads (`from_arrays`) is held to the same form, less the expected
+entries it cannot know.
 """
 
 from __future__ import annotations
 
-import io
+import json
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import Field, fields
 from typing import Any, TypeVar
@@ -27,7 +40,6 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from flwr.common.constant import SType
 
 from incofl.deploy.signing import SignatureError, digest, sign, statement, verify
 from incofl.fl.contracts import ClientPlan, ClientUpdate, State, View
@@ -38,7 +50,14 @@ from incofl.fl.stages.evaluation import Scores
 EXTRA = "extra."  # record names of an update's `extra` states
 UPDATE_ARRAYS = {"delta": "delta", "classes": "classes"}  # ClientUpdate's tensor fields -> their records
 UPDATE_KEPT_ON_NODE = ("kept", "view")  # never sent: what the client keeps; the server's own plan's view
-NPY_HEADER = 1024  # the most bytes an array's .npy header may take (an honest one: 128)
+PACK = ("index", "data")  # a packed state's two arrays: its index (JSON) and its tensors' bytes back to back
+PACKED = "incofl.packed"  # their Array stype: raw bytes (no .npy header), dtype uint8, shape (length,)
+DTYPES = {  # the dtypes a state may hold, by the name its index gives them
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    + (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+}
+MAX_DIMS = 64  # the most dimensions an index entry may have (a model's states have at most 5)
 WIRE = {"int": int, "float": float, "bool": int}  # a metric field's declared type -> the type it travels as
 SIGNATURE = "incofl.signature"  # the config record of a message's signature (signing.py)
 J = TypeVar("J", TrainJob, EvalJob)
@@ -48,52 +67,137 @@ class CodecError(ValueError):
     """A record that does not decode to what it should (a malformed message)."""
 
 
-def to_arrays(state: State) -> ArrayRecord:
-    return ArrayRecord({name: Array(t.detach().cpu().numpy()) for name, t in state.items()})
-
-
-def from_arrays(record: ArrayRecord, device: torch.device | str = "cpu") -> State:
-    return {name: torch.from_numpy(array.numpy().copy()).to(device) for name, array in record.items()}
-
-
 def short(names: Any) -> str:
     """A few of a node's names, each cut short, for a one-line refusal."""
     names = sorted(map(str, names))
     return ", ".join(repr(n[:40]) for n in names[:3]) + (" ..." if len(names) > 3 else "")
 
 
-def numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.empty(0, dtype=dtype).numpy().dtype
+# A state (name -> tensor) packed: one record of two byte arrays (module docstring)
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
-def read_array(array: Array, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
-    """An array of a node's message as a tensor, if it is exactly one of `shape` and `dtype`:
-    its metadata, its .npy header and its length are checked before anything is allocated."""
-    want = numpy_dtype(dtype)
-    if array.stype != SType.NUMPY or array.dtype != str(want) or tuple(array.shape) != shape:
-        got = f"{str(array.dtype)[:20]} {str(tuple(array.shape))[:60]}"
-        raise CodecError(f"{what}: {got}, expected {want} {shape}")
-    data = array.data
-    buffer = io.BytesIO(data)
+def entry_bytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+def index_bytes(entries: Expected) -> bytes:
+    """A state's index as it travels: [[name, dtype, shape], ...] in compact JSON (ASCII), in the state's order."""
+    index = [[name, dtype_name(dtype), list(shape)] for name, (shape, dtype) in entries.items()]
+    return json.dumps(index, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def packed_array(data: bytes) -> Array:
+    return Array(dtype="uint8", shape=(len(data),), stype=PACKED, data=data)
+
+
+def to_arrays(state: State) -> ArrayRecord:
+    """A state packed: its index and its tensors' bytes back to back, little-endian, in its order."""
+    if sys.byteorder != "little":
+        raise CodecError("packed states are little-endian: this machine is not")
+    tensors = {name: t.detach().cpu().contiguous() for name, t in state.items()}
+    for name, t in tensors.items():
+        if dtype_name(t.dtype) not in DTYPES:
+            raise CodecError(f"{name}: no encoding for dtype {t.dtype}")
+    index = index_bytes({name: (tuple(t.shape), t.dtype) for name, t in tensors.items()})
+    data = b"".join(t.reshape(-1).view(torch.uint8).numpy().data for t in tensors.values() if t.numel())
+    return ArrayRecord({"index": packed_array(index), "data": packed_array(data)})
+
+
+def packed(record: ArrayRecord, what: str) -> tuple[bytes, bytes]:
+    """A packed state's index and data bytes, if the record is exactly its two byte arrays."""
+    if set(record) != set(PACK):
+        raise CodecError(f"{what}: arrays {short(record)}, expected a packed state ({', '.join(PACK)})")
+    arrays = {key: record[key] for key in PACK}
+    for key, array in arrays.items():
+        data = array.data
+        shape = tuple(array.shape) if isinstance(array.shape, (tuple, list)) else None
+        if type(data) is not bytes or array.stype != PACKED or array.dtype != "uint8" or shape != (len(data),):
+            got = f"{str(array.stype)[:20]} {str(array.dtype)[:20]} {str(array.shape)[:40]}"
+            raise CodecError(f"{what} {key}: {got}, expected {PACKED} uint8 of its length")
+    return arrays["index"].data, arrays["data"].data
+
+
+def read_index(raw: bytes, what: str, limit: int | None = None) -> Expected:
+    """A packed state's index (name -> shape and dtype, in its order), if it is well-formed: at most
+    `limit` bytes (before it is parsed), a JSON list of [name, dtype, shape], each name a string
+    and once only, each dtype one of DTYPES, each shape at most MAX_DIMS sizes >= 0."""
+    if limit is not None and len(raw) > limit:
+        raise CodecError(f"{what}: an index of {len(raw)} bytes, the expected entries' is {limit}")
     try:
-        version = np.lib.format.read_magic(buffer)
-        header = np.lib.format.read_array_header_1_0(buffer, max_header_size=NPY_HEADER) if version == (1, 0) else None
-    except ValueError as err:
-        raise CodecError(f"{what}: not a .npy array ({str(err)[:80]})") from None
-    count = math.prod(shape)
-    if header != (shape, False, want) or len(data) != buffer.tell() + count * want.itemsize:
-        raise CodecError(f"{what}: its bytes are not the {want} array of shape {shape} its metadata says")
-    return torch.from_numpy(np.frombuffer(data, want, count, buffer.tell()).reshape(shape).copy())
+        index = json.loads(raw.decode("ascii"))
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise CodecError(f"{what}: its index is not JSON ({str(err)[:80]})") from None
+    if type(index) is not list:
+        raise CodecError(f"{what}: its index is a {type(index).__name__}, expected a list")
+    entries: Expected = {}
+    for entry in index:
+        kinds = f"[{', '.join(type(x).__name__ for x in entry[:4])}]" if type(entry) is list else type(entry).__name__
+        if type(entry) is not list or len(entry) != 3 or [type(x) for x in entry] != [str, str, list]:
+            raise CodecError(f"{what}: an index entry {kinds[:60]}, expected [str, str, list] (name, dtype, shape)")
+        name, dtype, shape = entry
+        if dtype not in DTYPES:
+            raise CodecError(f"{what} {name[:60]}: dtype {dtype[:20]!r}, expected one of {', '.join(DTYPES)}")
+        if len(shape) > MAX_DIMS or not all(type(size) is int and size >= 0 for size in shape):
+            raise CodecError(f"{what} {name[:60]}: its shape is not a list of at most {MAX_DIMS} ints >= 0")
+        if name in entries:
+            raise CodecError(f"{what}: {name[:60]!r} twice in its index")
+        entries[name] = (tuple(shape), DTYPES[dtype])
+    return entries
+
+
+def check_length(data: bytes, entries: Expected, what: str) -> None:
+    """A packed state's data exactly the bytes its (checked) index says."""
+    size = sum(entry_bytes(dtype, shape) for shape, dtype in entries.values())
+    if len(data) != size:
+        raise CodecError(f"{what}: {len(data)} bytes of data, its index says {size}")
+
+
+def unpack(data: bytes, entries: Expected, what: str, device: torch.device | str) -> State:
+    """The tensors of a packed state's data, its index and length checked (check_length): each
+    entry's bytes copied out (a bool entry: refused unless each byte is 0 or 1)."""
+    if sys.byteorder != "little":
+        raise CodecError("packed states are little-endian: this machine is not")
+    raw, state, at = np.frombuffer(data, np.uint8), {}, 0
+    for name, (shape, dtype) in entries.items():
+        n = entry_bytes(dtype, shape)
+        chunk = raw[at : at + n]
+        if dtype == torch.bool and chunk.size and chunk.max() > 1:
+            raise CodecError(f"{what} {name[:60]}: bool values other than 0 and 1")
+        if n:
+            tensor = torch.from_numpy(chunk.copy()).view(dtype).reshape(shape)
+        else:
+            tensor = torch.empty(shape, dtype=dtype)
+        state[name] = tensor.to(device)
+        at += n
+    return state
+
+
+def from_arrays(record: ArrayRecord, device: torch.device | str = "cpu", what: str = "state") -> State:
+    """A packed state (the server's instructions, read on the node): refused unless well-formed (read_index)
+    and its data exactly the bytes its index says."""
+    index, data = packed(record, what)
+    entries = read_index(index, what)
+    check_length(data, entries, what)
+    return unpack(data, entries, what, device)
 
 
 def read_state(record: ArrayRecord, expected: Expected, what: str, device: torch.device | str) -> State:
-    """A state of a node's message, if it holds exactly the expected entries (in the node's order)."""
-    if set(record) != set(expected):
-        odd = set(record) ^ set(expected)
-        raise CodecError(f"{what}: entries other than expected: {short(odd)}")
-    return {
-        name: read_array(array, *expected[name], f"{what} {name[:60]}").to(device) for name, array in record.items()
-    }
+    """A state of a node's message, if it holds exactly the expected entries (in the node's order),
+    each of its expected dtype and shape, and its data exactly their bytes: all checked before a
+    byte of its data is read (the index's length before it is parsed)."""
+    index, data = packed(record, what)
+    entries = read_index(index, what, len(index_bytes(expected)))
+    if set(entries) != set(expected):
+        raise CodecError(f"{what}: entries other than expected: {short(set(entries) ^ set(expected))}")
+    for name, (shape, dtype) in entries.items():
+        want_shape, want = expected[name]
+        if (tuple(shape), dtype) != (tuple(want_shape), want):
+            got, wanted = f"{dtype_name(dtype)} {tuple(shape)}"[:80], f"{dtype_name(want)} {tuple(want_shape)}"
+            raise CodecError(f"{what} {name[:60]}: {got}, expected {wanted}")
+    check_length(data, entries, what)
+    return unpack(data, entries, what, device)
 
 
 def check_records(content: RecordDict, arrays: set[str], metrics: set[str], configs: set[str]) -> None:
@@ -109,9 +213,11 @@ def check_records(content: RecordDict, arrays: set[str], metrics: set[str], conf
 
 
 def check_budget(content: RecordDict, expected: list[Expected]) -> None:
-    """The message's arrays within the bytes the expected states take (each with a .npy header)."""
+    """The message's arrays within the bytes the expected states take packed (their data and
+    their indexes: an honest index is as long in any order), summed from the arrays' lengths."""
     budget = sum(
-        math.prod(shape) * numpy_dtype(dtype).itemsize + NPY_HEADER for s in expected for shape, dtype in s.values()
+        len(index_bytes(state)) + sum(entry_bytes(dtype, shape) for shape, dtype in state.values())
+        for state in expected
     )
     size = sum(len(array.data) for record in content.array_records.values() for array in record.values())
     if size > budget:
@@ -167,28 +273,26 @@ class ViewField(Value):
 
     def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
         config[name] = value is not None
-        records[key] = ArrayRecord()
+        index = {} if value is None else value.index
+        records[key] = to_arrays(
+            {f"{e}#{d}": at for e, dims in index.items() for d, at in enumerate(dims) if at is not None}
+        )
         if value is not None:
             config |= {
                 f"{name}.group": value.group,
                 f"{name}.cost": float(value.cost),
                 f"{name}.names": list(value.index),
-                f"{name}.dims": [len(index) for index in value.index.values()],
+                f"{name}.dims": [len(dims) for dims in value.index.values()],
             }
-            for entry, index in value.index.items():
-                for dim, positions in enumerate(index):
-                    if positions is not None:
-                        records[key][f"{entry}#{dim}"] = Array(positions.cpu().numpy())
 
     def decode(self, name: str, config: ConfigRecord, content: RecordDict, key: str, device: Any) -> Any:
         if not config[name]:
             return None
-        arrays, index = content.array_records[key], {}
-        for entry, dims in zip(config[f"{name}.names"], config[f"{name}.dims"], strict=True):
-            index[entry] = tuple(
-                torch.from_numpy(arrays[f"{entry}#{d}"].numpy().copy()) if f"{entry}#{d}" in arrays else None
-                for d in range(int(dims))
-            )
+        positions = from_arrays(content.array_records[key], what=f"{name} index")
+        index = {
+            entry: tuple(positions.get(f"{entry}#{d}") for d in range(int(dims)))
+            for entry, dims in zip(config[f"{name}.names"], config[f"{name}.dims"], strict=True)
+        }
         return View(int(config[f"{name}.group"]), index, float(config[f"{name}.cost"]))
 
 
