@@ -137,10 +137,7 @@ class Inbox:
         try:
             ids = [t.object_id for t in iterate_object_tree(tree)]
             left = max(deadline - time.monotonic(), 0.1)
-            first, most = BACKOFF  # tries unbounded: the deadline alone bounds a reply (500 tries of 0.2 s: 100 s)
-            contents = pull_objects(
-                ids, pull, max_time=left, max_tries_per_object=None, initial_backoff=first, backoff_cap=most
-            )
+            contents = pull_objects(ids, pull, max_time=left, initial_backoff=BACKOFF[0], backoff_cap=BACKOFF[1])
         except Exception as err:  # noqa: BLE001 (not uploaded by the deadline, or not there)
             self._confirm(message_id)
             return Pulled(answers, node, why=f"its reply was not uploaded in time ({one_line(err)})")
