@@ -13,10 +13,9 @@ are made message by message (`Inbox.pull`):
 - a message that answers none of the ids the caller waits for (one a node sent unasked, or a
   late reply) is ignored without pulling its objects (logged; its objects let go);
 - each awaited reply's objects are pulled in a worker thread, with `pull_objects`' own bounds
-  set to the caller's deadline (`max_time`) and a backoff of 0.05 s doubling to 0.2 s (Flower's:
-  1 s doubling to 10 s; a reply's objects arrive one by one after it is announced), so the
-  caller never waits on one reply: a node that announces a reply and never uploads it (or
-  uploads it slowly) has it counted missing at the deadline, whatever the other replies do;
+  set to the caller's deadline (`max_time`) and a backoff of at most 1 s, so the caller never
+  waits on one reply: a node that announces a reply and never uploads it (or uploads it slowly)
+  has it counted missing at the deadline, whatever the other replies do;
 - a reply that does not decode is dropped, as its node's fault (`Pulled.why`).
 
 Any other grid (the in-process one of the tests) is pulled through its own `pull_messages`,
@@ -47,7 +46,7 @@ from flwr.superlink.grid.http_grid import HttpGrid
 
 log = logging.getLogger("incofl.deploy")
 FLOWER = "1.42.0"  # the HttpGrid whose calls Inbox makes itself
-BACKOFF = (0.05, 0.2)  # seconds: the first and the longest wait between two tries of an object not yet uploaded
+BACKOFF = 1.0  # seconds: the longest wait between two tries of an object not yet uploaded (Flower's: 10)
 WORKERS = 4  # replies whose objects are pulled at once
 
 
@@ -137,7 +136,7 @@ class Inbox:
         try:
             ids = [t.object_id for t in iterate_object_tree(tree)]
             left = max(deadline - time.monotonic(), 0.1)
-            contents = pull_objects(ids, pull, max_time=left, initial_backoff=BACKOFF[0], backoff_cap=BACKOFF[1])
+            contents = pull_objects(ids, pull, max_time=left, initial_backoff=0.2, backoff_cap=BACKOFF)
         except Exception as err:  # noqa: BLE001 (not uploaded by the deadline, or not there)
             self._confirm(message_id)
             return Pulled(answers, node, why=f"its reply was not uploaded in time ({one_line(err)})")
