@@ -11,10 +11,6 @@ context), with incofl's own ClientApp (`incofl.deploy.clientapp.app`): no app bu
 or loaded, so this node runs incofl's code only, whatever app a `flwr run` names. Its imports and
 the client built for a run (`clientapp._sites`) stay between messages: a message pays its
 training, not a fresh process's torch import and engine build (docs/performance.md, Flower).
-Its node takes a message before the message's objects have arrived (it pulls them from the
-SuperLink after it hands out the task), so the executor asks for an object not there yet again
-after 0.05 s doubling to 0.2 s (supernode.PULL), not Flower's 1 s doubling to 10 s: a message
-waited for nothing about two seconds in each round before.
 A task that fails in any way (its app raising, even SystemExit; a reply that cannot be pushed,
 even when Flower's HTTP retry turns the refusal into its RunNotRunningException, a BaseException)
 fails that task only, logged, and the next is served; a reply the node refused is replaced by an
@@ -40,13 +36,12 @@ import importlib.util
 import os
 import time
 from collections.abc import Callable
-from functools import partial
 from logging import ERROR
 from pathlib import Path
 
 import httpx
 
-from incofl.deploy.supernode import PULL, require_flower
+from incofl.deploy.supernode import require_flower
 
 require_flower("python -m incofl.deploy.executor")
 
@@ -68,7 +63,6 @@ from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.run import RunNotRunningException
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.superexec.run_superexec import _get_task_poll_interval
-from flwr.supernode.runtime import run_clientapp
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
 from incofl.deploy.clientapp import app
@@ -199,8 +193,6 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError) as err:  # missing, unreadable, empty or readable by others: one line
         parser.error(f"--superexec-auth-secret-file: {err}")
     client_app = load_app(os.environ.get(TEST_APP))
-    # pull_task_input's pull of the message's objects, with the node's shorter backoff (module docstring)
-    run_clientapp.pull_and_inflate_object_from_tree = partial(run_clientapp.pull_and_inflate_object_from_tree, **PULL)
     start_parent_process_monitor(args.parent_pid)  # SIGINT to this process once the node is gone
     try:
         serve(args.runtime_api_address, secret, poll, client_app)

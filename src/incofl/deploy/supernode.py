@@ -7,15 +7,9 @@ Flower 1.42.0's SuperNode sleeps 3 s whenever it asks the SuperLink for a messag
 and 0.5 s between looks for its ClientApp's reply (`time.sleep(3)` and `time.sleep(0.5)` in
 `flwr/supernode/start_client_internal.py`, no flag or environment variable sets them): a node
 that has just replied asks again at once, finds nothing (the server is still averaging) and so
-takes the next round's message up to 3 s late. And Flower's node takes a message as soon as the
-SuperLink announces it, then pulls its objects, which the server may still be pushing: an object
-not there yet is asked for again after 1 s, 2 s, 4 s ... (`pull_objects`' backoff, 1 s doubling to
-10 s, `flwr/supercore/inflatable/inflatable_utils.py`), so a round's message reached the node about
-a second after its last object reached the SuperLink. This runs Flower's own `flower-supernode`
-with that module's `time` replaced by one whose sleep is capped at WAIT and its `pull_objects`
-asking again after 0.05 s doubling to WAIT (PULL: within Flower's own time bound for a message's
-objects, `PULL_MAX_TIME`, 7200 s); it refuses any other Flower version, whose code it has not been
-checked against.
+takes the next round's message up to 3 s late. This runs Flower's own `flower-supernode` with that
+module's `time` replaced by one whose sleep is capped at WAIT; it refuses any other Flower version,
+whose code it has not been checked against.
 """
 
 from __future__ import annotations
@@ -23,13 +17,9 @@ from __future__ import annotations
 import sys
 import time
 import types
-from functools import partial
 
 WAIT = 0.2  # seconds: the longest the node's loop sleeps (an idle node asks the SuperLink 5 times a second)
 FLOWER = "1.42.0"
-# pulling a message's objects: the first retry of one not there yet after 0.05 s, doubling up to WAIT,
-# until Flower's time bound for the whole message (its PULL_MAX_TIME; Flower's tries per object: 500, 1-10 s apart)
-PULL = {"initial_backoff": 0.05, "backoff_cap": WAIT, "max_tries_per_object": None}
 
 
 def capped_time(cap: float) -> types.ModuleType:
@@ -60,7 +50,6 @@ def main() -> None:
     from flwr.supernode.cli import flower_supernode
 
     loop.time = capped_time(WAIT)
-    loop.pull_objects = partial(loop.pull_objects, **PULL)
     flower_supernode()
 
 
