@@ -541,14 +541,15 @@ def test_the_apps_run_config_defaults_are_its_settings():
         {"method": "FedPer", "holdout": 0.2, "pool_test": True},
     ],
 )
-def test_the_clients_whose_sites_need_the_test_split_are_the_layouts(settings):
+def test_the_clients_whose_sites_need_the_test_split_are_the_layouts(settings, tmp_path):
     """`incofl federation export --test` asks it of the clients whose models the layout scores on
     the test split where the client is (Layout.on_client): one rule, read two ways."""
     from incofl.fl.engine.assembly import assemble
     from incofl.fl.stages.layout import TEST, tested_on_clients
 
     cfg = RunConfig(
-        **{"dataset": "digits", "progress": False, "clients": 4, "models": ["resnet10", "resnet14"], **settings}
+        **{"dataset": "digits", "progress": False, "clients": 4, "models": ["resnet10", "resnet14"], **settings},
+        cache_dir=str(tmp_path),
     )
     data = dataset_for(cfg)
     layout = assemble(cfg, data, partition_for(cfg, data), torch.device("cpu")).layout
