@@ -72,19 +72,21 @@ def test_the_cli_refuses_an_environment_that_overrides_a_pin(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_incofl_train_pins_before_anything_imports_torch():
+def test_incofl_train_pins_before_anything_imports_torch(tmp_path):
     """The command the workflow runs (a fresh process, no pins in its environment): nothing it
     imports before it reads the config and pins imports torch (the CLI's imports once did, and
     every portable run was refused as pinned too late)."""
-    done = python("""
+    done = python(
+        """
         import sys
         import incofl.numerics
         from incofl import cli
         pinned = []
         cli.pin = lambda mode: pinned.append("torch" in sys.modules)
-        cli.run(["train", "--set", "numerics=portable", "--out", "/nonexistent/never"])
+        cli.run(["train", "--set", "numerics=portable", "cache_dir={tmp_path}", "--out", "{tmp_path}/run"])
         assert pinned == [False], pinned
-    """)
+    """.replace("{tmp_path}", str(tmp_path))
+    )
     assert done.returncode in (0, 2), done.stderr
 
 
