@@ -238,7 +238,18 @@ def read_metric(record: MetricRecord | ConfigRecord, key: str, kind: type, what:
 # by its declared type, through one table that both encodes and decodes it: plain values in the
 # dataclass's config record, a state (and a width view's index tensors) in an array record of its
 # own, a nested dataclass in records of its own. A field of a type the table lacks fails at once.
-class Value:
+class FieldCodec:
+    """How a field travels: `encode` writes it into the config values and records of its message,
+    `decode` reads it back (`key`: the name its own records take)."""
+
+    def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
+        raise NotImplementedError
+
+    def decode(self, name: str, config: ConfigRecord, content: RecordDict, key: str, device: Any) -> Any:
+        raise NotImplementedError
+
+
+class Value(FieldCodec):
     """A field held by one config value: `out` makes the value sent of it, `back` the field of that."""
 
     def __init__(self, out: Callable[[Any], Any], back: Callable[[Any], Any]):
@@ -251,11 +262,8 @@ class Value:
         return self.back(config[name])
 
 
-class NamesOrAll(Value):
+class NamesOrAll(FieldCodec):
     """A set of names that may be None (all): its names and `name.all`."""
-
-    def __init__(self) -> None:
-        super().__init__(sorted, frozenset)
 
     def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
         config |= {name: sorted(value) if value is not None else [], f"{name}.all": value is None}
@@ -264,12 +272,9 @@ class NamesOrAll(Value):
         return None if config[f"{name}.all"] else frozenset(config[name])
 
 
-class ViewField(Value):
+class ViewField(FieldCodec):
     """A width view or None: whether there is one, its group, cost and shape in the config record,
     its index tensors in the array record `key` (keyed `entry#dim`; dims that take all: none)."""
-
-    def __init__(self) -> None:
-        super().__init__(bool, bool)
 
     def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
         config[name] = value is not None
@@ -296,11 +301,8 @@ class ViewField(Value):
         return View(int(config[f"{name}.group"]), index, float(config[f"{name}.cost"]))
 
 
-class StateField(Value):
+class StateField(FieldCodec):
     """A state (name -> tensor) in the array record `key`."""
-
-    def __init__(self) -> None:
-        super().__init__(to_arrays, from_arrays)
 
     def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
         records[key] = to_arrays(value)
@@ -309,11 +311,10 @@ class StateField(Value):
         return from_arrays(content.array_records[key], device)
 
 
-class Nested(Value):
+class Nested(FieldCodec):
     """A dataclass field in records of its own, named from `key`."""
 
     def __init__(self, cls: type) -> None:
-        super().__init__(lambda v: v, lambda v: v)
         self.cls = cls
 
     def encode(self, name: str, value: Any, config: dict[str, Any], records: dict[str, Any], key: str) -> None:
@@ -323,7 +324,7 @@ class Nested(Value):
         return decode_fields(self.cls, content, key, device)
 
 
-FIELDS: dict[str, Value] = {
+FIELDS: dict[str, FieldCodec] = {
     "int": Value(int, int),
     "bool": Value(bool, bool),
     "str": Value(str, str),
@@ -337,7 +338,7 @@ FIELDS: dict[str, Value] = {
 }
 
 
-def field_codec(cls: type, f: Field) -> Value:
+def field_codec(cls: type, f: Field) -> FieldCodec:
     if f.type not in FIELDS:
         raise CodecError(f"{cls.__name__}.{f.name}: no encoding for its type {f.type}")
     return FIELDS[str(f.type)]
