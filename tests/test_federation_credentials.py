@@ -13,7 +13,7 @@ import pytest
 if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from incofl.deploy import credentials  # noqa: E402
+from incofl.deploy import credentials, signing  # noqa: E402
 from incofl.deploy.up import LocalFederation, startup_line  # noqa: E402
 
 
@@ -104,6 +104,7 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
     assert set(fed.site_files()) == {0, 1}
     credentials.certificates(sites / "certificates")
     loose = [sites / "site1.npz", sites / "keys" / "node1", sites / "certificates" / "server.key"]
+    loose += [sites / "keys" / "server", sites / "keys" / "node0"]
     for path in loose:
         path.chmod(0o644)
     cfg = load_run_config(config)
@@ -112,6 +113,8 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
         (fed.site_files, sites / "site1.npz"),
         (lambda: credentials.node_key(sites / "keys", 1), sites / "keys" / "node1"),
         (lambda: credentials.certificates(sites / "certificates"), sites / "certificates" / "server.key"),
+        (lambda: signing.server_key(sites / "keys"), sites / "keys" / "server"),  # the ServerApp's signing key
+        (lambda: signing.private_key(sites / "keys" / "node0"), sites / "keys" / "node0"),  # a node's node-key
     ]
     for check, path in checks:
         with pytest.raises(ConfigError, match=f"^{path}: readable by group or others \\(mode 0644\\); chmod 600 it"):
