@@ -37,10 +37,12 @@ def test_a_private_key_is_0600_from_the_moment_it_exists_and_renamed_into_place(
     private, public = credentials.node_key(tmp_path / "keys", 3)
     assert (private.name, public.name) == ("node3", "node3.pub")
     assert ("node3", 0o600) in seen and private.stat().st_mode & 0o777 == 0o600
-    ca, server, key = credentials.certificates(tmp_path / "certificates")
-    assert ("server.key", 0o600) in seen and key.stat().st_mode & 0o777 == 0o600
+    ca, server, key = credentials.certificates(tmp_path / "certificates", clients=[3])
+    for secret in ("server.key", "ca.key", "node3.key"):  # the CA's key and a site's TLS key too
+        assert (secret, 0o600) in seen and (ca.parent / secret).stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
-        ["keys", "node3", "node3.pub", "certificates", "ca.pem", "server.pem", "server.key"]
+        ["keys", "node3", "node3.pub", "certificates", "ca.pem", "ca.key", "server.pem", "server.key"]
+        + ["node3.pem", "node3.key"]
     )  # no temporary left
 
 
@@ -67,8 +69,22 @@ def test_the_server_certificate_is_signed_by_the_ca_for_127_0_0_1(tmp_path):
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert ipaddress.ip_address("127.0.0.1") in names.get_values_for_type(x509.IPAddress)
     before = ca_path.read_bytes()
-    credentials.certificates(tmp_path)  # present: used as they are
+    credentials.certificates(tmp_path, clients=[0])  # present: used as they are; a site's issued by the CA
     assert ca_path.read_bytes() == before
+    node = x509.load_pem_x509_certificate((tmp_path / "node0.pem").read_bytes())
+    node.verify_directly_issued_by(ca)
+
+
+def test_a_folder_without_the_cas_key_cannot_issue_a_sites_certificate(tmp_path):
+    """Certificates an earlier incofl made (the CA's key not kept) or one's own: a site's missing
+    certificate is refused in one line saying what to do, never made with another CA."""
+    from incofl.config import ConfigError
+
+    credentials.certificates(tmp_path, clients=[0])
+    (tmp_path / "ca.key").unlink()
+    credentials.certificates(tmp_path, clients=[0])  # what is there is used
+    with pytest.raises(ConfigError, match="no node1.pem and no ca.key to issue it with.*remove the folder"):
+        credentials.certificates(tmp_path, clients=[1])
 
 
 def test_the_startup_line_says_what_is_secured_and_who_can_run_code(tmp_path):

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from hashlib import sha256
 from pathlib import Path
 
 import pandas as pd
@@ -39,10 +40,12 @@ import pytest
 if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
+import flwr.supernode.fleet_http_connection as fleet_connection  # noqa: E402
 from federation_helpers import write_config  # noqa: E402
 
 from incofl.cli import run as incofl  # noqa: E402
 from incofl.config import load_run_config  # noqa: E402
+from incofl.deploy.supernode import client_certificate  # noqa: E402
 from incofl.fl.engine.run import train  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(600)]
@@ -171,8 +174,12 @@ class Deployment:
         return proc
 
     def supernode(self, name: str, key: Path, client: int, data: Path, port: int) -> subprocess.Popen:
-        ca = self.root / "sites" / "certificates" / "ca.pem"
-        argv = [BIN / "flower-supernode", "--root-certificates", ca, "--auth-supernode-private-key", key]
+        """Flower's SuperNode (its own SuperExec, a fresh flwr-clientapp a message) with the site's
+        certificate (supernode.py): a site elsewhere, started as the docs say."""
+        certificates = self.root / "sites" / "certificates"
+        argv = [sys.executable, "-m", "incofl.deploy.supernode", "--root-certificates", certificates / "ca.pem"]
+        argv += ["--client-certificate", certificates / "node1.pem", "--client-key", certificates / "node1.key"]
+        argv += ["--auth-supernode-private-key", key]
         argv += ["--superlink", f"127.0.0.1:{self.port}", "--port", port]
         argv += ["--node-config", f'client={client} data-path="{data}" node-key="{key}"']  # it signs its replies
         self.nodes[name] = self.start(argv, name, start_new_session=True)
@@ -226,6 +233,8 @@ def deployment(tmp_path_factory):
     elsewhere.mkdir()
     (sites / f"site{ELSEWHERE}.npz").rename(elsewhere / f"site{ELSEWHERE}.npz")
     dep = Deployment(root, config, env, Started())
+    fleet_client = fleet_connection.FleetHttpClient  # this process's Fleet clients (the rogues', the tests') show
+    client_certificate(sites / "certificates" / "node1.pem", sites / "certificates" / "node1.key")  # a site's
     dep.port = _free_port(5)  # the SuperLink's Fleet and Control ports, up's node, the node elsewhere, the stranger
     argv = [sys.executable, "-m", "incofl.cli", "federation", "up", "--sites", sites, "--port", dep.port]
     dep.up = dep.start([*argv, "--connection", CONNECTION], "up", start_new_session=True)
@@ -237,6 +246,7 @@ def deployment(tmp_path_factory):
         dep.supernode("elsewhere", key, ELSEWHERE, elsewhere / f"site{ELSEWHERE}.npz", dep.port + 3)
         yield dep
     finally:
+        fleet_connection.FleetHttpClient = fleet_client
         dep.stop()
         dep.started.done.set()
 
@@ -384,12 +394,11 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
     from flwr.proto.node_pb2 import Node
     from flwr.supercore.inflatable.inflatable_object import get_object_tree
     from flwr.supercore.task_identity import TaskIdentity
-    from flwr.supernode.fleet_http_client import FleetHttpClient
     from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 
     sites = deployment.root / "sites"
     key = serialization.load_ssh_private_key((sites / "keys" / f"node{ELSEWHERE}").read_bytes(), password=None)
-    fleet = FleetHttpClient.from_server_address(
+    fleet = fleet_connection.FleetHttpClient.from_server_address(
         f"127.0.0.1:{deployment.port}",
         insecure=False,
         root_certificates=(sites / "certificates" / "ca.pem").read_bytes(),
@@ -404,7 +413,9 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
         (fleet.PushObject, PushObjectRequest(node=node, run_id=1, object_id="0" * 64, object_content=bytes(64 << 20))),
         (fleet.PushMessages, PushMessagesRequest(node=node, messages_list=[message_to_proto(instruction)])),
         (fleet.PushObject, PushObjectRequest(node=node, run_id=1, object_id="1" * 64, object_content=b"x")),
+        (fleet.PushObject, PushObjectRequest(node=node, run_id=1, object_id=sha256(b"x").hexdigest())),
     ]
+    pushes[3][1].object_content = b"x"  # what its id says: an object, but of no reply of this node
     pushes[1][1].message_object_trees.append(tree)
     refused = []
     for call, request in pushes:
@@ -415,6 +426,7 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
     assert refused == [
         (413, "request body over 8 MiB"),
         (403, "a node pushes replies only"),
+        (403, "an object whose content is not what its id hashes"),
         (403, "an object of no reply pushed here"),
     ]
 
