@@ -42,6 +42,7 @@ if not os.environ.get("CI"):
 
 import flwr.supernode.fleet_http_connection as fleet_connection  # noqa: E402
 from federation_helpers import write_config  # noqa: E402
+from federation_hostile import Hostile  # noqa: E402
 
 from incofl.cli import run as incofl  # noqa: E402
 from incofl.config import load_run_config  # noqa: E402
@@ -163,6 +164,7 @@ class Deployment:
     logs: list = field(default_factory=list)
     port: int = 0
     rogues: list = field(default_factory=list)  # the nodes of federation_rogue.py in the first run
+    hostile: dict = field(default_factory=dict)  # the peer of federation_hostile.py in the first run, and when
     simulated: dict = field(default_factory=dict)  # the simulator's summary of the first run
 
     def start(self, argv: list[str | Path], log: str, **kwargs: object) -> subprocess.Popen:
@@ -265,6 +267,12 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     out = deployment.root / "deployed"
     deployment.rogues = _rogues(deployment)  # test_replies_a_node_crafts_... reads what they did
     threads = [rogue.start() for rogue in deployment.rogues]
+    certificates = sites / "certificates"
+    hostile = Hostile(
+        deployment.port, certificates / "ca.pem", (certificates / "node0.pem", certificates / "node0.key")
+    )
+    deployment.hostile = {"peer": hostile, "start": time.monotonic()}  # test_a_run_finishes_while_... reads it
+    threads += hostile.start()
     try:
         deadline = time.monotonic() + 60  # each connected before the run asks every node to identify
         while not all(rogue.node or rogue.error for rogue in deployment.rogues) and time.monotonic() < deadline:
@@ -272,6 +280,8 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
         deployment.flwr_run(out, **{"round-timeout": 120})
         deployment.wait_for(out / "summary.json", timeout=400)
     finally:
+        hostile.stop.set()
+        deployment.hostile["seconds"] = time.monotonic() - deployment.hostile["start"]
         for rogue in deployment.rogues:
             rogue.stop.set()
         for thread in threads:
@@ -301,6 +311,58 @@ def _rogues(deployment: Deployment) -> list:
         subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
         rogues.append(Rogue(f"127.0.0.1:{port}", ca, private, kind))
     return rogues
+
+
+def test_a_run_finishes_while_a_peer_holds_idle_connections_and_floods_the_sites_port(deployment):
+    """Issue 57, against `up` as the docs start it: all through the first test's run (which ended
+    with the simulator's weights), a peer from addresses of its own (federation_hostile.py) held 64
+    TCP connections that never started a handshake and 48 TLS connections with a site's certificate
+    that never sent a request, re-opening each the server closed, and sent back to back pushes of
+    messages as wide as the gate lets in, 8 MiB bodies in chunks, and requests with 15 KB and 60 KB
+    paths. The server closed the idle ones (handshake and request deadlines, the cap per peer),
+    answered a small request within a second (the gate parses off the loop), and logged the floods
+    in bounded lines at a bounded rate."""
+    from incofl.deploy.superlink import LOG_BURST
+    from incofl.deploy.up import LINE_CAP
+
+    assert deployment.simulated and deployment.hostile, "the first test's run did not complete"
+    peer, seconds = deployment.hostile["peer"], deployment.hostile["seconds"]
+    assert not peer.errors, peer.errors
+    assert peer.closed["tcp"] >= 64 and peer.closed["tls"] >= 48, peer.closed  # each closed once at least
+    assert min(peer.sent.values()) > 0 and len(peer.sent) == 4, peer.sent
+    waits = sorted(wait for wait, _ in peer.probes)
+    assert len(waits) > 10 and all(status for _, status in peer.probes), peer.probes
+    assert waits[int(0.9 * len(waits))] < 1.0 and waits[-1] < 3.0, waits  # the loop was never held
+    logs = [*(deployment.root / "sites" / "logs").glob("*.log*")]
+    assert max(len(line) for log in logs for line in log.read_text().splitlines()) <= LINE_CAP + 10
+    refused = (deployment.root / "sites" / "logs" / "superlink.log").read_text().count("incofl.gate: refused")
+    floods = sum(peer.sent.values())
+    assert refused <= LOG_BURST * (seconds + 2) < floods, (refused, floods, seconds)
+    print(  # the evidence docs/federation.md quotes (pytest -rP shows it)
+        f"{seconds:.0f} s: closed {dict(peer.closed)}, sent {dict(peer.sent)}, {refused} refusals logged; "
+        f"probes {len(waits)}: median {waits[len(waits) // 2]:.3f} s, 90% {waits[int(0.9 * len(waits))]:.3f} s, "
+        f"max {waits[-1]:.3f} s"
+    )
+
+
+def test_a_peer_without_a_sites_certificate_cannot_finish_a_handshake(deployment):
+    """The sites' port asks every peer for a certificate its CA issued: without one (a stock
+    flower-supernode's client) a request gets no answer; with a site's, the same request does."""
+    import ssl
+
+    certificates = deployment.root / "sites" / "certificates"
+    for certificate in (False, True):
+        context = ssl.create_default_context(cafile=str(certificates / "ca.pem"))
+        if certificate:
+            context.load_cert_chain(certificates / "node0.pem", certificates / "node0.key")
+        try:
+            with socket.create_connection(("127.0.0.1", deployment.port), timeout=10) as raw:
+                with context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:  # TLS 1.3: refused at first read
+                    conn.sendall(b"POST /v1/fleet/x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                    answer = conn.recv(100)
+        except (ssl.SSLError, ConnectionResetError):
+            answer = b""
+        assert answer.startswith(b"HTTP/1.1 404") == certificate, answer
 
 
 def test_ups_node_runs_every_message_in_its_one_warm_executor(deployment):

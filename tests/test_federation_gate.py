@@ -337,3 +337,20 @@ def test_a_peer_holds_at_most_its_share_of_connections_and_a_head_past_the_cap_i
     assert ask(listener, path="/v1/fleet/" + "x" * 20_000) == b""  # a head over 16 KiB: hung up on
     for conn in mine:
         conn.close()
+
+
+def test_a_finished_runs_messages_and_objects_are_pruned(node):
+    """Issue 57: Flower 1.42 cleans a finished run up only when a later request names it, so that a
+    reply never pulled stayed in the SuperLink's database. `prune_finished` (every 30 s in
+    superlink.py) cleans every finished run; a running one is left as it is."""
+    from flwr.common.constant import SubStatus
+
+    from incofl.deploy.superlink import FleetGate, prune_finished
+
+    pushed = announce(node, node.client(FleetGate(node.app, 8 * MIB, 16 * MIB)), reply_of(node, 8))
+    push_objects(node, node.client(node.app), pushed)
+    assert prune_finished(node.app) == [] and stored(node, pushed) > 8 * MIB  # running: kept
+    task = node.state.get_run_info(run_ids=[node.run_id])[0].primary_task_id
+    assert node.state.finish_task(task, SubStatus.COMPLETED, "")
+    assert prune_finished(node.app) == [node.run_id]
+    assert stored(node, pushed) == 0 and node.state.num_message_ins() == node.state.num_message_res() == 0

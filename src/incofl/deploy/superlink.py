@@ -75,6 +75,7 @@ REPLIES_PER_NODE = 8  # replies of one node whose budgets the gate holds (the ol
 SPENT_PER_NODE = 4096  # messages per node whose forgotten replies may not be pushed again
 HEAD_CAP = 16 * 1024  # bytes of a request's line and headers
 LOG_BURST = 5  # refusal lines a second, at most
+PRUNE_EVERY = 30.0  # seconds between two clean-ups of finished runs (prune_finished)
 MIB = 1 << 20
 log = logging.getLogger("incofl.gate")
 
@@ -449,6 +450,32 @@ def handshakes_within(seconds: float) -> Callable[[], asyncio.AbstractEventLoop]
     return Loop
 
 
+async def prune(app: Any) -> None:
+    """Every PRUNE_EVERY seconds, `prune_finished` (in a worker thread); a failure logged, tried again."""
+    while True:
+        await asyncio.sleep(PRUNE_EVERY)
+        try:
+            await asyncio.to_thread(prune_finished, app)
+        except Exception as err:  # noqa: BLE001 (a database busy for a moment: the next turn tries again)
+            log.warning("pruning finished runs failed: %s", err)
+
+
+def prune_finished(app: Any) -> list[int]:
+    """Flower's own clean-up of each finished run (`LinkState.cleanup_run`: its messages, their
+    objects and its upload sessions), which Flower 1.42 does only when a later request names that
+    run or `flwr ls` lists it: replies never pulled (a node's late or unasked ones) stay in its
+    database until then. What is kept of a finished run is its row, its logs and its traffic
+    counts (`flwr ls`, `flwr log`); a resume needs none of it (the run's checkpoint is the
+    ServerApp's). The runs cleaned."""
+    from flwr.common.constant import Status
+
+    state = app.state.linkstate_factory.state()
+    finished = [run.run_id for run in state.get_run_info(statuses=[Status.FINISHED])]
+    for run_id in finished:
+        state.cleanup_run(run_id)
+    return finished
+
+
 def two_listeners(limits: Limits) -> types.ModuleType:
     """`uvicorn`, but with `run` serving Flower's app whole on its own address (loopback) and
     through FleetGate on the Fleet address, in one event loop; signals stop both."""
@@ -479,11 +506,12 @@ def two_listeners(limits: Limits) -> types.ModuleType:
         )
 
         async def both() -> None:
-            task = asyncio.create_task(fleet.serve())
+            task, pruning = asyncio.create_task(fleet.serve()), asyncio.create_task(prune(app))
             try:
                 await whole.serve()
             finally:
                 fleet.should_exit = True
+                pruning.cancel()
                 await task
 
         with asyncio.Runner(loop_factory=handshakes_within(limits.request_timeout)) as runner:

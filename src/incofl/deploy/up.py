@@ -59,8 +59,8 @@ CONNECTION = "incofl-local"  # the connection `flwr run` names
 # that often; an idle 2-node federation then used 6% of a core (1 s: 2%, 0.1 s: 19%)
 TASK_POLL = 0.25
 PRIVATE_UMASK = 0o077  # of every process up starts
-# every node of one machine dials from 127.0.0.1: the per-peer cap is the port's own (superlink.py's default)
-PEER_CONNECTIONS = 64
+# connections a node may hold on the sites' port (Flower's node: its loop, its heartbeats, 2 pushes at once)
+NODE_CONNECTIONS = 8
 LINE_CAP = 4096  # bytes of a line a process logs (the rest of a longer one is cut)
 LOG_BYTES, LOG_BACKUPS = 16 << 20, 2  # a log file rotates at 16 MiB, two earlier ones kept: 48 MiB a process
 
@@ -274,7 +274,7 @@ def up(fed: LocalFederation) -> int:
     signal.signal(signal.SIGINT, interrupted)
     try:
         secret = None if fed.insecure else superexec_secret(fed.keys / "superexec.secret")
-        config = start_link(fed, tls, secret, procs)
+        config = start_link(fed, tls, secret, procs, len(sites))
         start_nodes(fed, sites, tls, secret, procs)
         print(startup_line(fed, sites, tls is not None, config, procs.logs), flush=True)
         while not stop["signal"]:
@@ -337,17 +337,21 @@ def database(sites: Path) -> Path:
 
 
 def start_link(
-    fed: LocalFederation, tls: tuple[Path, Path, Path] | None, secret: Path | None, procs: Processes
+    fed: LocalFederation, tls: tuple[Path, Path, Path] | None, secret: Path | None, procs: Processes, nodes: int
 ) -> Path:
     """The SuperLink (superlink.py: its Fleet API alone on `port`, the rest on `port + 1`, both on
-    127.0.0.1), listening, and its SuperExec; the connection added to Flower's config (returned)."""
+    127.0.0.1), listening, and its SuperExec; the connection added to Flower's config (returned).
+    Every node of this machine dials from 127.0.0.1, one peer address: its cap on connections is
+    NODE_CONNECTIONS for each node and four more (sites started apart, `flwr` tools), and the port's
+    64 more, so that another address cannot take what they need."""
+    peer = NODE_CONNECTIONS * (nodes + 4)
     security = ["--insecure"] if tls is None else ["--ssl-ca-certfile", str(tls[0])]
     security += [] if tls is None else ["--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
     security += [] if fed.insecure else ["--enable-supernode-auth"]
     link = procs.start(
         "superlink",
         [sys.executable, "-m", "incofl.deploy.superlink", "--fleet-address", f"127.0.0.1:{fed.port}", *security]
-        + ["--max-connections-per-peer", str(PEER_CONNECTIONS)]
+        + ["--max-connections-per-peer", str(peer), "--max-connections", str(peer + 64)]
         + [*isolated(secret), "--disable-runtime-dependency-installation", "--database", str(database(fed.sites))]
         + ["--host", "127.0.0.1", "--port", str(fed.port + 1)],
     )
