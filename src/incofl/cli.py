@@ -467,7 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connection", default="incofl-local", help="the connection added to Flower's config for flwr run")
     p.add_argument(
         "--certificates",
-        help="TLS with one's own certificates: a folder with ca.pem, server.pem, server.key (for 127.0.0.1); "
+        help="TLS with one's own certificates: a folder with ca.pem, server.pem, server.key (for 127.0.0.1) "
+        "and each site's client certificate, nodeK.pem and nodeK.key (issued from ca.key there where missing); "
         "default: SITES/certificates, made there unless present",
     )
     p.add_argument(

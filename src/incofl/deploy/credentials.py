@@ -1,6 +1,7 @@
 """What a federation's processes prove themselves with: node key pairs (SuperNode
 authentication, and what the ServerApp binds each client to) and a CA with a server
-certificate for TLS, made with `cryptography`.
+certificate and each site's client certificate for TLS (mutual on the sites' port), made with
+`cryptography`.
 
 Every file is written private: created 0600 and exclusively under a temporary name (so never
 readable by another user, not even for a moment, and never through a planted symlink), flushed,

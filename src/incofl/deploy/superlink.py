@@ -50,6 +50,7 @@ import hashlib
 import importlib
 import ipaddress
 import logging
+import os
 import ssl
 import sys
 import time
@@ -554,7 +555,7 @@ def parse(argv: list[str]) -> tuple[Limits, list[str]]:
         parser.error("--max-request-mb, --max-message-mb and --request-timeout must be positive")
     if min(ours.max_connections, ours.max_connections_per_peer) < 1:
         parser.error("--max-connections and --max-connections-per-peer must be positive")
-    sites_ca = "" if "--insecure" in flower else flag_value(flower, "--ssl-ca-certfile", "")
+    sites_ca = "" if "--insecure" in flower else os.path.expanduser(flag_value(flower, "--ssl-ca-certfile", ""))
     if "--insecure" not in flower and not sites_ca:
         parser.error("--ssl-ca-certfile: required with TLS (the sites' port takes only certificates its CA issued)")
     limits = Limits(
