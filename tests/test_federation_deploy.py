@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -164,6 +165,7 @@ class Deployment:
     logs: list = field(default_factory=list)
     port: int = 0
     rogues: list = field(default_factory=list)  # the nodes of federation_rogue.py in the first run
+    elsewhere_id: int = 0  # the node id the SuperLink gave client 1's key
     hostile: dict = field(default_factory=dict)  # the peer of federation_hostile.py in the first run, and when
     simulated: dict = field(default_factory=dict)  # the simulator's summary of the first run
 
@@ -243,7 +245,8 @@ def deployment(tmp_path_factory):
     try:
         dep.wait_for(root / "up.log", timeout=120, text="federation up:")
         register = [BIN / "flwr", "supernode", "register", sites / "keys" / f"node{ELSEWHERE}.pub", CONNECTION]
-        subprocess.run(register, env=env, check=True, capture_output=True, timeout=60)
+        done = subprocess.run(register, env=env, check=True, capture_output=True, text=True, timeout=60)
+        dep.elsewhere_id = int(re.search(r"SuperNode (\d+) registered", done.stdout).group(1))  # type: ignore[union-attr]
         key = sites / "keys" / f"node{ELSEWHERE}"
         dep.supernode("elsewhere", key, ELSEWHERE, elsewhere / f"site{ELSEWHERE}.npz", dep.port + 3)
         yield dep
@@ -466,7 +469,7 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
         root_certificates=(sites / "certificates" / "ca.pem").read_bytes(),
         interceptors=[NodeAuthHttpInterceptor(key, key.public_key())],  # type: ignore[arg-type]
     )
-    node = Node(node_id=1)
+    node = Node(node_id=deployment.elsewhere_id)  # its own: Flower would take what the gate lets through
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a Message is made with
     instruction = Message(RecordDict({"c": ConfigRecord({"lr": 1.0})}), dst_node_id=2, message_type="train")
     instruction.metadata.__dict__["_message_id"] = instruction.object_id
