@@ -14,6 +14,7 @@ import os
 
 import pandas as pd
 import pytest
+import torch
 
 if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
@@ -180,3 +181,69 @@ def test_a_finite_update_that_would_overflow_the_rounds_sums_is_the_nodes_fault(
     assert rounds["missing"].tolist() == [str(bad)]
     summary = json.loads((out / "summary.json").read_text())
     assert not summary.get("diverged") and summary["final_acc"] > 0
+
+
+def test_a_node_reads_only_the_files_its_own_config_names(tmp_path):
+    """A signed config whose `pretrained` names a file of the site's (its data file), or one that
+    is not there, made the node torch.load it and answer with the exception's type and the path
+    (an oracle on the site's files; a FIFO there hung its executor). Now the node reads only what
+    its node config names: both runs are refused alike, in one line that names no path and no
+    exception type; its own `pretrained` file is read (a FIFO there refused in one line, at once),
+    whatever path the server's config holds; and a failure's reply names its files by their node
+    config keys."""
+    import threading
+
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from incofl.deploy import clientapp
+    from incofl.deploy.signing import private_key
+    from incofl.models.family import build_model
+
+    config, context = _node(tmp_path)
+    vit = load_run_config(config).model_copy(update={"models": ["vit_d8"], "model_scale": 1.0})
+    node_config, server = dict(context.node_config), private_key(tmp_path / "keys" / "server")
+
+    def answer(servers: str, **own: str):
+        """The node's identify reply, or the failure it reports, for a run that starts from the
+        server's pretrained weights at `servers`, with `own` in its node config."""
+        clientapp._sites.clear()
+        node = Context(7, 102, {**node_config, **own}, RecordDict(), {})
+        run = json.dumps(vit.model_copy(update={"pretrained": servers}).model_dump())
+        message = _instruction(RecordDict({"run": ConfigRecord({"config": run})}), "query.identify", key=server)
+        got: list = []
+        done = threading.Thread(target=lambda: got.append(_reply_or_error(message, node)))
+        done.daemon = True  # before: a FIFO's torch.load never returns
+        done.start()
+        done.join(timeout=60)
+        assert got, "the node hung"
+        return got[0]
+
+    site_file, missing, fifo = str(node_config["data-path"]), str(tmp_path / "no-such-weights.pt"), tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused = [answer(site_file), answer(missing), answer(str(fifo))]
+    assert len(set(refused)) == 1 and "names no file of them: add pretrained=FILE" in refused[0]
+    assert "/" not in refused[0] and "Error" not in refused[0]
+    assert answer(missing, pretrained=str(fifo)) == "node 102: pretrained <pretrained>: not a regular file"
+
+    weights = build_model("vit_d8", 10, 3, image_size=224).state_dict()
+    torch.save(weights, tmp_path / "vit.pt")
+    assert answer(missing, pretrained=str(tmp_path / "vit.pt")) == 1  # the node's file, not the server's path
+    [site] = clientapp._sites.values()
+    assert site.cfg.pretrained == str(tmp_path / "vit.pt") and site.cfg.data_dir is None
+    model = site.clients.layout.models[0].state_dict()
+    assert torch.equal(model["patch_embed.proj.weight"], weights["patch_embed.proj.weight"])
+
+    other = answer(missing, **{"data-path": str(tmp_path / "site0.npz"), "pretrained": str(tmp_path / "vit.pt")})
+    assert other == "node 102: data-path <data-path>: holds client 0's data, this node is client 1"
+
+
+def _reply_or_error(message, context):
+    """The client incofl's ClientApp's reply claims, or what its failure tells the server (Flower's
+    error reply carries the exception's type and text: here its text, where the type is incofl's
+    NodeError)."""
+    from incofl.deploy import clientapp
+
+    try:
+        return clientapp.app(message, context).content.config_records["node"]["client"]
+    except Exception as err:  # noqa: BLE001 (what the server is told)
+        return str(err) if type(err).__name__ == "NodeError" else f"{type(err).__name__}: {err}"

@@ -88,8 +88,19 @@ class SavedStores:
                 self.path(r).unlink(missing_ok=True)
 
 
+# The run settings that name a file or folder. A node reads none as the server names it (a signed
+# config could otherwise point it at any file of the site's, hang it on a FIFO, and learn from its
+# error what is there): its data are its data file's, its pretrained weights the file its own node
+# config names (`own_files`).
+PATH_SETTINGS = ("data_dir", "cache_dir", "partition_file", "pretrained")
 RUN_FOLDER = re.compile(r"[0-9a-f]{16}")  # run_key's names
 KEEP_RUNS = 2  # run folders a node keeps: the current run's and the last before it (which may resume)
+
+
+def own_files(cfg: RunConfig, pretrained: str | None) -> RunConfig:
+    """`cfg` with no file of the server's naming: its path settings unset, its pretrained weights
+    `pretrained` (the node's own file, the same weights; None where the run starts from none)."""
+    return cfg.model_copy(update={**dict.fromkeys(PATH_SETTINGS), "pretrained": pretrained})
 
 
 def keep_recent_runs(state_dir: Path, current: str) -> None:
@@ -128,8 +139,11 @@ class SiteClient:
     """Client `client` of the run `cfg`, with its data file and the folder its stores are saved
     in (module docstring): the run's client side, on the node's data alone."""
 
-    def __init__(self, cfg: RunConfig, client: int, data_path: str | Path, state_dir: str | Path):
-        key = run_key(cfg)
+    def __init__(
+        self, cfg: RunConfig, client: int, data_path: str | Path, state_dir: str | Path, pretrained: str | None = None
+    ):
+        key = run_key(cfg)  # of the server's config: a run's folder is the same whatever the node's paths
+        cfg = own_files(cfg, pretrained)
         self.cfg, self.client = cfg, client
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
