@@ -739,7 +739,7 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
     grid = InProcessGrid(nodes, apps={stranger: failing}, keys=keys)
     settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, node_keys=tmp_path / "keys")
     serve(grid, settings)
-    assert f"node {impostor} says it is client 0: refused: node {impostor}'s key is not client 0's" in caplog.text
+    assert f"identify: node {impostor}: refused: node {impostor}'s key is no site's" in caplog.text
     assert f"identify: node {stranger}: the node's ClientApp failed: RuntimeError: no data here" in caplog.text
     assert json.loads((tmp_path / "federation" / "federation.json").read_text())["nodes"]["0"] == impostor + 1
     Identity.load(grid, None, None, len(sites), 1)

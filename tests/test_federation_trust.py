@@ -58,32 +58,64 @@ def test_a_reply_in_another_sites_name_is_refused_whatever_its_header(tmp_path, 
     """Client B's round-1 reply comes from B's node with B's header and B's honest update, but
     signed with site A's key (as a node that pushes in B's name would sign it), and client C's
     unsigned: both refused before anything in them is read; the other clients averaged."""
-    from incofl.deploy.clientapp import app
     from incofl.deploy.inprocess import FIRST_NODE
 
     a, b, c = 0, 1, 2  # every client trains (ratio 1)
-
-    def signed_as(key: str | None):
-        def node(message, context):
-            if message.metadata.message_type != "train":  # it joined as itself
-                return app(message, context)
-            config = dict(context.node_config)
-            if key is None:
-                config.pop("node-key")
-            else:
-                config["node-key"] = key
-            context.node_config = config
-            return app(message, context)
-
-        return node
-
-    keys = {FIRST_NODE + b: signed_as(str(tmp_path / "keys" / f"node{a}")), FIRST_NODE + c: signed_as(None)}
+    keys = {FIRST_NODE + b: _signing_as(str(tmp_path / "keys" / f"node{a}")), FIRST_NODE + c: _signing_as(None)}
     _, _, out = _signed_run(tmp_path, apps=keys, rounds=1, ratio=1.0)
     assert f"client {b}: refused: its signature is not client {b}'s site's" in caplog.text
     assert f"client {c}: refused: it is not signed" in caplog.text
     rounds = pd.read_csv(out / "rounds.csv", dtype={"missing": str})
     assert rounds["missing"].tolist() == [f"{b} {c}"]
     assert rounds["samples"].iloc[0] > 0  # the honest clients were averaged
+
+
+def test_nothing_of_a_reply_is_read_or_counted_before_its_signature_holds(tmp_path, caplog):
+    """A node whose key is no site's answers identify with a claim whose every read trips (before:
+    the ServerApp read the claim first, and the trip ended the run); B's round reply signed with
+    A's key and C's unsigned are not counted in federation.csv (before: their bytes were, read
+    before their signature was checked); the honest clients train."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
+
+    class Tripwire(ConfigRecord):
+        def __getitem__(self, key: str):
+            raise AssertionError(f"the claim's {key} read before its signature was checked")
+
+    def stranger(message, context):
+        return Message(RecordDict({"node": Tripwire({"client": 0, "test_sha256": ""})}), reply_to=message)
+
+    a, b, c = 0, 1, 2
+    config = write_config(tmp_path, rounds=1, ratio=1.0)
+    nodes, pems = signed_sites(load_run_config(config), tmp_path)
+    strange = FIRST_NODE + len(nodes)
+    apps = {
+        strange: stranger,
+        FIRST_NODE + b: _signing_as(str(tmp_path / "keys" / f"node{a}")),
+        FIRST_NODE + c: _signing_as(None),
+    }
+    grid = InProcessGrid([*nodes, nodes[a]], apps=apps, keys=pems)  # the stranger's key: none of the sites'
+    out = tmp_path / "federation"
+    serve(grid, AppSettings(str(config), {}, out, join_timeout=5.0, allow_missing=True, node_keys=tmp_path / "keys"))
+    assert f"identify: node {strange}: refused: node {strange}'s key is no site's" in caplog.text
+    counted = pd.read_csv(out / "federation.csv")
+    assert sorted(counted["client"]) == [a, 3] and (counted["up_bytes"] > 0).all()
+    assert pd.read_csv(out / "rounds.csv", dtype={"missing": str})["missing"].tolist() == [f"{b} {c}"]
+
+
+def _signing_as(key: str | None):
+    """incofl's ClientApp, whose train replies are signed with the node key at `key` (None: unsigned)."""
+    from incofl.deploy.clientapp import app
+
+    def node(message, context):
+        if message.metadata.message_type == "train":  # it joined as itself
+            config = {k: v for k, v in context.node_config.items() if k != "node-key"}
+            context.node_config = config if key is None else {**config, "node-key": key}
+        return app(message, context)
+
+    return node
 
 
 def _node(tmp_path):
