@@ -7,8 +7,9 @@ start it (flower-supernode with Flower's own SuperExec; its key registered with
 `flwr supernode register`), so that it can be killed alone. Then:
 
 - a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator,
-  every file up wrote private, though three registered nodes that speak Flower's protocol
-  themselves (federation_rogue.py) answer its identify with replies no incofl node would send;
+  every file up wrote private, though six registered nodes that speak Flower's protocol
+  themselves (federation_rogue.py) answer its identify with replies no incofl node would send
+  (four of them announce a reply and never upload it);
 - up's node ran all its messages in its one executor process, the other node each in a fresh one;
 - a node with a key nobody registered is refused by the SuperLink;
 - only the federation's own SuperExecs (which hold `up`'s secret) can take a run's work;
@@ -272,21 +273,23 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     assert deployed["final_acc"] == simulated["final_acc"]
 
 
+STALLED = 4  # nodes that announce a reply and never upload it: as many as the ServerApp pulled at once before
+
+
 def _rogues(deployment: Deployment) -> list:
-    """Three nodes of federation_rogue.py, each with a key of its own that the operator registered:
-    two dial the sites' port (the gate), the third the SuperLink's loopback listener (Flower's app whole)."""
+    """Nodes of federation_rogue.py, each with a key of its own that the operator registered: one
+    whose reply does not decode and STALLED that stall dial the sites' port (the gate), the last the
+    SuperLink's loopback listener (Flower's app whole)."""
     from federation_rogue import Rogue
 
     from incofl.deploy.credentials import node_key
 
     ca = (deployment.root / "sites" / "certificates" / "ca.pem").read_bytes()
     rogues = []
-    for kind, port in (
-        ("undecodable", deployment.port),
-        ("stalled", deployment.port),
-        ("unasked", deployment.port + 1),
-    ):
-        private, public = node_key(deployment.root / f"rogue-{kind}", 0)
+    gate, whole = deployment.port, deployment.port + 1
+    kinds = [("undecodable", gate), *[("stalled", gate)] * STALLED, ("unasked", whole)]
+    for i, (kind, port) in enumerate(kinds):
+        private, public = node_key(deployment.root / f"rogue-{i}-{kind}", 0)
         register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
         subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
         rogues.append(Rogue(f"127.0.0.1:{port}", ca, private, kind))
@@ -420,17 +423,20 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
 
 
 def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_the_server(deployment):
-    """Three registered nodes that speak Flower's protocol themselves (federation_rogue.py), present
+    """Six registered nodes that speak Flower's protocol themselves (federation_rogue.py), present
     in the first test's run (two rounds) and asked its identify: one answers with bytes Flower
-    cannot decode (hash, header and length right: the SuperLink stores them), one announces a reply
-    and never uploads it, and one sends the SuperLink a message of its own, never uploaded, through
+    cannot decode (hash, header and length right: the SuperLink stores them), four announce a reply
+    and never upload it, and one sends the SuperLink a message of its own, never uploaded, through
     the loopback listener (Flower's app whole, as a SuperLink without the gate serves its sites: the
-    gate refuses it). Before, the first raised out of the ServerApp's pull, and the others held it
-    until their upload session expired (Flower retries a reply's objects until then: 180 s after
-    the last object pushed, the run's join had run out); now each is its node's fault or ignored,
-    and the run ends with the simulator's weights. (The run is the first test's, so that one run
-    serves both: a run of its own cost this module about 50 s.)"""
-    assert len(deployment.rogues) == 3 and deployment.simulated, "the first test's run did not complete"
+    gate refuses it). Before, the first raised out of the ServerApp's pull, and a stalled reply held
+    it until its upload session expired (Flower retries a reply's objects until then: 180 s after
+    the last object pushed, the run's join had run out); then the four stalled replies held the
+    ServerApp's four pulling workers until the join's deadline, and the honest nodes' replies,
+    queued behind them, came too late: their clients never joined. Now each is its node's fault
+    or ignored, each reply is pulled in a thread of its own, and the run ends with the simulator's
+    weights. (The run is the first test's, so that one run serves both: a run of its own cost this
+    module about 50 s.)"""
+    assert len(deployment.rogues) == STALLED + 2 and deployment.simulated, "the first test's run did not complete"
     assert all(rogue.answered.is_set() for rogue in deployment.rogues), [rogue.error for rogue in deployment.rogues]
     deployed = json.loads((deployment.root / "deployed" / "summary.json").read_text())
     assert deployed["state_sha256"] == deployment.simulated["state_sha256"]

@@ -210,14 +210,11 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     identity = Identity.load(grid, settings.node_keys, settings.server_key_path(), cfg.clients, grid.run.run_id)
     test = {client: test_sha256(data) for client in tested_on_clients(cfg)}
     inbox = Inbox(grid)
-    try:
-        nodes = identify(inbox, cfg, settings.join_timeout, test, identity)
-        transport = FlowerTransport(server, inbox, nodes, settings.round_timeout, settings.out, identity)
-        log.info("incofl federation: %d clients on nodes %s", len(nodes), nodes)
-        with claimed(settings.out):
-            summary = Run(cfg, Engine(server, transport, settings.allow_missing), settings.out).execute()
-    finally:
-        inbox.close()
+    nodes = identify(inbox, cfg, settings.join_timeout, test, identity)
+    transport = FlowerTransport(server, inbox, nodes, settings.round_timeout, settings.out, identity)
+    log.info("incofl federation: %d clients on nodes %s", len(nodes), nodes)
+    with claimed(settings.out):
+        summary = Run(cfg, Engine(server, transport, settings.allow_missing), settings.out).execute()
     write_json(
         settings.out / "federation.json",
         {
