@@ -13,7 +13,7 @@ import pytest
 if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from incofl.deploy import credentials  # noqa: E402
+from incofl.deploy import credentials, signing  # noqa: E402
 from incofl.deploy.up import LocalFederation, startup_line  # noqa: E402
 
 
@@ -37,10 +37,12 @@ def test_a_private_key_is_0600_from_the_moment_it_exists_and_renamed_into_place(
     private, public = credentials.node_key(tmp_path / "keys", 3)
     assert (private.name, public.name) == ("node3", "node3.pub")
     assert ("node3", 0o600) in seen and private.stat().st_mode & 0o777 == 0o600
-    ca, server, key = credentials.certificates(tmp_path / "certificates")
-    assert ("server.key", 0o600) in seen and key.stat().st_mode & 0o777 == 0o600
+    ca, server, key = credentials.certificates(tmp_path / "certificates", clients=[3])
+    for secret in ("server.key", "ca.key", "node3.key"):  # the CA's key and a site's TLS key too
+        assert (secret, 0o600) in seen and (ca.parent / secret).stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
-        ["keys", "node3", "node3.pub", "certificates", "ca.pem", "server.pem", "server.key"]
+        ["keys", "node3", "node3.pub", "certificates", "ca.pem", "ca.key", "server.pem", "server.key"]
+        + ["node3.pem", "node3.key"]
     )  # no temporary left
 
 
@@ -67,8 +69,22 @@ def test_the_server_certificate_is_signed_by_the_ca_for_127_0_0_1(tmp_path):
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert ipaddress.ip_address("127.0.0.1") in names.get_values_for_type(x509.IPAddress)
     before = ca_path.read_bytes()
-    credentials.certificates(tmp_path)  # present: used as they are
+    credentials.certificates(tmp_path, clients=[0])  # present: used as they are; a site's issued by the CA
     assert ca_path.read_bytes() == before
+    node = x509.load_pem_x509_certificate((tmp_path / "node0.pem").read_bytes())
+    node.verify_directly_issued_by(ca)
+
+
+def test_a_folder_without_the_cas_key_cannot_issue_a_sites_certificate(tmp_path):
+    """Certificates an earlier incofl made (the CA's key not kept) or one's own: a site's missing
+    certificate is refused in one line saying what to do, never made with another CA."""
+    from incofl.config import ConfigError
+
+    credentials.certificates(tmp_path, clients=[0])
+    (tmp_path / "ca.key").unlink()
+    credentials.certificates(tmp_path, clients=[0])  # what is there is used
+    with pytest.raises(ConfigError, match="no node1.pem and no ca.key to issue it with.*remove the folder"):
+        credentials.certificates(tmp_path, clients=[1])
 
 
 def test_the_startup_line_says_what_is_secured_and_who_can_run_code(tmp_path):
@@ -104,6 +120,7 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
     assert set(fed.site_files()) == {0, 1}
     credentials.certificates(sites / "certificates")
     loose = [sites / "site1.npz", sites / "keys" / "node1", sites / "certificates" / "server.key"]
+    loose += [sites / "keys" / "server", sites / "keys" / "node0"]
     for path in loose:
         path.chmod(0o644)
     cfg = load_run_config(config)
@@ -112,6 +129,8 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
         (fed.site_files, sites / "site1.npz"),
         (lambda: credentials.node_key(sites / "keys", 1), sites / "keys" / "node1"),
         (lambda: credentials.certificates(sites / "certificates"), sites / "certificates" / "server.key"),
+        (lambda: signing.server_key(sites / "keys"), sites / "keys" / "server"),  # the ServerApp's signing key
+        (lambda: signing.private_key(sites / "keys" / "node0"), sites / "keys" / "node0"),  # a node's node-key
     ]
     for check, path in checks:
         with pytest.raises(ConfigError, match=f"^{path}: readable by group or others \\(mode 0644\\); chmod 600 it"):
@@ -177,3 +196,27 @@ def test_a_run_without_node_keys_is_refused_unless_insecure():
         AppSettings.of({"out": "run"})
     assert AppSettings.of({"out": "run", "insecure": True}).node_keys is None
     assert AppSettings.of({"out": "run", "node-keys": "keys"}).node_keys == Path("keys")
+
+
+def test_a_process_log_grows_by_bounded_lines_and_rotates_private(tmp_path, open_umask):
+    """Issue 57: every line a process printed went into its log whole (a request's 60 KB path: a
+    60 KB line) and the log never rotated. Now up pumps each process's output into its log cut at
+    LINE_CAP bytes a line, rotating (here at 20 KB, two earlier files kept), every file 0600."""
+    import io
+
+    from incofl.deploy.up import LINE_CAP, PrivateLog, private_log, pump
+
+    out = io.BytesIO(b"first\n" + b"p" * 60_000 + b"\nlast\n")
+    log = private_log(tmp_path / "superlink.log")
+    pump(out, log)
+    log.close()
+    lines = (tmp_path / "superlink.log").read_text().splitlines()
+    assert lines == ["first", "p" * LINE_CAP + " [cut]", "last"]
+    log = PrivateLog(tmp_path / "node.log", maxBytes=20_000, backupCount=2)
+    pump(io.BytesIO(b"".join(b"%06d %s\n" % (i, b"x" * 90) for i in range(2_000))), log)  # 200 KB printed
+    log.close()
+    files = sorted(tmp_path.glob("node.log*"))
+    assert [f.name for f in files] == ["node.log", "node.log.1", "node.log.2"]
+    assert sum(f.stat().st_size for f in files) <= 3 * 20_000
+    assert {f.stat().st_mode & 0o777 for f in [*files, tmp_path / "superlink.log"]} == {0o600}
+    assert files[0].read_text().splitlines()[-1].startswith("001999")  # the newest kept

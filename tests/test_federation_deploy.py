@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from hashlib import sha256
 from pathlib import Path
 
 import pandas as pd
@@ -42,10 +43,13 @@ import pytest
 if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
+import flwr.supernode.fleet_http_connection as fleet_connection  # noqa: E402
 from federation_helpers import write_config  # noqa: E402
+from federation_hostile import Hostile  # noqa: E402
 
 from incofl.cli import run as incofl  # noqa: E402
 from incofl.config import load_run_config  # noqa: E402
+from incofl.deploy.supernode import client_certificate  # noqa: E402
 from incofl.fl.engine.run import train  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(600)]
@@ -163,6 +167,8 @@ class Deployment:
     logs: list = field(default_factory=list)
     port: int = 0
     rogues: list = field(default_factory=list)  # the nodes of federation_rogue.py in the first run
+    elsewhere_id: int = 0  # the node id the SuperLink gave client 1's key
+    hostile: dict = field(default_factory=dict)  # the peer of federation_hostile.py in the first run, and when
     simulated: dict = field(default_factory=dict)  # the simulator's summary of the first run
 
     def start(self, argv: list[str | Path], log: str, **kwargs: object) -> subprocess.Popen:
@@ -174,8 +180,12 @@ class Deployment:
         return proc
 
     def supernode(self, name: str, key: Path, client: int, data: Path, port: int) -> subprocess.Popen:
-        ca = self.root / "sites" / "certificates" / "ca.pem"
-        argv = [BIN / "flower-supernode", "--root-certificates", ca, "--auth-supernode-private-key", key]
+        """Flower's SuperNode (its own SuperExec, a fresh flwr-clientapp a message) with the site's
+        certificate (supernode.py): a site elsewhere, started as the docs say."""
+        certificates = self.root / "sites" / "certificates"
+        argv = [sys.executable, "-m", "incofl.deploy.supernode", "--root-certificates", certificates / "ca.pem"]
+        argv += ["--client-certificate", certificates / "node1.pem", "--client-key", certificates / "node1.key"]
+        argv += ["--auth-supernode-private-key", key]
         argv += ["--superlink", f"127.0.0.1:{self.port}", "--port", port]
         argv += ["--node-config", f'client={client} data-path="{data}" node-key="{key}"']  # it signs its replies
         self.nodes[name] = self.start(argv, name, start_new_session=True)
@@ -236,17 +246,21 @@ def deployment(tmp_path_factory):
     elsewhere.mkdir()
     (sites / f"site{ELSEWHERE}.npz").rename(elsewhere / f"site{ELSEWHERE}.npz")
     dep = Deployment(root, config, env, Started())
+    fleet_client = fleet_connection.FleetHttpClient  # this process's Fleet clients (the rogues', the tests') show
+    client_certificate(sites / "certificates" / "node1.pem", sites / "certificates" / "node1.key")  # a site's
     dep.port = _free_port(5)  # the SuperLink's Fleet and Control ports, up's node, the node elsewhere, the stranger
     argv = [sys.executable, "-m", "incofl.cli", "federation", "up", "--sites", sites, "--port", dep.port]
     dep.up = dep.start([*argv, "--connection", CONNECTION], "up", start_new_session=True)
     try:
         dep.wait_for(root / "up.log", timeout=120, text="federation up:")
         register = [BIN / "flwr", "supernode", "register", sites / "keys" / f"node{ELSEWHERE}.pub", CONNECTION]
-        subprocess.run(register, env=env, check=True, capture_output=True, timeout=60)
+        done = subprocess.run(register, env=env, check=True, capture_output=True, text=True, timeout=60)
+        dep.elsewhere_id = int(re.search(r"SuperNode (\d+) registered", done.stdout).group(1))  # type: ignore[union-attr]
         key = sites / "keys" / f"node{ELSEWHERE}"
         dep.supernode("elsewhere", key, ELSEWHERE, elsewhere / f"site{ELSEWHERE}.npz", dep.port + 3)
         yield dep
     finally:
+        fleet_connection.FleetHttpClient = fleet_client
         dep.stop()
         dep.started.done.set()
 
@@ -265,6 +279,12 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     out = deployment.root / "deployed"
     deployment.rogues = _rogues(deployment)  # test_replies_a_node_crafts_... reads what they did
     threads = [rogue.start() for rogue in deployment.rogues]
+    certificates = sites / "certificates"
+    hostile = Hostile(
+        deployment.port, certificates / "ca.pem", (certificates / "node0.pem", certificates / "node0.key")
+    )
+    deployment.hostile = {"peer": hostile, "start": time.monotonic()}  # test_a_run_finishes_while_... reads it
+    threads += hostile.start()
     try:
         deadline = time.monotonic() + 60  # each connected before the run asks every node to identify
         while not all(rogue.node or rogue.error for rogue in deployment.rogues) and time.monotonic() < deadline:
@@ -272,6 +292,8 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
         deployment.flwr_run(out, **{"round-timeout": 120})
         deployment.wait_for(out / "summary.json", timeout=400)
     finally:
+        hostile.stop.set()
+        deployment.hostile["seconds"] = time.monotonic() - deployment.hostile["start"]
         for rogue in deployment.rogues:
             rogue.stop.set()
         for thread in threads:
@@ -303,6 +325,58 @@ def _rogues(deployment: Deployment) -> list:
         subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
         rogues.append(Rogue(f"127.0.0.1:{port}", ca, private, kind))
     return rogues
+
+
+def test_a_run_finishes_while_a_peer_holds_idle_connections_and_floods_the_sites_port(deployment):
+    """Issue 57, against `up` as the docs start it: all through the first test's run (which ended
+    with the simulator's weights), a peer from addresses of its own (federation_hostile.py) held 64
+    TCP connections that never started a handshake and 48 TLS connections with a site's certificate
+    that never sent a request, re-opening each the server closed, and sent back to back pushes of
+    messages as wide as the gate lets in, 8 MiB bodies in chunks, and requests with 15 KB and 60 KB
+    paths. The server closed the idle ones (handshake and request deadlines, the cap per peer),
+    answered a small request within a second (the gate parses off the loop), and logged the floods
+    in bounded lines at a bounded rate."""
+    from incofl.deploy.superlink import LOG_BURST
+    from incofl.deploy.up import LINE_CAP
+
+    assert deployment.simulated and deployment.hostile, "the first test's run did not complete"
+    peer, seconds = deployment.hostile["peer"], deployment.hostile["seconds"]
+    assert not peer.errors, peer.errors
+    assert peer.closed["tcp"] >= 64 and peer.closed["tls"] >= 48, peer.closed  # each closed once at least
+    assert min(peer.sent.values()) > 0 and len(peer.sent) == 4, peer.sent
+    waits = sorted(wait for wait, _ in peer.probes)
+    assert len(waits) > 10 and all(status for _, status in peer.probes), peer.probes
+    assert waits[int(0.9 * len(waits))] < 1.0 and waits[-1] < 3.0, waits  # the loop was never held
+    logs = [*(deployment.root / "sites" / "logs").glob("*.log*")]
+    assert max(len(line) for log in logs for line in log.read_text().splitlines()) <= LINE_CAP + 10
+    refused = (deployment.root / "sites" / "logs" / "superlink.log").read_text().count("incofl.gate: refused")
+    floods = sum(peer.sent.values())
+    assert refused <= LOG_BURST * (seconds + 2) < floods, (refused, floods, seconds)
+    print(  # the evidence docs/federation.md quotes (pytest -rP shows it)
+        f"{seconds:.0f} s: closed {dict(peer.closed)}, sent {dict(peer.sent)}, {refused} refusals logged; "
+        f"probes {len(waits)}: median {waits[len(waits) // 2]:.3f} s, 90% {waits[int(0.9 * len(waits))]:.3f} s, "
+        f"max {waits[-1]:.3f} s"
+    )
+
+
+def test_a_peer_without_a_sites_certificate_cannot_finish_a_handshake(deployment):
+    """The sites' port asks every peer for a certificate its CA issued: without one (a stock
+    flower-supernode's client) a request gets no answer; with a site's, the same request does."""
+    import ssl
+
+    certificates = deployment.root / "sites" / "certificates"
+    for certificate in (False, True):
+        context = ssl.create_default_context(cafile=str(certificates / "ca.pem"))
+        if certificate:
+            context.load_cert_chain(certificates / "node0.pem", certificates / "node0.key")
+        try:
+            with socket.create_connection(("127.0.0.1", deployment.port), timeout=10) as raw:
+                with context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:  # TLS 1.3: refused at first read
+                    conn.sendall(b"POST /v1/fleet/x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                    answer = conn.recv(100)
+        except (ssl.SSLError, ConnectionResetError):
+            answer = b""
+        assert answer.startswith(b"HTTP/1.1 404") == certificate, answer
 
 
 def test_ups_node_runs_every_message_in_its_one_warm_executor(deployment):
@@ -396,18 +470,17 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
     from flwr.proto.node_pb2 import Node
     from flwr.supercore.inflatable.inflatable_object import get_object_tree
     from flwr.supercore.task_identity import TaskIdentity
-    from flwr.supernode.fleet_http_client import FleetHttpClient
     from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 
     sites = deployment.root / "sites"
     key = serialization.load_ssh_private_key((sites / "keys" / f"node{ELSEWHERE}").read_bytes(), password=None)
-    fleet = FleetHttpClient.from_server_address(
+    fleet = fleet_connection.FleetHttpClient.from_server_address(
         f"127.0.0.1:{deployment.port}",
         insecure=False,
         root_certificates=(sites / "certificates" / "ca.pem").read_bytes(),
         interceptors=[NodeAuthHttpInterceptor(key, key.public_key())],  # type: ignore[arg-type]
     )
-    node = Node(node_id=1)
+    node = Node(node_id=deployment.elsewhere_id)  # its own: Flower would take what the gate lets through
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a Message is made with
     instruction = Message(RecordDict({"c": ConfigRecord({"lr": 1.0})}), dst_node_id=2, message_type="train")
     instruction.metadata.__dict__["_message_id"] = instruction.object_id
@@ -416,7 +489,9 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
         (fleet.PushObject, PushObjectRequest(node=node, run_id=1, object_id="0" * 64, object_content=bytes(64 << 20))),
         (fleet.PushMessages, PushMessagesRequest(node=node, messages_list=[message_to_proto(instruction)])),
         (fleet.PushObject, PushObjectRequest(node=node, run_id=1, object_id="1" * 64, object_content=b"x")),
+        (fleet.PushObject, PushObjectRequest(node=node, run_id=1, object_id=sha256(b"x").hexdigest())),
     ]
+    pushes[3][1].object_content = b"x"  # what its id says: an object, but of no reply of this node
     pushes[1][1].message_object_trees.append(tree)
     refused = []
     for call, request in pushes:
@@ -427,6 +502,7 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
     assert refused == [
         (413, "request body over 8 MiB"),
         (403, "a node pushes replies only"),
+        (403, "an object whose content is not what its id hashes"),
         (403, "an object of no reply pushed here"),
     ]
 

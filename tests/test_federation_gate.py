@@ -6,6 +6,7 @@ client (FleetHttpClient, its requests signed with the node's key). Fast: nothing
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,14 +29,15 @@ class Node:
     run_id: int
     instruction: Any
 
-    def client(self, gate: Any) -> Any:
-        """Flower's Fleet client, signed with the node's key, talking to `gate` in this process."""
+    def client(self, gate: Any, claims: Any = None) -> Any:
+        """Flower's Fleet client, signed with the node's key (claiming `claims`' public key, by
+        default its own), talking to `gate` in this process."""
         from flwr.supernode.fleet_http_client import FleetHttpClient
         from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
         from starlette.testclient import TestClient
 
         fleet = FleetHttpClient(
-            "http://testserver", interceptors=[NodeAuthHttpInterceptor(self.key, self.key.public_key())]
+            "http://testserver", interceptors=[NodeAuthHttpInterceptor(self.key, (claims or self.key).public_key())]
         )
         fleet._client.close()
         fleet._client = TestClient(gate)  # its transport: the ASGI app in this process, not a socket
@@ -67,37 +69,76 @@ def node() -> Node:
     return Node(app, state, key, node_id, run_id, instruction)
 
 
-def push_reply(node: Node, fleet: Any, megabytes: int) -> tuple[list[int], int]:
-    """A reply to the node's message holding `megabytes` of float32 arrays, pushed as a SuperNode
-    pushes one (the message, then each object Flower asks for): each object's HTTP status, and
-    the bytes of the reply that Flower stored."""
+@dataclass
+class Pushed:
+    """A reply to the node's message, announced: what Flower asked for and the objects' bytes."""
+
+    asked: Any
+    objects: dict[str, bytes]
+    status: int = 200
+
+
+def reply_of(node: Node, megabytes: int, fill: int = 0) -> Any:
+    """A reply to the node's message holding `megabytes` of float32 arrays (8 MiB each, of `fill` + i)."""
     import numpy as np
     from flwr.app import Array, ArrayRecord, Message, RecordDict
+
+    arrays = {f"w{i}": Array(np.full(2 * MIB, fill + i, dtype=np.float32)) for i in range(megabytes // 8)}
+    reply = Message(RecordDict({"update": ArrayRecord(arrays)}), reply_to=node.instruction)
+    reply.metadata.__dict__["_message_id"] = reply.object_id
+    return reply
+
+
+def announce(node: Node, fleet: Any, reply: Any) -> Pushed:
+    """The reply pushed as a SuperNode pushes one (its message and tree first): what Flower asked for."""
     from flwr.app.message import remove_content_from_message
     from flwr.common.serde import message_to_proto
     from flwr.proto.fleet_pb2 import PushMessagesRequest
-    from flwr.proto.message_pb2 import PushObjectRequest
     from flwr.proto.node_pb2 import Node as NodeProto
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
 
-    arrays = {f"w{i}": Array(np.full(2 * MIB, i, dtype=np.float32)) for i in range(megabytes // 8)}  # 8 MiB each
-    reply = Message(RecordDict({"update": ArrayRecord(arrays)}), reply_to=node.instruction)
-    reply.metadata.__dict__["_message_id"] = reply.object_id
-    me = NodeProto(node_id=node.node_id)
-    request = PushMessagesRequest(node=me, messages_list=[message_to_proto(remove_content_from_message(reply))])
+    proto = message_to_proto(remove_content_from_message(reply))
+    request = PushMessagesRequest(node=NodeProto(node_id=node.node_id), messages_list=[proto])
     request.message_object_trees.append(get_object_tree(reply))
-    asked = fleet.PushMessages(request)
-    objects, statuses = get_all_nested_objects(reply), []
-    for oid in asked.objects_to_push:
-        push = PushObjectRequest(node=me, run_id=node.run_id, session_id=asked.session_id, object_id=oid)
-        push.object_content = objects[oid].deflate()
-        try:
-            fleet.PushObject(push)
-            statuses.append(200)
-        except Exception as err:  # noqa: BLE001 (httpx's or httpx2's HTTPStatusError, as the transport raises it)
-            statuses.append(err.response.status_code)  # type: ignore[attr-defined]
-    stored = sum(len(node.state.object_store.get(oid) or b"") for oid in asked.objects_to_push)
-    return statuses, stored
+    objects = {oid: obj.deflate() for oid, obj in get_all_nested_objects(reply).items()}
+    try:
+        return Pushed(fleet.PushMessages(request), objects)
+    except Exception as err:  # noqa: BLE001 (httpx's or httpx2's HTTPStatusError, as the transport raises it)
+        return Pushed(None, objects, err.response.status_code)  # type: ignore[attr-defined]
+
+
+def push_objects(node: Node, fleet: Any, pushed: Pushed, content: Any = None) -> list[int]:
+    """Each object Flower asked for, pushed (its bytes, or `content(oid)`): each one's HTTP status."""
+    from flwr.proto.message_pb2 import PushObjectRequest
+    from flwr.proto.node_pb2 import Node as NodeProto
+
+    statuses = []
+    for oid in pushed.asked.objects_to_push:
+        push = PushObjectRequest(node=NodeProto(node_id=node.node_id), run_id=node.run_id, object_id=oid)
+        push.session_id = pushed.asked.session_id
+        push.object_content = pushed.objects[oid] if content is None else content(oid)
+        statuses.append(status_of(fleet.PushObject, push))
+    return statuses
+
+
+def status_of(call: Any, request: Any) -> int:
+    try:
+        call(request)
+    except Exception as err:  # noqa: BLE001 (httpx's or httpx2's HTTPStatusError)
+        return err.response.status_code  # type: ignore[attr-defined]
+    return 200
+
+
+def stored(node: Node, *pushes: Pushed) -> int:
+    """The bytes Flower holds of the objects these pushes were asked for."""
+    ids = {oid for pushed in pushes for oid in pushed.asked.objects_to_push}
+    return sum(len(node.state.object_store.get(oid) or b"") for oid in ids)
+
+
+def push_reply(node: Node, fleet: Any, megabytes: int) -> tuple[list[int], int]:
+    """A reply of `megabytes` pushed whole: each object's HTTP status, and the bytes Flower stored."""
+    pushed = announce(node, fleet, reply_of(node, megabytes))
+    return push_objects(node, fleet, pushed), stored(node, pushed)
 
 
 def test_a_reply_is_refused_past_the_message_cap_and_flower_stores_no_more(node):
@@ -106,9 +147,103 @@ def test_a_reply_is_refused_past_the_message_cap_and_flower_stores_no_more(node)
     straight to Flower's app (no gate: Flower 1.42 as it is), it stores all 40."""
     from incofl.deploy.superlink import FleetGate
 
-    statuses, stored = push_reply(node, node.client(FleetGate(node.app, 8 * MIB, 16 * MIB)), 40)
-    assert statuses[:4] == [200] * 4 and 413 in statuses and stored <= 16 * MIB
-    assert set(statuses[statuses.index(413) :]) == {413}  # the rest, once over
+    statuses, held = push_reply(node, node.client(FleetGate(node.app, 8 * MIB, 16 * MIB)), 40)
+    assert statuses[:2] == [200] * 2 and statuses.count(413) >= 3 and held <= 16 * MIB
+
+
+def test_a_reply_is_budgeted_once_whatever_the_node_pushes_again(node):
+    """Issue 57: the budget was re-armed on every 200 to a push, so that a re-push of the node's own
+    reply (a retry to Flower) or of another reply to the same message stored 40 MiB through a gate
+    capped at 16. Now: a retry goes on against what is left; another tree answering the same message
+    is 403 (and Flower never sees it: no rows for its objects)."""
+    from incofl.deploy.superlink import FleetGate
+
+    fleet = node.client(FleetGate(node.app, 8 * MIB, 16 * MIB))
+    reply = reply_of(node, 40)
+    first = announce(node, fleet, reply)
+    push_objects(node, fleet, first)
+    again = announce(node, fleet, reply)  # Flower takes it as a retry and asks for what it lacks
+    assert again.status == 200 and push_objects(node, fleet, again).count(413) >= 3  # the chunks it lacks
+    other = announce(node, fleet, reply_of(node, 16, fill=100))
+    assert other.status == 403 and other.asked is None
+    assert stored(node, first, again) <= 16 * MIB
+
+
+def test_a_peer_without_a_key_changes_no_budget(node):
+    """Issue 57: objects were charged before Flower authenticated them and without checking their
+    bytes, so that junk pushed under a reply's object ids by a peer Flower answers 401 emptied that
+    reply's budget. Now a content that is not what its id hashes is 403 unread by Flower, a push by a
+    key Flower refuses is charged nothing, and the honest node pushes its whole reply."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from incofl.deploy.superlink import FleetGate
+
+    gate = FleetGate(node.app, 8 * MIB, 9 * MIB)  # room for the reply's 8 MiB, not for junk beside it
+    pushed = announce(node, node.client(gate), reply_of(node, 8))
+    stranger = Node(**{**node.__dict__, "key": ec.generate_private_key(ec.SECP384R1())})  # registered nowhere
+    assert set(push_objects(stranger, stranger.client(gate), pushed, content=lambda oid: bytes(MIB))) == {403}
+    assert set(push_objects(stranger, stranger.client(gate), pushed)) == {403}  # the right bytes: not its reply
+    impostor = stranger.client(gate, claims=node.key)  # the node's public key claimed, signed with another
+    assert set(push_objects(stranger, impostor, pushed)) == {401}  # Flower's refusal: nothing charged
+    assert set(push_objects(node, node.client(gate), pushed)) == {200} and stored(node, pushed) > 8 * MIB
+
+
+def test_pushes_flower_refuses_leave_no_entry_and_evict_nothing(node):
+    """Issue 57: every 200 to a push made a budget entry, Flower's refusals too (it answers 200 and
+    asks for nothing), and 4,097 of them evicted an honest reply still uploading. Now only a reply
+    Flower stored has an entry; a node's refused pushes, more than the replies it may hold, leave its
+    honest reply's objects accepted."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from incofl.deploy.superlink import REPLIES_PER_NODE, FleetGate
+
+    gate = FleetGate(node.app, 8 * MIB, 16 * MIB)
+    fleet = node.client(gate)
+    honest = announce(node, fleet, reply_of(node, 8))
+    for i in range(REPLIES_PER_NODE + 1):  # replies to messages the server never sent this node
+        stray = Message(RecordDict({"c": ConfigRecord({"i": i})}), dst_node_id=node.node_id, message_type="train")
+        stray.metadata.__dict__["_message_id"] = stray.object_id
+        answer = Message(RecordDict({"c": ConfigRecord({"i": i})}), reply_to=stray)
+        answer.metadata.__dict__["_message_id"] = answer.object_id
+        refused = announce(node, fleet, answer)
+        assert refused.status != 200 or not refused.asked.objects_to_push  # Flower stored nothing
+    assert sum(len(replies) for replies in gate.ledger.replies.values()) == 1
+    assert set(push_objects(node, fleet, honest)) == {200}
+
+
+def test_bodies_past_the_caps_are_refused_as_they_arrive_chunked_or_not(node):
+    """A push of messages may hold what a tree of MAX_OBJECTS objects takes, no more (a million empty
+    children, 1.9 MiB, held the loop 3.3 s when counted to the end); a body sent in chunks, without a
+    Content-Length, is cut off at the cap as one with it is."""
+    from starlette.testclient import TestClient
+
+    from incofl.deploy.superlink import PUSH_CAP, FleetGate
+
+    gate = TestClient(FleetGate(node.app, 8 * MIB, 16 * MIB))
+    for path, cap in (("/v1/fleet/push-messages", PUSH_CAP), ("/v1/fleet/push-object", 8 * MIB)):
+        sized = gate.post(path, content=bytes(cap + 1))
+        chunked = gate.post(path, content=(bytes(1 << 16) for _ in range(cap // (1 << 16) + 1)))
+        assert sized.status_code == chunked.status_code == 413, path
+        assert "transfer-encoding" not in sized.request.headers and chunked.request.headers["transfer-encoding"]
+
+
+def test_a_reply_tree_is_counted_no_further_than_its_cap(node):
+    """A tree of more objects than MAX_OBJECTS, within the body cap, is 413; its count stops at the cap + 1."""
+    from flwr.proto.message_pb2 import ObjectTree
+
+    from incofl.deploy.superlink import MAX_OBJECTS, count, read_push
+
+    wide = ObjectTree(object_id="a" * 64)
+    wide.children.extend(ObjectTree() for _ in range(3 * MAX_OBJECTS))
+    assert count(wide, MAX_OBJECTS + 1) == MAX_OBJECTS + 1 and count(wide, 10**9) == 3 * MAX_OBJECTS + 1
+    reply = reply_of(node, 8)
+    from flwr.app.message import remove_content_from_message
+    from flwr.common.serde import message_to_proto
+    from flwr.proto.fleet_pb2 import PushMessagesRequest
+
+    request = PushMessagesRequest(messages_list=[message_to_proto(remove_content_from_message(reply))])
+    request.message_object_trees.append(wide)
+    assert read_push(request.SerializeToString()) == (413, f"a reply of over {MAX_OBJECTS} objects")
 
 
 def test_without_the_gate_flower_stores_the_whole_reply(node):
@@ -127,3 +262,95 @@ def test_the_gate_serves_the_fleet_routes_only_and_refuses_a_body_over_its_cap_u
     assert gate.get("/v1/fleet/pull-messages").status_code == 404  # POST only
     big = gate.post("/v1/fleet/push-object", content=bytes(8 * MIB + 1))
     assert (big.status_code, big.json()) == (413, {"detail": "request body over 8 MiB"})
+
+
+@pytest.fixture
+def listener():
+    """The sites' listener as superlink.py serves it (uvicorn with fleet_protocol), without TLS, on a
+    free loopback port in a thread of this process, in front of a small app that answers 200: a
+    request deadline of 1 s, at most 4 requests at once and 2 connections a peer address."""
+    import asyncio
+    import socket
+    import threading
+
+    import uvicorn
+
+    from incofl.deploy.superlink import Limits, fleet_protocol
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    limits = Limits(("127.0.0.1", port), MIB, MIB, max_connections=4, per_peer=2, request_timeout=1.0)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=fleet_protocol(limits), limit_concurrency=4)
+    config.log_level = "warning"
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    yield port
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def ask(port: int, source: str = "127.0.0.1", path: str = "/v1/fleet/x") -> bytes:
+    """One request's answer (b'' if the server hung up)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+        try:
+            return conn.recv(100)
+        except ConnectionResetError:
+            return b""
+
+
+def test_idle_connections_are_closed_and_cannot_hold_the_port(listener):
+    """Issue 57: uvicorn counts a connection that never sends a request toward `limit_concurrency`
+    and never closes it, so that as many silent sockets as the limit made every request 503, for
+    good. Now each is closed when its request deadline passes, and requests are answered again."""
+    import socket
+
+    silent = [socket.create_connection(("127.0.0.1", listener), source_address=(f"127.0.0.{i}", 0)) for i in (2, 3)]
+    silent += [socket.create_connection(("127.0.0.1", listener), source_address=(f"127.0.0.{i}", 0)) for i in (4, 5)]
+    time.sleep(0.3)
+    assert ask(listener).startswith(b"HTTP/1.1 503")  # the four hold the limit, for now
+    time.sleep(1.5)
+    assert all(conn.recv(1) == b"" for conn in silent)  # closed by the server
+    assert ask(listener).startswith(b"HTTP/1.1 200")
+    for conn in silent:
+        conn.close()
+
+
+def test_a_peer_holds_at_most_its_share_of_connections_and_a_head_past_the_cap_is_cut(listener):
+    import socket
+
+    mine = [socket.create_connection(("127.0.0.1", listener), source_address=("127.0.0.2", 0)) for _ in range(3)]
+    time.sleep(0.3)
+    assert mine[2].recv(1) == b""  # past its 2: closed at once
+    assert ask(listener, source="127.0.0.3").startswith(b"HTTP/1.1 200")  # another peer is served
+    assert ask(listener, path="/v1/fleet/" + "x" * 20_000) == b""  # a head over 16 KiB: hung up on
+    for conn in mine:
+        conn.close()
+
+
+def test_a_finished_runs_messages_and_objects_are_pruned(node):
+    """Issue 57: Flower 1.42 cleans a finished run up only when a later request names it, so that a
+    reply never pulled stayed in the SuperLink's database. `prune_finished` (every 30 s in
+    superlink.py) cleans every finished run; a running one is left as it is."""
+    from flwr.common.constant import SubStatus
+
+    from incofl.deploy.superlink import FleetGate, prune_finished
+
+    pushed = announce(node, node.client(FleetGate(node.app, 8 * MIB, 16 * MIB)), reply_of(node, 8))
+    push_objects(node, node.client(node.app), pushed)
+    assert prune_finished(node.app) == [] and stored(node, pushed) > 8 * MIB  # running: kept
+    task = node.state.get_run_info(run_ids=[node.run_id])[0].primary_task_id
+    assert node.state.finish_task(task, SubStatus.COMPLETED, "")
+    assert prune_finished(node.app) == [node.run_id]
+    assert stored(node, pushed) == 0 and node.state.num_message_ins() == node.state.num_message_res() == 0

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
@@ -121,7 +122,18 @@ def cmd_federation_export(args: argparse.Namespace) -> int:
             f"{out}: client {client} of {cfg.clients} ({cfg.dataset} alpha={cfg.alpha}), {samples} samples"
             f"{', and the test split' if test else ''}{key}"
         )
+    if args.keys:
+        _site_certificates(keys.parent / "certificates", clients)
     return 0
+
+
+def _site_certificates(folder: Path, clients: Iterable[int]) -> None:
+    """The federation's CA and server certificate (for 127.0.0.1) in `folder`, made once, and each
+    client's site certificate, without which the sites' port takes no connection."""
+    from incofl.deploy.credentials import certificates
+
+    ca = certificates(folder, clients=clients)[0]
+    print(f"certificates in {folder}: {ca.name} for every site, node<K>.pem and node<K>.key for client K's only")
 
 
 def _server_key(folder: Path) -> Path:
@@ -437,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also write each client's node key pair (keys/nodeK, keys/nodeK.pub beside the data files, made "
         "once): the private key goes to the site, the public key to the operator (flwr supernode register, "
-        "the run's node-keys)",
+        "the run's node-keys), and the TLS certificates (certificates/: the CA's ca.pem for every site, and "
+        "client K's own nodeK.pem and nodeK.key, without which the sites' port takes no connection)",
     )
     p.set_defaults(func=cmd_federation_export)
     p = actions.add_parser(
@@ -454,7 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connection", default="incofl-local", help="the connection added to Flower's config for flwr run")
     p.add_argument(
         "--certificates",
-        help="TLS with one's own certificates: a folder with ca.pem, server.pem, server.key (for 127.0.0.1); "
+        help="TLS with one's own certificates: a folder with ca.pem, server.pem, server.key (for 127.0.0.1) "
+        "and each site's client certificate, nodeK.pem and nodeK.key (issued from ca.key there where missing); "
         "default: SITES/certificates, made there unless present",
     )
     p.add_argument(

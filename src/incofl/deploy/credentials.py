@@ -1,6 +1,7 @@
 """What a federation's processes prove themselves with: node key pairs (SuperNode
 authentication, and what the ServerApp binds each client to) and a CA with a server
-certificate for TLS, made with `cryptography`.
+certificate and each site's client certificate for TLS (mutual on the sites' port), made with
+`cryptography`.
 
 Every file is written private: created 0600 and exclusively under a temporary name (so never
 readable by another user, not even for a moment, and never through a planted symlink), flushed,
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Iterable
 from pathlib import Path
 
 from cryptography import x509
@@ -25,6 +27,7 @@ from incofl.config import ConfigError
 
 PEM = serialization.Encoding.PEM
 CERTIFICATE_DAYS = 365
+CA_NAME, CA_KEY = "incofl federation CA", "ca.key"
 
 
 PRIVATE, PRIVATE_FOLDER = 0o600, 0o700
@@ -71,23 +74,53 @@ def node_key(folder: Path, client: int) -> tuple[Path, Path]:
     return private, public
 
 
-def certificates(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
+def certificates(folder: Path, host: str = "127.0.0.1", clients: Iterable[int] = ()) -> tuple[Path, Path, Path]:
     """`ca.pem`, `server.pem` and `server.key` in `folder`: a CA and a server certificate it signs
-    for `host` (and localhost), valid a year; made unless all three exist. The CA's private key
-    is not kept: nothing else can be signed with it."""
+    for `host` (and localhost), valid a year; made unless all three exist. The CA's key is kept
+    beside them (`ca.key`, private) to issue each site's client certificate (`node_certificate`),
+    made here for `clients`: the sites' port takes no TLS connection without one."""
     paths = private_folder(folder) / "ca.pem", folder / "server.pem", folder / "server.key"
     if all(p.exists() for p in paths):
         check_private(paths[2])
-        return paths
-    ca_key, key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
-    ca = _certificate("incofl federation CA", ca_key, "incofl federation CA", ca_key, ca=True)
-    sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(host))]
-    server = _certificate(host, key, "incofl federation CA", ca_key, ca=False, sans=sans)
-    pkcs8 = serialization.PrivateFormat.PKCS8
-    write_secret(paths[2], key.private_bytes(PEM, pkcs8, serialization.NoEncryption()))
-    write_public(paths[1], server.public_bytes(PEM))
-    write_public(paths[0], ca.public_bytes(PEM))
+    else:
+        ca_key, key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
+        ca = _certificate(CA_NAME, ca_key, CA_NAME, ca_key, ca=True)
+        sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(host))]
+        server = _certificate(host, key, CA_NAME, ca_key, ca=False, sans=sans)
+        write_secret(folder / CA_KEY, _pkcs8(ca_key))
+        write_secret(paths[2], _pkcs8(key))
+        write_public(paths[1], server.public_bytes(PEM))
+        write_public(paths[0], ca.public_bytes(PEM))
+        for old in folder.glob("node*.pem"):  # issued by the CA replaced: no longer valid
+            old.unlink()
+    for client in clients:
+        node_certificate(folder, client)
     return paths
+
+
+def node_certificate(folder: Path, client: int) -> tuple[Path, Path]:
+    """`node<client>.pem` and `node<client>.key` in `folder`: the TLS client certificate with which
+    client `client`'s site connects to the sites' port, issued once by the CA whose key is `ca.key`."""
+    cert, key_path = folder / f"node{client}.pem", folder / f"node{client}.key"
+    if cert.exists() and key_path.exists():
+        check_private(key_path)
+        return cert, key_path
+    authority = folder / CA_KEY
+    if not authority.exists():
+        raise ConfigError(
+            f"{folder}: no {cert.name} and no {CA_KEY} to issue it with (a folder an earlier incofl made, or "
+            "certificates of your own): remove the folder to make it anew, or put your CA's node certificates there"
+        )
+    ca_key = serialization.load_pem_private_key(check_private(authority).read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP384R1())
+    write_secret(key_path, _pkcs8(key))
+    write_public(cert, _certificate(f"node{client}", key, CA_NAME, ca_key, ca=False).public_bytes(PEM))
+    return cert, key_path
+
+
+def _pkcs8(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
 def _certificate(

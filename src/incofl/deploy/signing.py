@@ -98,9 +98,14 @@ def verify(public: ec.EllipticCurvePublicKey, text: bytes, signature: bytes, sig
 
 
 def private_key(path: Path) -> ec.EllipticCurvePrivateKey:
-    """An EC private key in OpenSSH format (a node's, the server's); refused in one line."""
+    """An EC private key in OpenSSH format (a node's, the server's); refused in one line, as is one
+    that group or others may read (it may have been read already: credentials.check_private)."""
+    from incofl.deploy.credentials import check_private
+
     try:
-        key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
+        key = serialization.load_ssh_private_key(check_private(path).read_bytes(), password=None)
+    except ConfigError:
+        raise
     except (OSError, ValueError, TypeError) as err:
         raise ConfigError(f"{path}: not an unencrypted OpenSSH private key ({str(err)[:80]})") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey):

@@ -2,7 +2,8 @@
 federation up` starts, and what a real federation's server runs.
 
     python -m incofl.deploy.superlink --fleet-address HOST:PORT [--max-request-mb 8]
-        [--max-message-mb 512] [--max-connections 64] FLOWER_SUPERLINK_ARGS...
+        [--max-message-mb 512] [--max-connections 64] [--max-connections-per-peer 16]
+        [--request-timeout 10] FLOWER_SUPERLINK_ARGS...
 
 Flower 1.42 serves its Fleet (nodes), Control (`flwr run`, `flwr supernode register`, ...) and
 Runtime (the ServerApp's) APIs as one FastAPI app on one listener (`--host`, `--port`), and its
@@ -12,19 +13,31 @@ This runs Flower's own `flower-superlink` unchanged, with the one app served twi
 
 - whole, on Flower's `--host`/`--port`, which must be a loopback address (the operator's
   `flwr` commands and the ServerApp's processes, on the server machine);
-- on `--fleet-address` (what sites dial), through `FleetGate`: only `POST /v1/fleet/...` (the
-  routes of Flower's Fleet router; anything else is 404 before Flower sees it), a request body of
-  at most `--max-request-mb` (413 before it is read: Flower reads each body whole into memory;
-  its arrays travel in chunks of 5 MiB), at most `--max-connections` requests at once (uvicorn's
-  `limit_concurrency`: 503 beyond), a push of replies only (a node has no instruction to give:
-  one without `reply_to` is 403), of at most MAX_OBJECTS objects, and whose objects (those Flower
-  asks the node for) add up to at most `--max-message-mb` (413 for the object that would pass it;
-  an object no accepted push asked for is 403).
+- on `--fleet-address` (what sites dial), the sites' port, held by uvicorn's own settings and
+  `FleetGate`, in this order:
+  1. with TLS, mutual TLS: a handshake finishes only with a peer that shows a certificate issued by
+     the CA of Flower's `--ssl-ca-certfile` (`incofl federation export` issues one a site), within
+     `--request-timeout` seconds; a peer without one never sends a request;
+  2. a connection that has not sent a complete request (head and body) within `--request-timeout`
+     seconds of opening, or of its last answer, is closed; a request head over 16 KiB closes it;
+     at most `--max-connections-per-peer` connections from one address (more are closed at once) and
+     `--max-connections` requests at once (uvicorn's `limit_concurrency`: 503 beyond);
+  3. the gate: only `POST /v1/fleet/...` (404 otherwise); a body of at most `--max-request-mb`, or
+     PUSH_CAP for a push of messages (what a tree of MAX_OBJECTS objects takes), 413 as soon as it
+     is known to pass; parsing and hashing in a worker thread, never on the loop that serves the
+     rest; a push of exactly one reply (a node has no instruction to give) of at most MAX_OBJECTS
+     objects, counted no further than that; an object whose content hashes to its id, that an
+     accepted reply of the pushing node asked for, within that reply's budget (`Ledger`).
+
+The budget of a node's reply is `--max-message-mb`, set once when Flower first accepts the reply
+(a 200 that asks for objects) and never re-armed: a second push answering the same message is a
+retry only with the same tree (403 otherwise), and one answering a message whose reply the gate
+forgot is 403. An object is charged only once Flower says it stored it; nothing a request that
+Flower refuses (no key: 401) sends changes any budget or entry. Refusals are logged, a bounded line
+each, at most LOG_BURST a second (`RefusalLog`); uvicorn's access log is off on this listener.
 
 With `--database FILE` (as `up` starts it) Flower keeps its state and objects in SQLite on disk,
-not in memory. What a node can then make the server hold: per request, the body cap (times the
-connections); per reply, the message cap, one reply per instruction (Flower's check), which the
-ServerApp pulls whole. It refuses any Flower but 1.42.0 (its internals are reached into), and a
+not in memory. It refuses any Flower but 1.42.0 (its internals are reached into), and a
 non-loopback `--host` (one line, exit 2).
 """
 
@@ -33,12 +46,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import importlib
 import ipaddress
+import logging
+import os
+import ssl
 import sys
+import time
 import types
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,12 +65,96 @@ from incofl.deploy.supernode import require_flower
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+Who = tuple[bytes, int]  # a node as its requests name it: Flower's public-key header, and its node id
 
 FLEET = "/v1/fleet/"  # the prefix of Flower 1.42's Fleet router (superlink/routers/fleet/router.py)
 PUSH_MESSAGES, PUSH_OBJECT = FLEET + "push-messages", FLEET + "push-object"
-MAX_OBJECTS = 20_000  # objects one reply may declare (a model's arrays and their 5 MiB chunks: hundreds)
-TRACKED = 4096  # replies whose objects the gate remembers (the oldest forgotten first)
+KEY_HEADER = b"flwr-public-key"  # Flower's FLEET_HTTP_PUBLIC_KEY_HEADER: the key a request is signed with
+MAX_OBJECTS = 4096  # objects one reply may declare (a packed reply: tens; 512 MiB in 5 MiB chunks: about 110)
+PUSH_CAP = 64 * 1024 + 80 * MAX_OBJECTS  # a push's message header, and its tree: an id of 64 hex digits an object
+REPLIES_PER_NODE = 8  # replies of one node whose budgets the gate holds (the oldest forgotten first)
+SPENT_PER_NODE = 4096  # messages per node whose forgotten replies may not be pushed again
+HEAD_CAP = 16 * 1024  # bytes of a request's line and headers
+LOG_BURST = 5  # refusal lines a second, at most
+PRUNE_EVERY = 30.0  # seconds between two clean-ups of finished runs (prune_finished)
 MIB = 1 << 20
+log = logging.getLogger("incofl.gate")
+
+
+@dataclass
+class Reply:
+    """What one reply of one node may still add: its tree (a retry pushes the same), its bytes left."""
+
+    root: str
+    budget: int
+    objects: set[str]
+
+
+@dataclass
+class Ledger:
+    """Each node's accepted replies (by the message they answer) and which reply owns each object it
+    was asked for; at most REPLIES_PER_NODE a node, the oldest forgotten into `spent`."""
+
+    replies: dict[Who, OrderedDict[str, Reply]] = field(default_factory=dict)
+    owner: dict[Who, dict[str, str]] = field(default_factory=dict)  # object asked for -> the message its reply answers
+    spent: dict[Who, OrderedDict[str, None]] = field(default_factory=dict)
+
+    def accept(self, who: Who, answers: str, root: str, objects: list[str], budget: int) -> None:
+        replies = self.replies.setdefault(who, OrderedDict())
+        replies[answers] = Reply(root, budget, set(objects))
+        self.owner.setdefault(who, {}).update(dict.fromkeys(objects, answers))
+        while len(replies) > REPLIES_PER_NODE:
+            old, reply = replies.popitem(last=False)
+            for oid in reply.objects:
+                if self.owner[who].get(oid) == old:
+                    del self.owner[who][oid]
+            spent = self.spent.setdefault(who, OrderedDict())
+            spent[old] = None
+            if len(spent) > SPENT_PER_NODE:
+                spent.popitem(last=False)
+
+    def reply(self, who: Who, answers: str) -> Reply | None:
+        return self.replies.get(who, {}).get(answers)
+
+    def spent_on(self, who: Who, answers: str) -> bool:
+        return answers in self.spent.get(who, {})
+
+    def answers_for(self, who: Who, object_id: str) -> str | None:
+        return self.owner.get(who, {}).get(object_id)
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """What a request names, once parsed: the node, and the message its reply answers and the reply's
+    tree (a push of messages) or the object and its size (a push of an object)."""
+
+    node: int
+    answers: str = ""
+    root: str = ""
+    objects: int = 0
+    object_id: str = ""
+    size: int = 0
+
+
+class RefusalLog:
+    """A line a refusal, its path cut to 80 characters and escaped, at most LOG_BURST a second; how
+    many were not logged is said on the next line that is."""
+
+    def __init__(self) -> None:
+        self.second, self.lines, self.dropped = 0, 0, 0
+
+    def __call__(self, scope: Scope, status: int, why: str) -> None:
+        now = int(time.monotonic())
+        if now != self.second:
+            self.second, self.lines = now, 0
+        if self.lines >= LOG_BURST:
+            self.dropped += 1
+            return
+        self.lines += 1
+        peer = scope.get("client") or ("?", 0)
+        more = f" ({self.dropped} more not logged)" if self.dropped else ""
+        self.dropped = 0
+        log.warning("refused %d %r from %s: %s%s", status, scope.get("path", "")[:80], peer[0], why, more)
 
 
 @dataclass
@@ -62,69 +164,120 @@ class FleetGate:
     app: Callable[[Scope, Receive, Send], Awaitable[None]]
     max_request: int
     max_message: int
-    budgets: OrderedDict[str, int] = field(default_factory=OrderedDict)  # reply -> bytes its objects may still add
-    owner: dict[str, str] = field(default_factory=dict)  # object Flower asked for -> its reply
+    ledger: Ledger = field(default_factory=Ledger)
+    locks: dict[tuple[Who, str], list[Any]] = field(default_factory=dict)  # reply -> [its lock, its holders]
+    refused: RefusalLog = field(default_factory=RefusalLog)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith(FLEET):
-            return await refuse(send, 404, "this listener serves the Fleet API only")
-        body = await read_body(scope, receive, self.max_request)
-        if body is None:
-            return await refuse(send, 413, f"request body over {self.max_request // MIB} MiB")
+            return await self.refuse(scope, send, 404, "this listener serves the Fleet API only")
         path = scope["path"]
-        why = self.check_push(body) if path == PUSH_MESSAGES else self.check_object(body) if path == PUSH_OBJECT else ""
-        if why:
-            return await refuse(send, 413 if "over" in why else 403, why)
+        limit = PUSH_CAP if path == PUSH_MESSAGES else self.max_request
+        body = await read_body(scope, receive, limit)
+        if body is None:
+            return await self.refuse(scope, send, 413, f"request body over {limit / MIB:.4g} MiB")
+        if path not in (PUSH_MESSAGES, PUSH_OBJECT):
+            return await forward(self.app, scope, receive, body, send)
+        read = read_push if path == PUSH_MESSAGES else read_object
+        pushed = await asyncio.to_thread(read, body)  # parsing and hashing: never on the loop
+        if isinstance(pushed, tuple):
+            return await self.refuse(scope, send, *pushed)
+        who = (dict(scope.get("headers", [])).get(KEY_HEADER, b""), pushed.node)
+        step = self.push_reply if path == PUSH_MESSAGES else self.push_object
+        await step(scope, receive, send, body, who, pushed)
 
-        def tracked(status: int, answer: bytes) -> None:  # before the node has the answer: it pushes at once
-            if path == PUSH_MESSAGES and status == 200:
-                self.track(body, answer)
+    async def push_reply(
+        self, scope: Scope, receive: Receive, send: Send, body: bytes, who: Who, pushed: Pushed
+    ) -> None:
+        """A reply, passed on unless another of this node's answers the same message; its budget set
+        when Flower first accepts it (before the node has the answer: it pushes objects at once)."""
+        from flwr.proto.fleet_pb2 import PushMessagesResponse
 
-        await forward(self.app, scope, receive, body, send, bytearray(), tracked)
+        async with self.holding(who, pushed.answers):
+            known = self.ledger.reply(who, pushed.answers)
+            if self.ledger.spent_on(who, pushed.answers) or (known is not None and known.root != pushed.root):
+                return await self.refuse(scope, send, 403, "a reply to that message was pushed already")
 
-    def check_push(self, body: bytes) -> str:
-        """Why a push of messages is refused ('' if it is not): not one reply, or too many objects."""
-        from flwr.proto.fleet_pb2 import PushMessagesRequest
+            def accepted(status: int, answer: bytes) -> None:
+                response = parsed(PushMessagesResponse, answer) if status == 200 and known is None else None
+                if response is not None and response.objects_to_push:  # Flower stored it (refused: none asked)
+                    objects = list(response.objects_to_push)[: pushed.objects]
+                    self.ledger.accept(who, pushed.answers, pushed.root, objects, self.max_message)
 
-        request = parsed(PushMessagesRequest, body)
-        if request is None:
-            return ""  # Flower answers what it cannot parse
-        if len(request.messages_list) != 1 or len(request.message_object_trees) != 1:
-            return "a push holds exactly one message"
-        if not request.messages_list[0].metadata.reply_to_message_id:
-            return "a node pushes replies only"
-        if count(request.message_object_trees[0]) > MAX_OBJECTS:
-            return f"a reply of over {MAX_OBJECTS} objects"
-        return ""
+            await forward(self.app, scope, receive, body, send, accepted)
 
-    def check_object(self, body: bytes) -> str:
-        """Why an object is refused: no accepted reply asked for it, or it takes its reply over the cap."""
-        from flwr.proto.message_pb2 import PushObjectRequest
+    async def push_object(
+        self, scope: Scope, receive: Receive, send: Send, body: bytes, who: Who, pushed: Pushed
+    ) -> None:
+        """An object of one of the node's accepted replies, within its budget; charged once Flower stored it."""
+        from flwr.proto.message_pb2 import PushObjectResponse
 
-        request = parsed(PushObjectRequest, body)
-        if request is None:
-            return ""
-        reply = self.owner.get(request.object_id)
-        if reply is None or reply not in self.budgets:
-            return "an object of no reply pushed here"
-        self.budgets[reply] -= len(request.object_content)
-        if self.budgets[reply] < 0:
-            return f"a reply over {self.max_message // MIB} MiB"
-        return ""
+        answers = self.ledger.answers_for(who, pushed.object_id)
+        if answers is None:
+            return await self.refuse(scope, send, 403, "an object of no reply pushed here")
+        async with self.holding(who, answers):
+            reply = self.ledger.reply(who, answers)
+            if reply is None:
+                return await self.refuse(scope, send, 403, "an object of no reply pushed here")
+            if pushed.size > reply.budget:
+                return await self.refuse(scope, send, 413, f"a reply over {self.max_message / MIB:.4g} MiB")
 
-    def track(self, body: bytes, response: bytes) -> None:
-        """Remember the objects Flower asked for (its response) as the reply's, with the reply's budget."""
-        from flwr.proto.fleet_pb2 import PushMessagesRequest, PushMessagesResponse
+            def charged(status: int, answer: bytes) -> None:
+                response = parsed(PushObjectResponse, answer) if status == 200 else None
+                if response is not None and response.stored:
+                    reply.budget -= pushed.size
 
-        request, answer = parsed(PushMessagesRequest, body), parsed(PushMessagesResponse, response)
-        if request is None or answer is None:
-            return
-        reply = request.message_object_trees[0].object_id
-        self.budgets[reply] = self.max_message
-        self.owner.update(dict.fromkeys(answer.objects_to_push, reply))
-        while len(self.budgets) > TRACKED:
-            old, _ = self.budgets.popitem(last=False)
-            self.owner = {oid: r for oid, r in self.owner.items() if r != old}
+            await forward(self.app, scope, receive, body, send, charged)
+
+    @contextlib.asynccontextmanager
+    async def holding(self, who: Who, answers: str) -> AsyncIterator[None]:
+        """One request at a time for a node's reply to one message (its lock gone with its last holder)."""
+        held = self.locks.setdefault((who, answers), [asyncio.Lock(), 0])
+        held[1] += 1
+        try:
+            async with held[0]:
+                yield
+        finally:
+            held[1] -= 1
+            if not held[1]:
+                del self.locks[(who, answers)]
+
+    async def refuse(self, scope: Scope, send: Send, status: int, why: str) -> None:
+        self.refused(scope, status, why)
+        body = f'{{"detail": "{why}"}}'.encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def read_push(body: bytes) -> Pushed | tuple[int, str]:
+    """A push of messages as Pushed, or (status, why) it is refused: not one reply, or too many objects."""
+    from flwr.proto.fleet_pb2 import PushMessagesRequest
+
+    request = parsed(PushMessagesRequest, body)
+    if request is None:
+        return 400, "not a push of messages"
+    if len(request.messages_list) != 1 or len(request.message_object_trees) != 1:
+        return 403, "a push holds exactly one message"
+    answers = request.messages_list[0].metadata.reply_to_message_id
+    if not answers:
+        return 403, "a node pushes replies only"
+    objects = count(request.message_object_trees[0], MAX_OBJECTS + 1)
+    if objects > MAX_OBJECTS:
+        return 413, f"a reply of over {MAX_OBJECTS} objects"
+    return Pushed(request.node.node_id, answers, request.message_object_trees[0].object_id, objects)
+
+
+def read_object(body: bytes) -> Pushed | tuple[int, str]:
+    """A push of an object as Pushed, or (status, why) it is refused: its content is not what its id hashes."""
+    from flwr.proto.message_pb2 import PushObjectRequest
+
+    request = parsed(PushObjectRequest, body)
+    if request is None:
+        return 400, "not a push of an object"
+    if hashlib.sha256(request.object_content).hexdigest() != request.object_id:  # Flower's object id
+        return 403, "an object whose content is not what its id hashes"
+    return Pushed(request.node.node_id, object_id=request.object_id, size=len(request.object_content))
 
 
 def parsed(kind: type, body: bytes) -> Any:
@@ -139,10 +292,11 @@ def parsed(kind: type, body: bytes) -> Any:
     return message
 
 
-def count(tree: Any) -> int:
-    """The objects of a message's object tree (iteratively: a deep tree is no recursion bomb)."""
+def count(tree: Any, cap: int) -> int:
+    """The objects of a message's object tree, counted no further than `cap` (iteratively: a deep
+    tree is no recursion bomb)."""
     total, todo = 0, [tree]
-    while todo:
+    while todo and total < cap:
         node = todo.pop()
         total += 1
         todo.extend(node.children)
@@ -151,7 +305,7 @@ def count(tree: Any) -> int:
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
     """The request's body, or None once it is known to exceed `limit` (from its Content-Length
-    before anything is read, else as it arrives)."""
+    before anything is read, else as it arrives: a chunked body too)."""
     headers = dict(scope.get("headers", []))
     declared = headers.get(b"content-length", b"0")
     if not declared.isdigit() or int(declared) > limit:
@@ -172,13 +326,12 @@ async def forward(
     receive: Receive,
     body: bytes,
     send: Send,
-    response: bytearray,
     done: Callable[[int, bytes], None] = lambda status, answer: None,
-) -> int:
+) -> None:
     """Call `app` with the body already read (then the client's own events: a disconnect when it
-    goes); its response sent on, its body kept in `response` and handed to `done` (with the status)
-    before its last part is sent; its status."""
-    status = {"code": 0}
+    goes); its response sent on, and handed to `done` with its status before its last part is sent
+    (the answer's first PUSH_CAP bytes: what a push's answer takes)."""
+    status, response = [0], bytearray()
     pending = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replay() -> dict[str, Any]:
@@ -186,22 +339,14 @@ async def forward(
 
     async def keep(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            status["code"] = message["status"]
-        elif message["type"] == "http.response.body" and len(response) < MAX_OBJECTS * 100:
+            status[0] = message["status"]
+        elif message["type"] == "http.response.body" and len(response) < PUSH_CAP:
             response.extend(message.get("body", b""))
         if message["type"] == "http.response.body" and not message.get("more_body", False):
-            done(status["code"], bytes(response))
+            done(status[0], bytes(response))
         await send(message)
 
     await app(scope, replay, keep)
-    return status["code"]
-
-
-async def refuse(send: Send, status: int, why: str) -> None:
-    body = f'{{"detail": "{why}"}}'.encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def loopback(host: str) -> bool:
@@ -227,6 +372,109 @@ class Limits:
     max_request: int
     max_message: int
     max_connections: int
+    per_peer: int
+    request_timeout: float
+    sites_ca: str = ""  # the CA whose certificates the sites' port requires ('' without TLS)
+
+
+def fleet_protocol(limits: Limits) -> type:
+    """uvicorn's HTTP protocol (httptools, which Flower's uvicorn[standard] brings) with the sites'
+    port's limits on connections (module docstring, item 2): a deadline for each request, a cap on its
+    head, and on the connections of one peer address."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    peers: Counter[str] = Counter()
+
+    class FleetProtocol(HttpToolsProtocol):
+        peer, head, deadline = "", 0, None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.peer = (self.client or ("?", 0))[0]
+            peers[self.peer] += 1
+            if peers[self.peer] > limits.per_peer:
+                transport.close()
+                return
+            self.arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            peers[self.peer] -= 1
+            if not peers[self.peer]:
+                del peers[self.peer]
+            self.disarm()
+            super().connection_lost(exc)
+
+        def arm(self) -> None:
+            self.disarm()
+            self.head = 0
+            self.deadline = self.loop.call_later(limits.request_timeout, self.transport.close)
+
+        def disarm(self) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
+                self.deadline = None
+
+        def on_url(self, url: bytes) -> None:
+            self.grow(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self.grow(len(name) + len(value))
+            super().on_header(name, value)
+
+        def grow(self, size: int) -> None:
+            self.head += size
+            if self.head > HEAD_CAP:
+                self.transport.close()
+
+        def on_message_complete(self) -> None:
+            self.disarm()  # the request is in: its answer may take as long as Flower takes
+            super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self.arm()
+
+    return FleetProtocol
+
+
+def handshakes_within(seconds: float) -> Callable[[], asyncio.AbstractEventLoop]:
+    """An event loop factory whose TLS servers give a handshake `seconds` (asyncio's default: 60)."""
+
+    class Loop(asyncio.SelectorEventLoop):
+        async def create_server(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            if kwargs.get("ssl") is not None:
+                kwargs.setdefault("ssl_handshake_timeout", seconds)
+            return await super().create_server(*args, **kwargs)
+
+    return Loop
+
+
+async def prune(app: Any) -> None:
+    """Every PRUNE_EVERY seconds, `prune_finished` (in a worker thread); a failure logged, tried again."""
+    while True:
+        await asyncio.sleep(PRUNE_EVERY)
+        try:
+            await asyncio.to_thread(prune_finished, app)
+        except Exception as err:  # noqa: BLE001 (a database busy for a moment: the next turn tries again)
+            log.warning("pruning finished runs failed: %s", err)
+
+
+def prune_finished(app: Any) -> list[int]:
+    """Flower's own clean-up of each finished run (`LinkState.cleanup_run`: its messages, their
+    objects and its upload sessions), which Flower 1.42 does only when a later request names that
+    run or `flwr ls` lists it: replies never pulled (a node's late or unasked ones) stay in its
+    database until then. What is kept of a finished run is its row, its logs and its traffic
+    counts (`flwr ls`, `flwr log`); a resume needs none of it (the run's checkpoint is the
+    ServerApp's). The runs cleaned."""
+    from flwr.common.constant import Status
+
+    state = app.state.linkstate_factory.state()
+    finished = [run.run_id for run in state.get_run_info(statuses=[Status.FINISHED])]
+    for run_id in finished:
+        state.cleanup_run(run_id)
+    return finished
 
 
 def two_listeners(limits: Limits) -> types.ModuleType:
@@ -245,6 +493,7 @@ def two_listeners(limits: Limits) -> types.ModuleType:
         whole = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
         gate = FleetGate(app, limits.max_request, limits.max_message)
         fleet_host, fleet_port = limits.fleet
+        mutual = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": limits.sites_ca} if limits.sites_ca else {}
         fleet = Quiet(
             uvicorn.Config(
                 gate,
@@ -252,19 +501,22 @@ def two_listeners(limits: Limits) -> types.ModuleType:
                 port=fleet_port,
                 lifespan="off",  # Flower's lifespan (its SuperExec, its state) runs once, in the loopback server
                 limit_concurrency=limits.max_connections,
-                **options,
+                http=fleet_protocol(limits),
+                **{**options, "access_log": False, **mutual},  # refusals: the gate's own bounded lines
             )
         )
 
         async def both() -> None:
-            task = asyncio.create_task(fleet.serve())
+            task, pruning = asyncio.create_task(fleet.serve()), asyncio.create_task(prune(app))
             try:
                 await whole.serve()
             finally:
                 fleet.should_exit = True
+                pruning.cancel()
                 await task
 
-        asyncio.run(both())
+        with asyncio.Runner(loop_factory=handshakes_within(limits.request_timeout)) as runner:
+            runner.run(both())
 
     shim = types.ModuleType("uvicorn")
     shim.__dict__.update(uvicorn.__dict__)
@@ -290,6 +542,8 @@ def parse(argv: list[str]) -> tuple[Limits, list[str]]:
     parser.add_argument("--max-request-mb", type=float, default=8.0, help="the largest request body")
     parser.add_argument("--max-message-mb", type=float, default=512.0, help="the largest reply, its objects summed")
     parser.add_argument("--max-connections", type=int, default=64, help="requests served at once on the Fleet port")
+    parser.add_argument("--max-connections-per-peer", type=int, default=16, help="connections from one address")
+    parser.add_argument("--request-timeout", type=float, default=10.0, help="seconds for a handshake or a request")
     ours, flower = parser.parse_known_args(argv)
     host = flag_value(flower, "--host", "127.0.0.1")  # Flower's default (UVICORN_DEFAULT_HOST)
     if not loopback(host):
@@ -297,10 +551,21 @@ def parse(argv: list[str]) -> tuple[Limits, list[str]]:
     for flag in ("--fleet-api-address", "--control-api-address"):
         if flag in flower:
             parser.error(f"{flag}: not with this wrapper (--fleet-address, and --host/--port for the rest)")
-    if not min(ours.max_request_mb, ours.max_message_mb) > 0 or ours.max_connections < 1:
-        parser.error("--max-request-mb, --max-message-mb and --max-connections must be positive")
+    if not min(ours.max_request_mb, ours.max_message_mb, ours.request_timeout) > 0:
+        parser.error("--max-request-mb, --max-message-mb and --request-timeout must be positive")
+    if min(ours.max_connections, ours.max_connections_per_peer) < 1:
+        parser.error("--max-connections and --max-connections-per-peer must be positive")
+    sites_ca = "" if "--insecure" in flower else os.path.expanduser(flag_value(flower, "--ssl-ca-certfile", ""))
+    if "--insecure" not in flower and not sites_ca:
+        parser.error("--ssl-ca-certfile: required with TLS (the sites' port takes only certificates its CA issued)")
     limits = Limits(
-        ours.fleet_address, int(ours.max_request_mb * MIB), int(ours.max_message_mb * MIB), ours.max_connections
+        ours.fleet_address,
+        int(ours.max_request_mb * MIB),
+        int(ours.max_message_mb * MIB),
+        ours.max_connections,
+        ours.max_connections_per_peer,
+        ours.request_timeout,
+        sites_ca,
     )
     return limits, flower
 
@@ -308,6 +573,9 @@ def parse(argv: list[str]) -> tuple[Limits, list[str]]:
 def main() -> None:
     require_flower("python -m incofl.deploy.superlink")
     limits, flower = parse(sys.argv[1:])
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.addHandler(handler)
     cli = importlib.import_module("flwr.superlink.cli.flower_superlink")  # the package exports a function of that name
     cli.uvicorn = two_listeners(limits)  # type: ignore[assignment]
     sys.argv = ["flower-superlink", *flower]

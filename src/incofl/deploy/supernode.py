@@ -1,7 +1,14 @@
-"""`flower-supernode` with a shorter wait after an empty pull: what `incofl federation up` starts
-for each node.
+"""`flower-supernode` with a client certificate and a shorter wait after an empty pull: what
+`incofl federation up` starts for each node, and what a site elsewhere runs.
 
-    python -m incofl.deploy.supernode FLOWER_SUPERNODE_ARGS...
+    python -m incofl.deploy.supernode [--client-certificate NODE.pem --client-key NODE.key]
+        FLOWER_SUPERNODE_ARGS...
+
+The sites' port of incofl's SuperLink (superlink.py) finishes a TLS handshake only with a peer
+that shows a certificate its CA issued (`incofl federation export` makes one a site,
+`certificates/node<K>.pem` and `.key`); Flower 1.42's node builds its HTTP client from root
+certificates alone (`supercore/protobuf/client.py`), so this hands that client the site's
+certificate and key (`client_certificate`).
 
 Flower 1.42.0's SuperNode sleeps 3 s whenever it asks the SuperLink for a message and finds none,
 and 0.5 s between looks for its ClientApp's reply (`time.sleep(3)` and `time.sleep(0.5)` in
@@ -14,9 +21,13 @@ whose code it has not been checked against.
 
 from __future__ import annotations
 
+import argparse
+import ssl
 import sys
 import time
 import types
+from pathlib import Path
+from typing import Any
 
 WAIT = 0.2  # seconds: the longest the node's loop sleeps (an idle node asks the SuperLink 5 times a second)
 FLOWER = "1.42.0"
@@ -44,12 +55,52 @@ def require_flower(prog: str) -> None:
         sys.exit(2)
 
 
+def client_certificate(certificate: Path, key: Path) -> None:
+    """Flower's Fleet client, from now on in this process, shows `certificate` (signed by the CA the
+    SuperLink trusts) in every TLS handshake, and checks the server as Flower would."""
+    import flwr.supernode.fleet_http_connection as connection
+
+    class Certified(connection.FleetHttpClient):  # type: ignore[misc, valid-type]
+        def __init__(self, base_url: str, *, verify: ssl.SSLContext | bool | str = True, **options: Any) -> None:
+            context = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
+            if isinstance(verify, str):
+                context.load_verify_locations(cafile=verify)
+            context.load_cert_chain(certificate, key)
+            super().__init__(base_url, verify=context, **options)
+
+    connection.FleetHttpClient = Certified
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """This wrapper's flags (both or neither; the key private, one line otherwise), and Flower's."""
+    from incofl.config import ConfigError
+    from incofl.deploy.credentials import check_private
+
+    parser = argparse.ArgumentParser(prog="python -m incofl.deploy.supernode", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--client-certificate", type=Path, help="the site's TLS certificate (nodeK.pem)")
+    parser.add_argument("--client-key", type=Path, help="its private key (nodeK.key)")
+    ours, flower = parser.parse_known_args(argv)
+    if (ours.client_certificate is None) != (ours.client_key is None):
+        parser.error("--client-certificate and --client-key go together")
+    if ours.client_key is not None:
+        try:
+            check_private(ours.client_key)
+            ours.client_certificate.stat()
+        except (OSError, ConfigError) as err:
+            parser.error(str(err))
+    return ours, flower
+
+
 def main() -> None:
     require_flower("python -m incofl.deploy.supernode")
+    ours, flower = parse(sys.argv[1:])
     import flwr.supernode.start_client_internal as loop
     from flwr.supernode.cli import flower_supernode
 
+    if ours.client_certificate is not None:
+        client_certificate(ours.client_certificate, ours.client_key)
     loop.time = capped_time(WAIT)
+    sys.argv = ["flower-supernode", *flower]
     flower_supernode()
 
 

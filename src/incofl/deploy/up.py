@@ -32,21 +32,26 @@ can (docs/federation.md, "Threat model").
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
+from typing import IO, TextIO
 
 import numpy as np
 
 from incofl.config import ConfigError
-from incofl.deploy.credentials import check_private, private_folder
+from incofl.deploy.credentials import PRIVATE, check_private, private_folder
 from incofl.numerics import Numerics, NumericsError, conflicts, environment
 
 CONNECTION = "incofl-local"  # the connection `flwr run` names
@@ -54,6 +59,10 @@ CONNECTION = "incofl-local"  # the connection `flwr run` names
 # that often; an idle 2-node federation then used 6% of a core (1 s: 2%, 0.1 s: 19%)
 TASK_POLL = 0.25
 PRIVATE_UMASK = 0o077  # of every process up starts
+# connections a node may hold on the sites' port (Flower's node: its loop, its heartbeats, 2 pushes at once)
+NODE_CONNECTIONS = 8
+LINE_CAP = 4096  # bytes of a line a process logs (the rest of a longer one is cut)
+LOG_BYTES, LOG_BACKUPS = 16 << 20, 2  # a log file rotates at 16 MiB, two earlier ones kept: 48 MiB a process
 
 
 @dataclass(frozen=True)
@@ -90,20 +99,23 @@ class LocalFederation:
             )
         return files
 
-    def tls(self) -> tuple[Path, Path, Path] | None:
+    def tls(self, clients: Iterable[int]) -> tuple[Path, Path, Path] | None:
         """(ca.pem, server.pem, server.key): the given folder's, else `<sites>/certificates`' (made
-        unless present); None when insecure."""
+        unless present), with each client's site certificate (`node<K>.pem`, `.key`: there, or issued
+        by the CA's key there); None when insecure."""
         if self.insecure:
             return None
-        from incofl.deploy.credentials import certificates
+        from incofl.deploy.credentials import certificates, node_certificate
 
         if self.certificates is None:
-            return certificates(self.sites.resolve() / "certificates")
+            return certificates(self.sites.resolve() / "certificates", clients=clients)
         paths = tuple(self.certificates.resolve() / name for name in ("ca.pem", "server.pem", "server.key"))
         missing = [p.name for p in paths if not p.is_file()]
         if missing:
             raise ConfigError(f"--certificates {self.certificates}: no {', '.join(missing)}")
         check_private(paths[2])
+        for client in clients:
+            node_certificate(paths[0].parent, client)
         return paths  # type: ignore[return-value]
 
 
@@ -175,7 +187,8 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> N
 
 
 class Processes:
-    """The started processes (in this process's group: a kill of the group ends them too)."""
+    """The started processes (in this process's group: a kill of the group ends them too), each
+    logging to `<logs>/<name>.log` through `pump`."""
 
     def __init__(self, logs: Path, numerics: Numerics = "native"):
         self.logs, self.procs = private_folder(logs), []
@@ -188,10 +201,14 @@ class Processes:
         self.env.update(environment(numerics))
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(os.open(self.logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")  # noqa: SIM115
+        log = private_log(self.logs / f"{name}.log")
         # umask 077: whatever it creates (the database, node states, the run's files) is its owner's only
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env, umask=PRIVATE_UMASK)
-        self.procs.append((name, proc, log))
+        proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env, umask=PRIVATE_UMASK
+        )
+        thread = threading.Thread(target=pump, args=(proc.stdout, log), name=f"log-{name}", daemon=True)
+        thread.start()
+        self.procs.append((name, proc, (thread, log)))
         return proc
 
     def run(self, args: list[str]) -> None:
@@ -206,20 +223,47 @@ class Processes:
         for _, proc, _ in self.procs:
             if proc.poll() is None:
                 proc.terminate()
-        for _, proc, log in self.procs:
+        for _, proc, (thread, log) in self.procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            thread.join(timeout=10)
             log.close()
+
+
+class PrivateLog(RotatingFileHandler):
+    """A process's log file, created 0600, rotated at LOG_BYTES (LOG_BACKUPS earlier files kept)."""
+
+    def _open(self) -> TextIO:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE)
+        return open(fd, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 (the handler closes it)
+
+
+def private_log(path: Path) -> PrivateLog:
+    """`path` emptied (this up's log), then logged to as PrivateLog."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE))
+    return PrivateLog(path, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
+
+
+def pump(stream: IO[bytes], log: PrivateLog) -> None:
+    """Each line a process writes, into its log, cut at LINE_CAP bytes: whatever the process is made to
+    print (a request's path, a peer's bytes), its log grows by a bounded line, and by LOG_BYTES x
+    (LOG_BACKUPS + 1) in all."""
+    whole = True  # the last piece read ended its line
+    for piece in iter(lambda: stream.readline(LINE_CAP), b""):
+        if whole:
+            text = piece.decode("utf-8", "replace").rstrip("\n")
+            log.handle(logging.makeLogRecord({"msg": text + ("" if piece.endswith(b"\n") else " [cut]")}))
+        whole = piece.endswith(b"\n")
 
 
 def up(fed: LocalFederation) -> int:
     """Start the federation, wait until interrupted or a process dies, stop everything; the exit code."""
     sites = fed.site_files()
     check_ports(fed.port, 2 + len(sites))
-    tls = fed.tls()
+    tls = fed.tls(sites)
     procs = Processes(fed.logs or fed.sites / "logs", fed.numerics)
     stop = {"signal": 0}
 
@@ -230,7 +274,7 @@ def up(fed: LocalFederation) -> int:
     signal.signal(signal.SIGINT, interrupted)
     try:
         secret = None if fed.insecure else superexec_secret(fed.keys / "superexec.secret")
-        config = start_link(fed, tls, secret, procs)
+        config = start_link(fed, tls, secret, procs, len(sites))
         start_nodes(fed, sites, tls, secret, procs)
         print(startup_line(fed, sites, tls is not None, config, procs.logs), flush=True)
         while not stop["signal"]:
@@ -293,16 +337,21 @@ def database(sites: Path) -> Path:
 
 
 def start_link(
-    fed: LocalFederation, tls: tuple[Path, Path, Path] | None, secret: Path | None, procs: Processes
+    fed: LocalFederation, tls: tuple[Path, Path, Path] | None, secret: Path | None, procs: Processes, nodes: int
 ) -> Path:
     """The SuperLink (superlink.py: its Fleet API alone on `port`, the rest on `port + 1`, both on
-    127.0.0.1), listening, and its SuperExec; the connection added to Flower's config (returned)."""
+    127.0.0.1), listening, and its SuperExec; the connection added to Flower's config (returned).
+    Every node of this machine dials from 127.0.0.1, one peer address: its cap on connections is
+    NODE_CONNECTIONS for each node and four more (sites started apart, `flwr` tools), and the port's
+    64 more, so that another address cannot take what they need."""
+    peer = NODE_CONNECTIONS * (nodes + 4)
     security = ["--insecure"] if tls is None else ["--ssl-ca-certfile", str(tls[0])]
     security += [] if tls is None else ["--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
     security += [] if fed.insecure else ["--enable-supernode-auth"]
     link = procs.start(
         "superlink",
         [sys.executable, "-m", "incofl.deploy.superlink", "--fleet-address", f"127.0.0.1:{fed.port}", *security]
+        + ["--max-connections-per-peer", str(peer), "--max-connections", str(peer + 64)]
         + [*isolated(secret), "--disable-runtime-dependency-installation", "--database", str(database(fed.sites))]
         + ["--host", "127.0.0.1", "--port", str(fed.port + 1)],
     )
@@ -322,10 +371,13 @@ def start_nodes(
     procs: Processes,
 ) -> None:
     """One SuperNode per site file (unless insecure, its key registered first) and its executor."""
-    from incofl.deploy.credentials import node_key
+    from incofl.deploy.credentials import node_certificate, node_key
 
-    security = ["--insecure"] if tls is None else ["--root-certificates", str(tls[0])]
     for i, (client, path) in enumerate(sorted(sites.items())):
+        security = ["--insecure"] if tls is None else ["--root-certificates", str(tls[0])]
+        if tls is not None:  # the certificate the sites' port asks for (supernode.py)
+            cert, key = node_certificate(tls[0].parent, client)
+            security += ["--client-certificate", str(cert), "--client-key", str(key)]
         auth, signer = [], ""
         if not fed.insecure:
             private, public = node_key(fed.keys, client)
