@@ -3,10 +3,12 @@ own Fleet connection (`flwr.supernode.fleet_http_connection.http_request_respons
 `flower-supernode` runs), driven by hand instead of by a SuperNode's loop, to send what no
 incofl node would: a reply whose bytes Flower cannot decode but whose hash, header and length
 the SuperLink accepts, a reply announced but never uploaded, and a message to the SuperLink itself
-that answers nothing (its Runtime API hands those to the ServerApp on every pull), never uploaded."""
+that answers nothing (its Runtime API hands those to the ServerApp on every pull), never uploaded;
+and a site that answers another site's message in that site's name (`Forger`)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
-from flwr.app import ConfigRecord, Message, Metadata, RecordDict
+from flwr.app import ConfigRecord, Message, Metadata, MetricRecord, RecordDict
 from flwr.app.message import make_message
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.inflatable.inflatable_object import (
     add_header_to_object_body,
     get_all_nested_objects,
@@ -23,6 +26,8 @@ from flwr.supercore.inflatable.inflatable_object import (
     get_object_tree,
 )
 from flwr.supernode.fleet_http_connection import http_request_response
+
+from incofl.deploy.codec import sign_reply
 
 
 @dataclass
@@ -91,3 +96,56 @@ class Rogue:
             for object_id in wanted:
                 push_object(asked.metadata.run_id, session, object_id, contents[object_id])
         self.answered.set()  # "stalled": announced, and not one of its objects ever pushed
+
+
+@dataclass
+class Forger:
+    """Site A in a thread, on a node connection of its own (`key`, registered): once it knows the
+    header of site B's train message (`asked`, JSON: its id, B's node, the run, the round, when it
+    was made and its ttl), it answers that message in B's name (B's node as its source), signed
+    with A's site key (`site_key`) as B's client (`client`), and writes `forged`; then holds its
+    connection until `stop`. Its update is no update: the server must refuse it before reading any."""
+
+    address: str
+    ca: bytes
+    key: Path
+    site_key: Path
+    client: int
+    asked: Path
+    forged: Path
+    stop: threading.Event = field(default_factory=threading.Event)
+    error: list[BaseException] = field(default_factory=list)
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+        return thread
+
+    def _run(self) -> None:
+        try:
+            private = serialization.load_ssh_private_key(self.key.read_bytes(), password=None)
+            keys: Any = (private, private.public_key())
+            with http_request_response(self.address, False, self.ca, keys) as (_, _receive, send, *rest):
+                while not self.asked.exists() and not self.stop.wait(0.1):
+                    pass
+                if self.asked.exists():
+                    self._forge(json.loads(self.asked.read_text()), send, rest[3])
+                self.stop.wait()
+        except BaseException as err:  # noqa: BLE001 (the test reports it)
+            self.error.append(err)
+
+    def _forge(self, asked: dict[str, Any], send: Any, push_object: Any) -> None:
+        site = serialization.load_ssh_private_key(self.site_key.read_bytes(), password=None)
+        run, round_, answers = asked["run"], asked["round"], asked["message"]
+        content = RecordDict({"metrics": MetricRecord({"num_samples": 1})})
+        content = sign_reply(content, site, run, round_, self.client, answers, "train")
+        now = time.time()
+        ttl = asked["created_at"] + asked["ttl"] - now - 1  # within the message's: Flower checks it
+        meta = Metadata(run, "", asked["node"], SUPERLINK_NODE_ID, answers, str(round_), now, ttl, "train")
+        reply = make_message(metadata=meta, content=content)
+        reply.metadata.__dict__["_message_id"] = reply.object_id
+        contents = {i: o.deflate() for i, o in get_all_nested_objects(reply).items()}
+        wanted, session = send(reply, get_object_tree(reply), 0.0)
+        for object_id in wanted:
+            push_object(run, session, object_id, contents[object_id])
+        self.forged.write_text(reply.object_id)

@@ -575,6 +575,42 @@ def test_a_node_keeps_the_states_a_checkpoint_of_the_server_can_resume_from(tmp_
     assert int(states.at(2)["round"]) == 2 and int(states.at(7)["round"]) == 3 and states.at(1) is None
 
 
+def test_a_nodes_disk_holds_what_a_resume_needs_and_no_more(tmp_path):
+    """Of a client's stores, only the last one and the one the server's last checkpoint resumes
+    from are kept (before: every round's since that checkpoint, every round's of a run that never
+    checkpoints); a resumed run drops the stores its stop left after the round it trains again.
+    Of the run folders in a node's state-dir, only the current run's and the one used before it
+    (which may still resume) are kept; what is not a run's folder is left alone."""
+    import os
+
+    from incofl.deploy.client import SavedStores, SiteClient, run_key
+
+    every5 = SavedStores(tmp_path / "client0", RunConfig(checkpoint_every=5))
+    for round_ in range(1, 10):
+        every5.save(round_, {"round": torch.tensor(round_)})
+    assert every5.rounds() == [5, 9]  # a stop in round 10 resumes from round 5's checkpoint
+    every5.save(7, {"round": torch.tensor(7)})  # resumed from 5: round 9's store is a stopped run's
+    assert every5.rounds() == [5, 7] and int(every5.at(8)["round"]) == 7
+    never = SavedStores(tmp_path / "client1", RunConfig(checkpoint_every=100))
+    for round_ in range(1, 7):
+        never.save(round_, {"round": torch.tensor(round_)})
+    assert never.rounds() == [6]
+
+    cfg = load_run_config(write_config(tmp_path))
+    nodes = export_sites(cfg, tmp_path)
+    state_dir = tmp_path / "state"
+    (state_dir / "notes").mkdir(parents=True)
+    (state_dir / ("0" * 16)).write_text("a file of the site's, named like a run's folder")
+    runs = [cfg.model_copy(update={"lr": lr}) for lr in (0.1, 0.2, 0.3)]
+    for age, run in enumerate(runs):
+        SiteClient(run, 0, nodes[0]["data-path"], state_dir)
+        os.utime(state_dir / run_key(run), (age, age))  # used in this order, whatever the clock's resolution
+    kept = {"notes", "0" * 16, run_key(runs[1]), run_key(runs[2])}
+    assert {p.name for p in state_dir.iterdir()} == kept
+    SiteClient(runs[1], 0, nodes[0]["data-path"], state_dir)  # the run before resumed: nothing else goes
+    assert {p.name for p in state_dir.iterdir()} == kept
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "change,why",
@@ -703,7 +739,7 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
     grid = InProcessGrid(nodes, apps={stranger: failing}, keys=keys)
     settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, node_keys=tmp_path / "keys")
     serve(grid, settings)
-    assert f"node {impostor} says it is client 0: refused: node {impostor}'s key is not client 0's" in caplog.text
+    assert f"identify: node {impostor}: refused: node {impostor}'s key is no site's" in caplog.text
     assert f"identify: node {stranger}: the node's ClientApp failed: RuntimeError: no data here" in caplog.text
     assert json.loads((tmp_path / "federation" / "federation.json").read_text())["nodes"]["0"] == impostor + 1
     Identity.load(grid, None, None, len(sites), 1)

@@ -7,13 +7,15 @@ start it (flower-supernode with Flower's own SuperExec; its key registered with
 `flwr supernode register`), so that it can be killed alone. Then:
 
 - a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator,
-  every file up wrote private, though three registered nodes that speak Flower's protocol
-  themselves (federation_rogue.py) answer its identify with replies no incofl node would send;
+  every file up wrote private, though six registered nodes that speak Flower's protocol
+  themselves (federation_rogue.py) answer its identify with replies no incofl node would send
+  (four of them announce a reply and never upload it);
 - up's node ran all its messages in its one executor process, the other node each in a fresh one;
 - a node with a key nobody registered is refused by the SuperLink;
 - only the federation's own SuperExecs (which hold `up`'s secret) can take a run's work;
 - a site that reaches the port it dials (the Fleet API's) cannot use the Control API;
 - a node speaking the Fleet API itself with its registered key cannot push past the gate's caps;
+- site 1 answering client 0's message in client 0's name is refused by the ServerApp;
 - client 1's flower-supernode SIGKILLed mid-round: with `allow-missing` the run ends without it;
 - then a run whose ClientApp raises, and one whose reply up's node refuses (its ClientApp here:
   federation_executor_app.py), each fail their task only: up's warm executor serves the next;
@@ -189,13 +191,20 @@ class Deployment:
         self.nodes[name] = self.start(argv, name, start_new_session=True)
         return self.nodes[name]
 
-    def flwr_run(self, out: Path, **settings: str | int) -> None:
+    def flwr_run(self, out: Path, **settings: str | int) -> int:
+        """The run's id, once `flwr run` has started it."""
         keys = self.root / "sites" / "keys"
         given = {"config": f'"{self.config}"', "out": f'"{out}"', "node-keys": f'"{keys}"', "join-timeout": 60}
         run_config = " ".join(f"{k}={v}" for k, v in {**given, **settings}.items())  # a key once: flwr reads TOML
         argv = [BIN / "flwr", "run", REPO / "flower-app", CONNECTION, "--run-config", run_config]
         done = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
+        return int(re.search(r"Successfully started run (\d+)", done.stdout)[1])
+
+    def run_log(self, run: int) -> str:
+        """What the run's ServerApp logged (Flower keeps it on the SuperLink: `flwr log`)."""
+        argv = [BIN / "flwr", "log", str(run), CONNECTION, "--show"]
+        return subprocess.run(list(map(str, argv)), capture_output=True, text=True, env=self.env, timeout=60).stdout
 
     def stop(self) -> None:
         for proc in [self.up, *self.nodes.values()]:
@@ -295,21 +304,23 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     assert deployed["final_acc"] == simulated["final_acc"]
 
 
+STALLED = 4  # nodes that announce a reply and never upload it: as many as the ServerApp pulled at once before
+
+
 def _rogues(deployment: Deployment) -> list:
-    """Three nodes of federation_rogue.py, each with a key of its own that the operator registered:
-    two dial the sites' port (the gate), the third the SuperLink's loopback listener (Flower's app whole)."""
+    """Nodes of federation_rogue.py, each with a key of its own that the operator registered: one
+    whose reply does not decode and STALLED that stall dial the sites' port (the gate), the last the
+    SuperLink's loopback listener (Flower's app whole)."""
     from federation_rogue import Rogue
 
     from incofl.deploy.credentials import node_key
 
     ca = (deployment.root / "sites" / "certificates" / "ca.pem").read_bytes()
     rogues = []
-    for kind, port in (
-        ("undecodable", deployment.port),
-        ("stalled", deployment.port),
-        ("unasked", deployment.port + 1),
-    ):
-        private, public = node_key(deployment.root / f"rogue-{kind}", 0)
+    gate, whole = deployment.port, deployment.port + 1
+    kinds = [("undecodable", gate), *[("stalled", gate)] * STALLED, ("unasked", whole)]
+    for i, (kind, port) in enumerate(kinds):
+        private, public = node_key(deployment.root / f"rogue-{i}-{kind}", 0)
         register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
         subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
         rogues.append(Rogue(f"127.0.0.1:{port}", ca, private, kind))
@@ -497,20 +508,65 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
 
 
 def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_the_server(deployment):
-    """Three registered nodes that speak Flower's protocol themselves (federation_rogue.py), present
+    """Six registered nodes that speak Flower's protocol themselves (federation_rogue.py), present
     in the first test's run (two rounds) and asked its identify: one answers with bytes Flower
-    cannot decode (hash, header and length right: the SuperLink stores them), one announces a reply
-    and never uploads it, and one sends the SuperLink a message of its own, never uploaded, through
+    cannot decode (hash, header and length right: the SuperLink stores them), four announce a reply
+    and never upload it, and one sends the SuperLink a message of its own, never uploaded, through
     the loopback listener (Flower's app whole, as a SuperLink without the gate serves its sites: the
-    gate refuses it). Before, the first raised out of the ServerApp's pull, and the others held it
-    until their upload session expired (Flower retries a reply's objects until then: 180 s after
-    the last object pushed, the run's join had run out); now each is its node's fault or ignored,
-    and the run ends with the simulator's weights. (The run is the first test's, so that one run
-    serves both: a run of its own cost this module about 50 s.)"""
-    assert len(deployment.rogues) == 3 and deployment.simulated, "the first test's run did not complete"
+    gate refuses it). Before, the first raised out of the ServerApp's pull, and a stalled reply held
+    it until its upload session expired (Flower retries a reply's objects until then: 180 s after
+    the last object pushed, the run's join had run out); then the four stalled replies held the
+    ServerApp's four pulling workers until the join's deadline, and the honest nodes' replies,
+    queued behind them, came too late: their clients never joined. Now each is its node's fault
+    or ignored, each reply is pulled in a thread of its own, and the run ends with the simulator's
+    weights. (The run is the first test's, so that one run serves both: a run of its own cost this
+    module about 50 s.)"""
+    assert len(deployment.rogues) == STALLED + 2 and deployment.simulated, "the first test's run did not complete"
     assert all(rogue.answered.is_set() for rogue in deployment.rogues), [rogue.error for rogue in deployment.rogues]
     deployed = json.loads((deployment.root / "deployed" / "summary.json").read_text())
     assert deployed["state_sha256"] == deployment.simulated["state_sha256"]
+
+
+def test_a_site_that_answers_another_sites_message_in_its_name_is_refused(deployment):
+    """Site 1 (its site key; a node connection of its own, with a key the operator registered)
+    answers client 0's round-1 message in client 0's name through the SuperLink's loopback
+    listener (Flower's app whole, as a SuperLink without the gate serves its sites), with Flower's
+    own client (federation_rogue.Forger), before client 0's node does (up's node waits for it:
+    federation_executor_app.py). Flower stores it as client 0's reply (it checks only that the
+    message it answers went to the node its header names) and drops client 0's own; the ServerApp
+    refuses it, its signature not client 0's site's, and with allow-missing the round goes on
+    with client 1's update alone."""
+    from federation_executor_app import FORGED
+    from federation_rogue import Forger
+
+    from incofl.deploy.credentials import node_key
+
+    sites = deployment.root / "sites"
+    private, public = node_key(deployment.root / "forger", 0)
+    register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
+    subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
+    ca = (sites / "certificates" / "ca.pem").read_bytes()
+    out = deployment.root / FORGED
+    forger = Forger(
+        f"127.0.0.1:{deployment.port + 1}",
+        ca,
+        private,
+        sites / "keys" / f"node{ELSEWHERE}",
+        0,
+        out.with_name(f"{FORGED}.asked"),
+        out.with_name(f"{FORGED}.forged"),
+    )
+    thread = forger.start()
+    try:
+        run = deployment.flwr_run(out, set='"rounds=1"', **{"allow-missing": "true", "round-timeout": 120})
+        deployment.wait_for(out / "summary.json", timeout=300)
+    finally:
+        forger.stop.set()
+        thread.join(timeout=30)
+    assert not forger.error and forger.forged.exists(), forger.error
+    assert "client 0: refused: its signature is not client 0's site's" in deployment.run_log(run)
+    rounds = pd.read_csv(out / "rounds.csv", dtype={"missing": str})
+    assert rounds["missing"].tolist() == ["0"] and rounds["samples"].iloc[0] > 0  # client 1 averaged
 
 
 def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment):

@@ -14,6 +14,7 @@ import os
 
 import pandas as pd
 import pytest
+import torch
 
 if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
@@ -57,32 +58,64 @@ def test_a_reply_in_another_sites_name_is_refused_whatever_its_header(tmp_path, 
     """Client B's round-1 reply comes from B's node with B's header and B's honest update, but
     signed with site A's key (as a node that pushes in B's name would sign it), and client C's
     unsigned: both refused before anything in them is read; the other clients averaged."""
-    from incofl.deploy.clientapp import app
     from incofl.deploy.inprocess import FIRST_NODE
 
     a, b, c = 0, 1, 2  # every client trains (ratio 1)
-
-    def signed_as(key: str | None):
-        def node(message, context):
-            if message.metadata.message_type != "train":  # it joined as itself
-                return app(message, context)
-            config = dict(context.node_config)
-            if key is None:
-                config.pop("node-key")
-            else:
-                config["node-key"] = key
-            context.node_config = config
-            return app(message, context)
-
-        return node
-
-    keys = {FIRST_NODE + b: signed_as(str(tmp_path / "keys" / f"node{a}")), FIRST_NODE + c: signed_as(None)}
+    keys = {FIRST_NODE + b: _signing_as(str(tmp_path / "keys" / f"node{a}")), FIRST_NODE + c: _signing_as(None)}
     _, _, out = _signed_run(tmp_path, apps=keys, rounds=1, ratio=1.0)
     assert f"client {b}: refused: its signature is not client {b}'s site's" in caplog.text
     assert f"client {c}: refused: it is not signed" in caplog.text
     rounds = pd.read_csv(out / "rounds.csv", dtype={"missing": str})
     assert rounds["missing"].tolist() == [f"{b} {c}"]
     assert rounds["samples"].iloc[0] > 0  # the honest clients were averaged
+
+
+def test_nothing_of_a_reply_is_read_or_counted_before_its_signature_holds(tmp_path, caplog):
+    """A node whose key is no site's answers identify with a claim whose every read trips (before:
+    the ServerApp read the claim first, and the trip ended the run); B's round reply signed with
+    A's key and C's unsigned are not counted in federation.csv (before: their bytes were, read
+    before their signature was checked); the honest clients train."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
+
+    class Tripwire(ConfigRecord):
+        def __getitem__(self, key: str):
+            raise AssertionError(f"the claim's {key} read before its signature was checked")
+
+    def stranger(message, context):
+        return Message(RecordDict({"node": Tripwire({"client": 0, "test_sha256": ""})}), reply_to=message)
+
+    a, b, c = 0, 1, 2
+    config = write_config(tmp_path, rounds=1, ratio=1.0)
+    nodes, pems = signed_sites(load_run_config(config), tmp_path)
+    strange = FIRST_NODE + len(nodes)
+    apps = {
+        strange: stranger,
+        FIRST_NODE + b: _signing_as(str(tmp_path / "keys" / f"node{a}")),
+        FIRST_NODE + c: _signing_as(None),
+    }
+    grid = InProcessGrid([*nodes, nodes[a]], apps=apps, keys=pems)  # the stranger's key: none of the sites'
+    out = tmp_path / "federation"
+    serve(grid, AppSettings(str(config), {}, out, join_timeout=5.0, allow_missing=True, node_keys=tmp_path / "keys"))
+    assert f"identify: node {strange}: refused: node {strange}'s key is no site's" in caplog.text
+    counted = pd.read_csv(out / "federation.csv")
+    assert sorted(counted["client"]) == [a, 3] and (counted["up_bytes"] > 0).all()
+    assert pd.read_csv(out / "rounds.csv", dtype={"missing": str})["missing"].tolist() == [f"{b} {c}"]
+
+
+def _signing_as(key: str | None):
+    """incofl's ClientApp, whose train replies are signed with the node key at `key` (None: unsigned)."""
+    from incofl.deploy.clientapp import app
+
+    def node(message, context):
+        if message.metadata.message_type == "train":  # it joined as itself
+            config = {k: v for k, v in context.node_config.items() if k != "node-key"}
+            context.node_config = config if key is None else {**config, "node-key": key}
+        return app(message, context)
+
+    return node
 
 
 def _node(tmp_path):
@@ -180,3 +213,69 @@ def test_a_finite_update_that_would_overflow_the_rounds_sums_is_the_nodes_fault(
     assert rounds["missing"].tolist() == [str(bad)]
     summary = json.loads((out / "summary.json").read_text())
     assert not summary.get("diverged") and summary["final_acc"] > 0
+
+
+def test_a_node_reads_only_the_files_its_own_config_names(tmp_path):
+    """A signed config whose `pretrained` names a file of the site's (its data file), or one that
+    is not there, made the node torch.load it and answer with the exception's type and the path
+    (an oracle on the site's files; a FIFO there hung its executor). Now the node reads only what
+    its node config names: both runs are refused alike, in one line that names no path and no
+    exception type; its own `pretrained` file is read (a FIFO there refused in one line, at once),
+    whatever path the server's config holds; and a failure's reply names its files by their node
+    config keys."""
+    import threading
+
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from incofl.deploy import clientapp
+    from incofl.deploy.signing import private_key
+    from incofl.models.family import build_model
+
+    config, context = _node(tmp_path)
+    vit = load_run_config(config).model_copy(update={"models": ["vit_d8"], "model_scale": 1.0})
+    node_config, server = dict(context.node_config), private_key(tmp_path / "keys" / "server")
+
+    def answer(servers: str, **own: str):
+        """The node's identify reply, or the failure it reports, for a run that starts from the
+        server's pretrained weights at `servers`, with `own` in its node config."""
+        clientapp._sites.clear()
+        node = Context(7, 102, {**node_config, **own}, RecordDict(), {})
+        run = json.dumps(vit.model_copy(update={"pretrained": servers}).model_dump())
+        message = _instruction(RecordDict({"run": ConfigRecord({"config": run})}), "query.identify", key=server)
+        got: list = []
+        done = threading.Thread(target=lambda: got.append(_reply_or_error(message, node)))
+        done.daemon = True  # before: a FIFO's torch.load never returns
+        done.start()
+        done.join(timeout=60)
+        assert got, "the node hung"
+        return got[0]
+
+    site_file, missing, fifo = str(node_config["data-path"]), str(tmp_path / "no-such-weights.pt"), tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused = [answer(site_file), answer(missing), answer(str(fifo))]
+    assert len(set(refused)) == 1 and "names no file of them: add pretrained=FILE" in refused[0]
+    assert "/" not in refused[0] and "Error" not in refused[0]
+    assert answer(missing, pretrained=str(fifo)) == "node 102: pretrained <pretrained>: not a regular file"
+
+    weights = build_model("vit_d8", 10, 3, image_size=224).state_dict()
+    torch.save(weights, tmp_path / "vit.pt")
+    assert answer(missing, pretrained=str(tmp_path / "vit.pt")) == 1  # the node's file, not the server's path
+    [site] = clientapp._sites.values()
+    assert site.cfg.pretrained == str(tmp_path / "vit.pt") and site.cfg.data_dir is None
+    model = site.clients.layout.models[0].state_dict()
+    assert torch.equal(model["patch_embed.proj.weight"], weights["patch_embed.proj.weight"])
+
+    other = answer(missing, **{"data-path": str(tmp_path / "site0.npz"), "pretrained": str(tmp_path / "vit.pt")})
+    assert other == "node 102: data-path <data-path>: holds client 0's data, this node is client 1"
+
+
+def _reply_or_error(message, context):
+    """The client incofl's ClientApp's reply claims, or what its failure tells the server (Flower's
+    error reply carries the exception's type and text: here its text, where the type is incofl's
+    NodeError)."""
+    from incofl.deploy import clientapp
+
+    try:
+        return clientapp.app(message, context).content.config_records["node"]["client"]
+    except Exception as err:  # noqa: BLE001 (what the server is told)
+        return str(err) if type(err).__name__ == "NodeError" else f"{type(err).__name__}: {err}"

@@ -12,17 +12,21 @@ What the client keeps across rounds (its ClientStore: its kept entries, SCAFFOLD
 previous models) is saved on the node after every round it trains, one file per round in
 `state_dir/<run key>/` (`SavedStores`): a round starts from the client's store after the last
 round before it, so a restarted server resuming from its checkpoint finds each client as it was
-then, and the run goes on as if never stopped. The node reports the hash of that store (never
-the store) and the server sends it back with the client's next job: a node whose restored store
-is another (its files moved or deleted) refuses to go on (`StaleState`) rather than train from
-a fresh one.
+then, and the run goes on as if never stopped. A node's disk holds what a resume needs, no more:
+of a client's stores the last and the one the server's last checkpoint resumes from, of the run
+folders the current run's and the one used before it (`keep_recent_runs`). The node reports
+the hash of that store (never the store) and the server sends it back with the client's next
+job: a node whose restored store is another (its files moved or deleted) refuses to go on
+(`StaleState`) rather than train from a fresh one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -70,16 +74,46 @@ class SavedStores:
         return torch.load(self.path(saved[-1]), map_location="cpu", weights_only=True)
 
     def save(self, round_: int, state: dict[str, Any]) -> None:
-        """The store after round `round_`; stores no checkpoint of the server can resume from are dropped:
-        older than the last one at or before the server's last checkpoint before this round."""
+        """The store after round `round_`, and of the others only the one a resume needs: the last at
+        or before the server's last checkpoint before this round (a run that stops from now on resumes
+        from that checkpoint, or a later one, after which this store is the last). Stores between the
+        two, and those after this round (a stopped run's, which the resumed run trains again), go."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # 0700: its states are its owner's only
         save_tensors(self.path(round_), state)  # a full disk: one line naming the file
         checkpoint = last_checkpoint(round_, self.cfg)
         saved = self.rounds()
-        resumable = [r for r in saved if r <= checkpoint]
+        keep = {round_, *[r for r in saved if r <= checkpoint][-1:]}
         for r in saved:
-            if resumable and r < resumable[-1]:
+            if r not in keep:
                 self.path(r).unlink(missing_ok=True)
+
+
+# The run settings that name a file or folder. A node reads none as the server names it (a signed
+# config could otherwise point it at any file of the site's, hang it on a FIFO, and learn from its
+# error what is there): its data are its data file's, its pretrained weights the file its own node
+# config names (`own_files`).
+PATH_SETTINGS = ("data_dir", "cache_dir", "partition_file", "pretrained")
+RUN_FOLDER = re.compile(r"[0-9a-f]{16}")  # run_key's names
+KEEP_RUNS = 2  # run folders a node keeps: the current run's and the last before it (which may resume)
+
+
+def own_files(cfg: RunConfig, pretrained: str | None) -> RunConfig:
+    """`cfg` with no file of the server's naming: its path settings unset, its pretrained weights
+    `pretrained` (the node's own file, the same weights; None where the run starts from none)."""
+    return cfg.model_copy(update={**dict.fromkeys(PATH_SETTINGS), "pretrained": pretrained})
+
+
+def keep_recent_runs(state_dir: Path, current: str) -> None:
+    """Mark run `current`'s folder in `state_dir` as used now, and remove the run folders but the
+    KEEP_RUNS used last: a node's disk holds the stores of the runs it may still resume, not every
+    config it ever ran (a run resumed after an older one was removed refuses by name: StaleState)."""
+    folder = state_dir / current
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.utime(folder)
+    runs = [p for p in state_dir.iterdir() if RUN_FOLDER.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    runs.sort(key=lambda p: (p == folder, p.stat().st_mtime), reverse=True)
+    for old in runs[KEEP_RUNS:]:
+        shutil.rmtree(old)
 
 
 def run_key(cfg: RunConfig) -> str:
@@ -105,7 +139,11 @@ class SiteClient:
     """Client `client` of the run `cfg`, with its data file and the folder its stores are saved
     in (module docstring): the run's client side, on the node's data alone."""
 
-    def __init__(self, cfg: RunConfig, client: int, data_path: str | Path, state_dir: str | Path):
+    def __init__(
+        self, cfg: RunConfig, client: int, data_path: str | Path, state_dir: str | Path, pretrained: str | None = None
+    ):
+        key = run_key(cfg)  # of the server's config: a run's folder is the same whatever the node's paths
+        cfg = own_files(cfg, pretrained)
         self.cfg, self.client = cfg, client
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -115,7 +153,8 @@ class SiteClient:
         # the assembly seeds the models' initialisation: the caller's random stream is left as it was
         with torch.random.fork_rng(devices=[]):
             self.clients = Clients(assemble(cfg, data, partition, self.device))
-        self.saved = SavedStores(Path(state_dir) / run_key(cfg) / f"client{client}", cfg)
+        keep_recent_runs(Path(state_dir), key)
+        self.saved = SavedStores(Path(state_dir) / key / f"client{client}", cfg)
         self.fresh = self.clients.store.state_dict()  # a client before its first round: it keeps nothing
 
     def restore(self, round_: int, expected: str) -> None:

@@ -3,7 +3,14 @@
 Node config (`flower-supernode --node-config "client=3 data-path=/site/site3.npz"`): which
 client the node is, its data file (`incofl federation export`), which holds only that client's
 samples, and optionally `state-dir`, where the client's states are saved after each round it
-trains (client.py; default: beside the data file, `site3.state/`). Messages:
+trains (client.py; default: beside the data file, `site3.state/`), and `pretrained`, the file of
+the pretrained weights a run may start from (the server's, copied to the site). Every file a node
+reads is one its node config names, a regular file (a FIFO or a device is refused in one line: it
+would hang the node's reader): the run's config names none the node reads (client.py,
+`own_files`), and a run that starts from pretrained weights is refused in one line where the
+node config names none. A failure reaches the server in the node's terms (`NodeError`): an
+incofl refusal's line with the node's files named by their node config keys, else only that the
+node failed; never a path or an exception type of the site's (its log has them). Messages:
 
 - `query.identify`: the server's first message, with the run's config; the node answers
   with its client id (the ServerApp cannot read node config) and the hash of its test split
@@ -24,15 +31,17 @@ from __future__ import annotations
 
 import json
 import logging
-from functools import cache
+import re
+from collections.abc import Callable
+from functools import cache, wraps
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from incofl.config import RunConfig
-from incofl.deploy.client import SiteClient
+from incofl.config import ConfigError, RunConfig
+from incofl.deploy.client import SiteClient, StaleState
 from incofl.deploy.codec import (
     SIGNATURE,
     open_instruction,
@@ -52,10 +61,56 @@ STATE = "incofl"  # the node's Context.state record: the run's config
 app = ClientApp()
 # (run, node, config, data) -> its client, built once; a node's executor (executor.py) keeps it between messages
 _sites: dict[tuple[int, int, str, str], SiteClient] = {}
+FILES = ("data-path", "state-dir", "node-key", "pretrained")  # the node config's keys that name files
+PATH = re.compile(r"(?<![\w.-])(?:~|\.{0,2})/[^\s'\",;:)]*")  # a path left in a failure's text (said: <a path>)
+Handler = Callable[[Message, Context], Message]
 
 
 class Refused(RuntimeError):
     """An instruction the node does not act on (module docstring)."""
+
+
+class NodeError(RuntimeError):
+    """A message the node failed, as the server is told it: in the node's terms (module docstring)."""
+
+
+def in_node_terms(err: Exception, context: Context) -> str:
+    """What `err` tells the server: an incofl refusal's first line with the node's files named by
+    their node config keys (and any other path by `<a path>`); of anything else, that it failed."""
+    if not isinstance(err, (ValueError, StaleState)):  # ConfigError, CodecError, SignatureError too
+        return "failed on the node (its log says why)"
+    text = (str(err).strip().splitlines() or [""])[0]
+    named = {key: str(context.node_config[key]) for key in FILES if key in context.node_config}
+    if "data-path" in named:
+        named["state-dir"] = str(state_dir(context))  # its default too
+    for key, path in sorted(named.items(), key=lambda item: -len(item[1])):  # a folder's files before the folder
+        text = text.replace(path, f"<{key}>")
+    return PATH.sub("<a path>", text)
+
+
+def told(handler: Handler) -> Handler:
+    """`handler`, whose failure is logged on the node and raised as a NodeError in the node's terms
+    (a refused instruction as it is)."""
+
+    @wraps(handler)
+    def handle(message: Message, context: Context) -> Message:
+        try:
+            return handler(message, context)
+        except Refused:  # in the node's terms already, and logged
+            raise
+        except Exception as err:
+            log.error("node %d: a %s message failed", context.node_id, message.metadata.message_type[:40], exc_info=err)
+            raise NodeError(f"node {context.node_id}: {in_node_terms(err, context)}") from None
+
+    return handle
+
+
+def node_file(context: Context, key: str) -> str:
+    """The file the node config names under `key`, if it is a regular file (one line otherwise)."""
+    path = str(context.node_config[key])
+    if not Path(path).is_file():  # missing, a folder, a FIFO or a device: never opened
+        raise ConfigError(f"{key} {path}: not a regular file")
+    return path
 
 
 @cache
@@ -74,7 +129,7 @@ def instruction(message: Message, context: Context) -> tuple[RecordDict, int]:
     """The instruction's content and round, if the server signed it for this run and node
     (module docstring); refused (logged, raised) otherwise, before anything is read or changed."""
     kind, node = message.metadata.message_type, context.node_id
-    key = server_key(str(context.node_config["data-path"]))
+    key = server_key(node_file(context, "data-path"))
     try:
         if key is None:  # a file exported without the server's key: the node takes the SuperLink's word
             round_ = signature_of(message.content)[0] if SIGNATURE in message.content else 0
@@ -87,10 +142,9 @@ def instruction(message: Message, context: Context) -> tuple[RecordDict, int]:
 
 def answer(message: Message, context: Context, content: RecordDict, round_: int) -> Message:
     """The reply to `message`, signed with the node's key where it has one (module docstring)."""
-    path = context.node_config.get("node-key")
-    if path:
+    if context.node_config.get("node-key"):
         meta = message.metadata
-        key = node_key(str(path))
+        key = node_key(node_file(context, "node-key"))
         content = sign_reply(
             content, key, context.run_id, round_, node_client(context), meta.message_id, meta.message_type
         )
@@ -109,17 +163,30 @@ def state_dir(context: Context) -> Path:
 def site(context: Context) -> SiteClient:
     """This node's client for the run (its config from the identify query, kept in Context.state)."""
     config = str(context.state.config_records[STATE]["config"])
-    data = str(context.node_config["data-path"])
+    data = node_file(context, "data-path")
     key = (context.run_id, context.node_id, config, data)
     if key not in _sites:
         for old in [k for k in _sites if k[0] != context.run_id]:  # a long-lived process keeps the latest run's only
             del _sites[old]
         cfg = RunConfig(**json.loads(config))
-        _sites[key] = SiteClient(cfg, node_client(context), data, state_dir(context))
+        _sites[key] = SiteClient(cfg, node_client(context), data, state_dir(context), pretrained(cfg, context))
     return _sites[key]
 
 
+def pretrained(cfg: RunConfig, context: Context) -> str | None:
+    """The node's own file of the pretrained weights the run starts from (None: it starts from none)."""
+    if not cfg.pretrained:
+        return None
+    if "pretrained" not in context.node_config:
+        raise ConfigError(
+            "the run starts from pretrained weights, and this node's config names no file of them: "
+            "add pretrained=FILE (the server's weights) to --node-config"
+        )
+    return node_file(context, "pretrained")
+
+
 @app.query("identify")
+@told
 def identify(message: Message, context: Context) -> Message:
     content, signed_round = instruction(message, context)
     config = str(content.config_records["run"]["config"])
@@ -134,6 +201,7 @@ def identify(message: Message, context: Context) -> Message:
 
 
 @app.train()
+@told
 def train(message: Message, context: Context) -> Message:
     content, signed_round = instruction(message, context)
     client = site(context)
@@ -143,6 +211,7 @@ def train(message: Message, context: Context) -> Message:
 
 
 @app.evaluate()
+@told
 def evaluate(message: Message, context: Context) -> Message:
     content, signed_round = instruction(message, context)
     client = site(context)

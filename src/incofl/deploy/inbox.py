@@ -12,10 +12,12 @@ are made message by message (`Inbox.pull`):
 
 - a message that answers none of the ids the caller waits for (one a node sent unasked, or a
   late reply) is ignored without pulling its objects (logged; its objects let go);
-- each awaited reply's objects are pulled in a worker thread, with `pull_objects`' own bounds
+- each awaited reply's objects are pulled in a thread of its own, with `pull_objects`' own bounds
   set to the caller's deadline (`max_time`) and a backoff of at most 1 s, so the caller never
   waits on one reply: a node that announces a reply and never uploads it (or uploads it slowly)
-  has it counted missing at the deadline, whatever the other replies do;
+  has it counted missing at the deadline, whatever the other replies do, and however many nodes
+  stall, no honest reply waits behind theirs (a thread per message the server sent and awaits:
+  as many as a round's clients, or at identify the nodes);
 - a reply that does not decode is dropped, as its node's fault (`Pulled.why`).
 
 Any other grid (the in-process one of the tests) is pulled through its own `pull_messages`,
@@ -28,9 +30,10 @@ version is refused before the run starts (`check_flower`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Collection
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
@@ -47,7 +50,6 @@ from flwr.superlink.grid.http_grid import HttpGrid
 log = logging.getLogger("incofl.deploy")
 FLOWER = "1.42.0"  # the HttpGrid whose calls Inbox makes itself
 BACKOFF = 1.0  # seconds: the longest wait between two tries of an object not yet uploaded (Flower's: 10)
-WORKERS = 4  # replies whose objects are pulled at once
 
 
 def check_flower(grid: Grid) -> None:
@@ -78,7 +80,6 @@ class Inbox:
         check_flower(grid)
         self.grid = grid
         self.http = isinstance(grid, HttpGrid)
-        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="incofl-pull") if self.http else None
         self.fetching: dict[str, Future[Pulled]] = {}  # awaited id -> its reply's objects being pulled
 
     def push(self, messages: list[Message]) -> dict[str, int]:
@@ -124,8 +125,17 @@ class Inbox:
                 log.warning("node %d: a message that answers nothing the server waits for: ignored", node)
                 self._confirm(proto.metadata.message_id)
                 continue
-            assert self.pool is not None
-            self.fetching[answers] = self.pool.submit(self._fetch, proto, tree, deadline)
+            self.fetching[answers] = self._start(proto, tree, deadline)
+
+    def _start(self, proto: Any, tree: Any, deadline: float) -> Future[Pulled]:
+        """A reply's objects pulled in a thread of its own (module docstring), ended by the deadline
+        (daemon: a ServerApp that ends does not wait for a stalled node's)."""
+        future: Future[Pulled] = Future()
+        work = threading.Thread(
+            target=lambda: future.set_result(self._fetch(proto, tree, deadline)), name="incofl-pull", daemon=True
+        )
+        work.start()
+        return future
 
     def _fetch(self, proto: Any, tree: Any, deadline: float) -> Pulled:
         """One reply's objects, pulled within the deadline, and decoded (never raises)."""
@@ -182,7 +192,3 @@ class Inbox:
     @staticmethod
     def _of(message: Message) -> Pulled:
         return Pulled(message.metadata.reply_to_message_id, message.metadata.src_node_id, message)
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)

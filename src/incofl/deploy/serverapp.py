@@ -45,7 +45,7 @@ from incofl.atomic import write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
 from incofl.data.sources import dataset_for
 from incofl.deploy.inbox import Inbox, Pulled
-from incofl.deploy.signing import SERVER, SignatureError
+from incofl.deploy.signing import SERVER
 from incofl.deploy.sitedata import test_sha256
 from incofl.deploy.transport import POLL, FlowerTransport, Identity, no_content
 from incofl.fl.engine.engine import Engine
@@ -149,8 +149,10 @@ def claim(
     refusals: dict[int, str],
 ) -> None:
     """A node's answer to identify: its client added to `nodes`, or refused (module docstring of
-    identify). With site keys an error reply (which no one signs) cannot stop the run: it is
-    logged, and named if the run ends for want of that client."""
+    identify). With site keys, the client is the one whose site's key the SuperLink holds for the
+    node, and nothing of the reply is read before that site's signature on it holds; an error reply
+    (which no one signs) cannot stop the run: it is logged, and named if the run ends for want of
+    that client."""
     reply = got.message
     assert reply is not None
     if reply.has_error():
@@ -159,21 +161,17 @@ def claim(
             refusals[node] = no_content(node, reply)
             return
         raise ConfigError(f"node {node} refused the run: {reply.error.reason}")
+    site = identity.site_of(node)
     try:
-        answer = reply.content.config_records["node"]
+        content = identity.opened(reply, site, got.answers, IDENTIFY, 0)
+        answer = content.config_records["node"]
         client, tested = answer["client"], answer["test_sha256"]
         if type(client) is not int or not 0 <= client < cfg.clients or type(tested) is not str:
-            raise ValueError(f"client {str(client)[:20]}: the run has clients 0..{cfg.clients - 1}")
-    except (KeyError, TypeError, ValueError) as err:
-        log.warning("identify: node %d: refused: not a claim of a client (%s)", node, str(err)[:120])
-        return
-    why = identity.refusal(node, client)
-    try:
-        identity.opened(reply, client, got.answers, IDENTIFY, 0)
-    except SignatureError as err:
-        why = why or str(err)
-    if why:
-        log.warning("identify: node %d says it is client %d: refused: %s", node, client, why)
+            raise ValueError(f"not a claim of a client (client {str(client)[:20]}: the run has 0..{cfg.clients - 1})")
+        if identity.keys is not None and client != site:
+            raise ValueError(f"it says it is client {client}, signed as client {site}'s site")
+    except (KeyError, TypeError, ValueError) as err:  # SignatureError too
+        log.warning("identify: node %d: refused: %s", node, str(err)[:160])
         return
     if client in nodes:
         raise ConfigError(f"node {node} says it is client {client}, as node {nodes[client]} does")
@@ -212,14 +210,11 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     identity = Identity.load(grid, settings.node_keys, settings.server_key_path(), cfg.clients, grid.run.run_id)
     test = {client: test_sha256(data) for client in tested_on_clients(cfg)}
     inbox = Inbox(grid)
-    try:
-        nodes = identify(inbox, cfg, settings.join_timeout, test, identity)
-        transport = FlowerTransport(server, inbox, nodes, settings.round_timeout, settings.out, identity)
-        log.info("incofl federation: %d clients on nodes %s", len(nodes), nodes)
-        with claimed(settings.out):
-            summary = Run(cfg, Engine(server, transport, settings.allow_missing), settings.out).execute()
-    finally:
-        inbox.close()
+    nodes = identify(inbox, cfg, settings.join_timeout, test, identity)
+    transport = FlowerTransport(server, inbox, nodes, settings.round_timeout, settings.out, identity)
+    log.info("incofl federation: %d clients on nodes %s", len(nodes), nodes)
+    with claimed(settings.out):
+        summary = Run(cfg, Engine(server, transport, settings.allow_missing), settings.out).execute()
     write_json(
         settings.out / "federation.json",
         {

@@ -126,13 +126,21 @@ class Identity:
             content = sign_instruction(RecordDict(dict(content.items())), self.server, self.run, node, kind, round_)
         return Message(content, node, kind, group_id=group)
 
-    def opened(self, reply: Message, client: int, answers: str, kind: str, round_: int) -> RecordDict:
+    def opened(self, reply: Message, client: int | None, answers: str, kind: str, round_: int) -> RecordDict:
         """A reply's content, with site keys only if client `client`'s site signed it as the answer
-        to `answers` (SignatureError otherwise), before anything in it is read."""
+        to `answers` (SignatureError otherwise: `client` None, the node's key is no site's), before
+        anything in it is read."""
         if self.keys is None:
             return unsigned(reply.content)
+        if client is None:
+            raise SignatureError(f"node {reply.metadata.src_node_id}'s key is no site's")
         public = public_key(self.keys[client], f"client {client}'s key")
         return open_reply(reply.content, public, self.run, round_, client, answers, kind)
+
+    def site_of(self, node: int) -> int | None:
+        """The client whose site's key the SuperLink holds for `node` (None: no site's, or no site keys)."""
+        key = self.key(node) if self.keys is not None else b""
+        return next((client for client, site in (self.keys or {}).items() if key and site == key), None)
 
     def key(self, node: int) -> bytes:
         """The key the SuperLink holds for `node` (b'' if none)."""
@@ -145,6 +153,17 @@ class Identity:
         if self.keys is not None and self.key(node) != self.keys.get(client):
             return f"node {node}'s key is not client {client}'s site's"
         return ""
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A reply from `node` whose signature holds (`message` and its `content`, the signature left
+    out), or why it cannot be its client's (`content` None)."""
+
+    node: int
+    message: Message | None = None
+    content: RecordDict | None = None
+    why: str = ""
 
 
 def pulled(inbox: Inbox, waiting: Iterable[str], timeout: float) -> Iterator[Pulled]:
@@ -239,7 +258,7 @@ class FlowerTransport:
         answered = set()
         for i, got in self.send(sent, [jobs[i] for i in sent], [jobs[i].plan.client for i in sent], "train", round_):
             answered.add(i)
-            yield self.taken(round_, jobs[i].plan, self.read_update(jobs[i].plan.client, expected[i], got, round_))
+            yield self.taken(round_, jobs[i].plan, self.read_update(jobs[i].plan.client, expected[i], got))
         for i, job in enumerate(jobs):
             if i not in answered:
                 node = self.nodes.get(job.plan.client, -1)
@@ -273,7 +292,7 @@ class FlowerTransport:
         ]
         replies: dict[int, EvalReply] = {}
         for i, got in self.send(range(len(asked)), asked, [job.client for job in asked], "evaluate", round_):
-            replies[i] = self.read_scores(asked[i], got, round_)
+            replies[i] = self.read_scores(asked[i], got)
         why = {}
         for i, job in enumerate(asked):
             node = self.nodes.get(job.client, -1)
@@ -299,9 +318,10 @@ class FlowerTransport:
 
     def send(
         self, index: Iterable[int], jobs: list[Any], clients: list[int], kind: str, round_: int
-    ) -> Iterator[tuple[int, Pulled]]:
-        """Each job (with its index) as a signed message to its client's node; (index, what came)
-        for each reply as it arrives. Bytes each way go to federation.csv."""
+    ) -> Iterator[tuple[int, Opened]]:
+        """Each job (with its index) as a signed message to its client's node; (index, what came,
+        opened) for each reply as it arrives. Bytes each way go to federation.csv: a reply's once
+        its signature holds (nothing of it is read before)."""
         index, messages, down = list(index), [], {}
         for job, client in zip(jobs, clients, strict=True):
             content = job_content(job)
@@ -310,47 +330,49 @@ class FlowerTransport:
         waiting = {message_id: k for message_id, k in self.inbox.push(messages).items()}
         for got in pulled(self.inbox, waiting, self.timeout):
             k = waiting[got.answers]
-            if got.message is not None and got.message.has_content():
-                self.count(kind, round_, clients[k], down[clients[k]], got.message)
-            yield index[k], got
+            opened = self.opened(clients[k], got, kind, round_)
+            if opened.content is not None:
+                self.count(kind, round_, clients[k], down[clients[k]], opened.content)
+            yield index[k], opened
         self.write_traffic()
 
-    def read_update(self, client: int, expected: ExpectedUpdate, got: Pulled, round_: int) -> Reply:
+    def read_update(self, client: int, expected: ExpectedUpdate, got: Opened) -> Reply:
         """A training reply: refused if it cannot be its client's, else read and checked."""
-        if got.message is None:  # it does not decode, or never arrived whole: its node's fault
+        if got.message is None or got.content is None:
             return Reply(client, error=got.why, node=got.node)
-        content, why = self.opened(client, got.message, "train", round_)
-        if content is None:
-            return Reply(client, error=why, node=self.nodes[client])
-        return accept_update(got.message, expected, content)
+        return accept_update(got.message, expected, got.content)
 
-    def read_scores(self, job: EvalJob, got: Pulled, round_: int) -> EvalReply:
+    def read_scores(self, job: EvalJob, got: Opened) -> EvalReply:
         """An evaluation reply: refused if it cannot be its client's, else read and checked."""
-        if got.message is None:
+        if got.content is None:
             return EvalReply(error=got.why, node=got.node)
-        content, why = self.opened(job.client, got.message, "evaluate", round_)
-        if content is None:
-            return EvalReply(error=why, node=self.nodes[job.client])
-        return accept_scores(got.message, job, self.server.expect_scores(job.client, job.group, job.splits), content)
+        return accept_scores(
+            got.message, job, self.server.expect_scores(job.client, job.group, job.splits), got.content
+        )
 
-    def opened(self, client: int, reply: Message, kind: str, round_: int) -> tuple[RecordDict | None, str]:
-        """A reply's content if it can be its client's, else (None, why): it must come from the
-        node its message went to, whose key is the client's, hold content, and (with site keys)
-        be signed by the client's site as the answer to this message (module docstring)."""
-        node, src = self.nodes[client], reply.metadata.src_node_id
+    def opened(self, client: int, got: Pulled, kind: str, round_: int) -> Opened:
+        """A reply's content if it can be its client's, else why not: it must have arrived whole
+        (its node's fault otherwise), come from the node its message went to, whose key is the
+        client's, hold content, and (with site keys) be signed by the client's site as the answer
+        to this message (module docstring)."""
+        reply, node = got.message, self.nodes[client]
+        if reply is None:  # it does not decode, or never arrived whole
+            return Opened(got.node, why=got.why)
+        src = reply.metadata.src_node_id
         if src != node:
-            return None, f"a reply from node {src} to a message sent to node {node}"
+            return Opened(node, why=f"a reply from node {src} to a message sent to node {node}")
         why = self.identity.refusal(src, client) or no_content(node, reply)
         if why:
-            return None, why
+            return Opened(node, why=why)
         try:
-            return self.identity.opened(reply, client, reply.metadata.reply_to_message_id, kind, round_), ""
+            content = self.identity.opened(reply, client, reply.metadata.reply_to_message_id, kind, round_)
         except SignatureError as err:
-            return None, str(err)
+            return Opened(node, why=str(err))
+        return Opened(node, reply, content)
 
-    def count(self, stage: str, round_: int, client: int, down: int, reply: Message) -> None:
-        """A message's bytes each way, for federation.csv."""
-        up = message_bytes(reply.content)
+    def count(self, stage: str, round_: int, client: int, down: int, content: RecordDict) -> None:
+        """A message's bytes each way (the reply's `content`, its signature checked), for federation.csv."""
+        up = message_bytes(content)
         node = self.nodes[client]
         self.traffic.append(
             {"round": round_, "stage": stage, "client": client, "node": node, "down_bytes": down, "up_bytes": up}
