@@ -33,7 +33,8 @@ from incofl.deploy.codec import sign_reply
 @dataclass
 class Rogue:
     """One registered node in a thread: once it is asked identify, it answers with `kind`
-    (`undecodable` or `stalled`; `unasked`: it sends the SuperLink a message of its own instead),
+    (`undecodable`, `oversized` or `stalled`; `unasked`: it sends the SuperLink a message of its
+    own instead),
     then holds its connection (heartbeats) until `stop`."""
 
     address: str
@@ -82,7 +83,10 @@ class Rogue:
             send(message, get_object_tree(message), 0.0)  # and not one of its objects pushed
             self.answered.set()
             return
-        reply = Message(RecordDict({"node": ConfigRecord({"client": 0, "test_sha256": ""})}), reply_to=asked)
+        claim = {"client": 0, "test_sha256": ""}
+        if self.kind == "oversized":  # past what an identify reply may be (inbox.SMALL_REPLY), within the gate's caps
+            claim["pad"] = bytes(2 << 20)
+        reply = Message(RecordDict({"node": ConfigRecord(claim)}), reply_to=asked)
         contents = {i: o.deflate() for i, o in get_all_nested_objects(reply).items()}
         tree, message_id = get_object_tree(reply), reply.object_id
         if self.kind == "undecodable":  # a valid head and length, a body that is no protobuf
@@ -92,7 +96,7 @@ class Rogue:
             contents[message_id] = bad
         reply.metadata.__dict__["_message_id"] = message_id
         wanted, session = send(reply, tree, 0.0)
-        if self.kind == "undecodable":
+        if self.kind in ("undecodable", "oversized"):
             for object_id in wanted:
                 push_object(asked.metadata.run_id, session, object_id, contents[object_id])
         self.answered.set()  # "stalled": announced, and not one of its objects ever pushed

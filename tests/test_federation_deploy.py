@@ -49,6 +49,7 @@ from federation_hostile import Hostile  # noqa: E402
 
 from incofl.cli import run as incofl  # noqa: E402
 from incofl.config import load_run_config  # noqa: E402
+from incofl.deploy.inbox import SMALL_REPLY  # noqa: E402
 from incofl.deploy.supernode import client_certificate  # noqa: E402
 from incofl.fl.engine.run import train  # noqa: E402
 
@@ -167,6 +168,7 @@ class Deployment:
     logs: list = field(default_factory=list)
     port: int = 0
     rogues: list = field(default_factory=list)  # the nodes of federation_rogue.py in the first run
+    run: int = 0  # the first run's id
     elsewhere_id: int = 0  # the node id the SuperLink gave client 1's key
     hostile: dict = field(default_factory=dict)  # the peer of federation_hostile.py in the first run, and when
     simulated: dict = field(default_factory=dict)  # the simulator's summary of the first run
@@ -289,7 +291,7 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
         deadline = time.monotonic() + 60  # each connected before the run asks every node to identify
         while not all(rogue.node or rogue.error for rogue in deployment.rogues) and time.monotonic() < deadline:
             time.sleep(0.1)
-        deployment.flwr_run(out, **{"round-timeout": 120})
+        deployment.run = deployment.flwr_run(out, **{"round-timeout": 120})
         deployment.wait_for(out / "summary.json", timeout=400)
     finally:
         hostile.stop.set()
@@ -318,7 +320,7 @@ def _rogues(deployment: Deployment) -> list:
     ca = (deployment.root / "sites" / "certificates" / "ca.pem").read_bytes()
     rogues = []
     gate, whole = deployment.port, deployment.port + 1
-    kinds = [("undecodable", gate), *[("stalled", gate)] * STALLED, ("unasked", whole)]
+    kinds = [("undecodable", gate), ("oversized", gate), *[("stalled", gate)] * STALLED, ("unasked", whole)]
     for i, (kind, port) in enumerate(kinds):
         private, public = node_key(deployment.root / f"rogue-{i}-{kind}", 0)
         register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
@@ -508,9 +510,12 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
 
 
 def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_the_server(deployment):
-    """Six registered nodes that speak Flower's protocol themselves (federation_rogue.py), present
+    """Seven registered nodes that speak Flower's protocol themselves (federation_rogue.py), present
     in the first test's run (two rounds) and asked its identify: one answers with bytes Flower
-    cannot decode (hash, header and length right: the SuperLink stores them), four announce a reply
+    cannot decode (hash, header and length right: the SuperLink stores them), one with a reply of
+    2 MiB, within the gate's caps but past what an identify reply may be (the ServerApp stops
+    pulling it at its cap, `inbox.SMALL_REPLY`, and refuses it: before, it pulled a reply whole
+    before the codec checked its size), four announce a reply
     and never upload it, and one sends the SuperLink a message of its own, never uploaded, through
     the loopback listener (Flower's app whole, as a SuperLink without the gate serves its sites: the
     gate refuses it). Before, the first raised out of the ServerApp's pull, and a stalled reply held
@@ -521,52 +526,11 @@ def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_th
     or ignored, each reply is pulled in a thread of its own, and the run ends with the simulator's
     weights. (The run is the first test's, so that one run serves both: a run of its own cost this
     module about 50 s.)"""
-    assert len(deployment.rogues) == STALLED + 2 and deployment.simulated, "the first test's run did not complete"
+    assert len(deployment.rogues) == STALLED + 3 and deployment.simulated, "the first test's run did not complete"
     assert all(rogue.answered.is_set() for rogue in deployment.rogues), [rogue.error for rogue in deployment.rogues]
     deployed = json.loads((deployment.root / "deployed" / "summary.json").read_text())
     assert deployed["state_sha256"] == deployment.simulated["state_sha256"]
-
-
-def test_a_site_that_answers_another_sites_message_in_its_name_is_refused(deployment):
-    """Site 1 (its site key; a node connection of its own, with a key the operator registered)
-    answers client 0's round-1 message in client 0's name through the SuperLink's loopback
-    listener (Flower's app whole, as a SuperLink without the gate serves its sites), with Flower's
-    own client (federation_rogue.Forger), before client 0's node does (up's node waits for it:
-    federation_executor_app.py). Flower stores it as client 0's reply (it checks only that the
-    message it answers went to the node its header names) and drops client 0's own; the ServerApp
-    refuses it, its signature not client 0's site's, and with allow-missing the round goes on
-    with client 1's update alone."""
-    from federation_executor_app import FORGED
-    from federation_rogue import Forger
-
-    from incofl.deploy.credentials import node_key
-
-    sites = deployment.root / "sites"
-    private, public = node_key(deployment.root / "forger", 0)
-    register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
-    subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
-    ca = (sites / "certificates" / "ca.pem").read_bytes()
-    out = deployment.root / FORGED
-    forger = Forger(
-        f"127.0.0.1:{deployment.port + 1}",
-        ca,
-        private,
-        sites / "keys" / f"node{ELSEWHERE}",
-        0,
-        out.with_name(f"{FORGED}.asked"),
-        out.with_name(f"{FORGED}.forged"),
-    )
-    thread = forger.start()
-    try:
-        run = deployment.flwr_run(out, set='"rounds=1"', **{"allow-missing": "true", "round-timeout": 120})
-        deployment.wait_for(out / "summary.json", timeout=300)
-    finally:
-        forger.stop.set()
-        thread.join(timeout=30)
-    assert not forger.error and forger.forged.exists(), forger.error
-    assert "client 0: refused: its signature is not client 0's site's" in deployment.run_log(run)
-    rounds = pd.read_csv(out / "rounds.csv", dtype={"missing": str})
-    assert rounds["missing"].tolist() == ["0"] and rounds["samples"].iloc[0] > 0  # client 1 averaged
+    assert f"refused: its reply passed the {SMALL_REPLY} bytes its plan allows" in deployment.run_log(deployment.run)
 
 
 def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment):
@@ -636,6 +600,52 @@ def _in_order(text: str, marks: tuple[str, ...]) -> bool:
             return False
         at += len(mark)
     return True
+
+
+def test_a_site_that_answers_another_sites_message_in_its_name_is_refused(deployment):
+    """Site 1 (its site key; a node connection of its own, with a key the operator registered)
+    answers client 0's round-1 message in client 0's name through the SuperLink's loopback
+    listener (Flower's app whole, as a SuperLink without the gate serves its sites), with Flower's
+    own client (federation_rogue.Forger), before client 0's node does (up's node waits for it:
+    federation_executor_app.py). Flower stores it as client 0's reply (it checks only that the
+    message it answers went to the node its header names) and drops client 0's own; the ServerApp
+    refuses it, its signature not client 0's site's, and with allow-missing the round goes on
+    with client 1's update alone. (Last of the runs on up's node: once its held reply is refused,
+    the node was seen slow to take its next message, once past a next run's 60 s join-timeout; so
+    client 1's node, killed above, is started again for it.)"""
+    from federation_executor_app import FORGED
+    from federation_rogue import Forger
+
+    from incofl.deploy.credentials import node_key
+
+    sites = deployment.root / "sites"
+    data = deployment.root / "elsewhere" / f"site{ELSEWHERE}.npz"
+    deployment.supernode("again", sites / "keys" / f"node{ELSEWHERE}", ELSEWHERE, data, deployment.port + 3)
+    private, public = node_key(deployment.root / "forger", 0)
+    register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
+    subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
+    ca = (sites / "certificates" / "ca.pem").read_bytes()
+    out = deployment.root / FORGED
+    forger = Forger(
+        f"127.0.0.1:{deployment.port + 1}",
+        ca,
+        private,
+        sites / "keys" / f"node{ELSEWHERE}",
+        0,
+        out.with_name(f"{FORGED}.asked"),
+        out.with_name(f"{FORGED}.forged"),
+    )
+    thread = forger.start()
+    try:
+        run = deployment.flwr_run(out, set='"rounds=1"', **{"allow-missing": "true", "round-timeout": 120})
+        deployment.wait_for(out / "summary.json", timeout=300)
+    finally:
+        forger.stop.set()
+        thread.join(timeout=30)
+    assert not forger.error and forger.forged.exists(), forger.error
+    assert "client 0: refused: its signature is not client 0's site's" in deployment.run_log(run)
+    rounds = pd.read_csv(out / "rounds.csv", dtype={"missing": str})
+    assert rounds["missing"].tolist() == ["0"] and rounds["samples"].iloc[0] > 0  # client 1 averaged
 
 
 def test_once_stopped_no_process_it_started_is_left(deployment):

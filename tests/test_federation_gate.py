@@ -240,8 +240,10 @@ def test_a_reply_tree_is_counted_no_further_than_its_cap(node):
     from flwr.app.message import remove_content_from_message
     from flwr.common.serde import message_to_proto
     from flwr.proto.fleet_pb2 import PushMessagesRequest
+    from flwr.proto.node_pb2 import Node as NodeProto
 
-    request = PushMessagesRequest(messages_list=[message_to_proto(remove_content_from_message(reply))])
+    proto = message_to_proto(remove_content_from_message(reply))
+    request = PushMessagesRequest(node=NodeProto(node_id=node.node_id), messages_list=[proto])
     request.message_object_trees.append(wide)
     assert read_push(request.SerializeToString()) == (413, f"a reply of over {MAX_OBJECTS} objects")
 
@@ -354,3 +356,43 @@ def test_a_finished_runs_messages_and_objects_are_pruned(node):
     assert node.state.finish_task(task, SubStatus.COMPLETED, "")
     assert prune_finished(node.app) == [node.run_id]
     assert stored(node, pushed) == 0 and node.state.num_message_ins() == node.state.num_message_res() == 0
+
+
+def test_a_reply_in_another_nodes_name_is_refused_at_the_gate(node):
+    """Flower binds a request to the node its key is registered for, but not the message's `src_node_id`
+    (the sender's own bytes): the gate refuses a reply whose header names another node than the request."""
+    from flwr.app.message import remove_content_from_message
+    from flwr.common.serde import message_to_proto
+    from flwr.proto.fleet_pb2 import PushMessagesRequest
+    from flwr.proto.node_pb2 import Node as NodeProto
+    from flwr.supercore.inflatable.inflatable_object import get_object_tree
+
+    from incofl.deploy.superlink import FleetGate
+
+    reply = reply_of(node, 8)
+    proto = message_to_proto(remove_content_from_message(reply))
+    proto.metadata.src_node_id = node.node_id + 1  # another site's node
+    request = PushMessagesRequest(node=NodeProto(node_id=node.node_id), messages_list=[proto])
+    request.message_object_trees.append(get_object_tree(reply))
+    assert status_of(node.client(FleetGate(node.app, 8 * MIB, 16 * MIB)).PushMessages, request) == 403
+
+
+def test_the_serverapp_stops_pulling_a_reply_past_its_cap():
+    """The ServerApp's pull of a reply's objects (Flower's own pull_objects, two at a time) through
+    `inbox.capped`: past the cap it raises, and pulls no object after the one that passed it."""
+    from flwr.supercore.inflatable.inflatable_utils import pull_objects
+
+    from incofl.deploy.inbox import ReplyTooLarge, capped
+
+    store = {f"{i:064x}": bytes(MIB) for i in range(10)}  # a reply of 10 MiB, 1 MiB an object
+    asked: list[str] = []
+
+    def pull(object_id: str) -> bytes:
+        asked.append(object_id)
+        return store[object_id]
+
+    assert pull_objects(list(store), capped(pull, 10 * MIB)) == store
+    asked.clear()
+    with pytest.raises(ReplyTooLarge, match=f"passed the {3 * MIB} bytes"):
+        pull_objects(list(store), capped(pull, 3 * MIB), max_concurrent_pulls=2)
+    assert len(asked) <= 5  # the fourth passed the cap; a fifth may have been asked at the same time

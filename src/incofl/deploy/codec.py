@@ -59,6 +59,8 @@ DTYPES = {  # the dtypes a state may hold, by the name its index gives them
 }
 MAX_DIMS = 64  # the most dimensions an index entry may have (a model's states have at most 5)
 WIRE = {"int": int, "float": float, "bool": int}  # a metric field's declared type -> the type it travels as
+# a reply's bytes beyond its states' (metrics, configs, its signature, Flower's object headers: a few KB)
+REPLY_OVERHEAD = 1 << 20
 SIGNATURE = "incofl.signature"  # the config record of a message's signature (signing.py)
 J = TypeVar("J", TrainJob, EvalJob)
 
@@ -212,13 +214,24 @@ def check_records(content: RecordDict, arrays: set[str], metrics: set[str], conf
             raise CodecError(f"{kind} records other than expected: {short(extra | (want - got))}")
 
 
-def check_budget(content: RecordDict, expected: list[Expected]) -> None:
-    """The message's arrays within the bytes the expected states take packed (their data and
-    their indexes: an honest index is as long in any order), summed from the arrays' lengths."""
-    budget = sum(
+def packed_bytes(expected: list[Expected]) -> int:
+    """The bytes the expected states take packed (their data and their indexes: an honest index is
+    as long in any order)."""
+    return sum(
         len(index_bytes(state)) + sum(entry_bytes(dtype, shape) for shape, dtype in state.values())
         for state in expected
     )
+
+
+def reply_bytes(expected: list[Expected]) -> int:
+    """The most a reply holding the expected states may be as Flower moves it (the ServerApp stops
+    pulling one past it): their packed bytes, and REPLY_OVERHEAD for its other records and headers."""
+    return packed_bytes(expected) + REPLY_OVERHEAD
+
+
+def check_budget(content: RecordDict, expected: list[Expected]) -> None:
+    """The message's arrays within the bytes the expected states take packed, summed from the arrays' lengths."""
+    budget = packed_bytes(expected)
     size = sum(len(array.data) for record in content.array_records.values() for array in record.values())
     if size > budget:
         raise CodecError(f"{size} bytes of arrays, the plan allows {budget}")

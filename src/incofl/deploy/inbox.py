@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -47,8 +47,11 @@ from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents, pull_objects
 from flwr.superlink.grid.http_grid import HttpGrid
 
+from incofl.deploy.codec import REPLY_OVERHEAD
+
 log = logging.getLogger("incofl.deploy")
 FLOWER = "1.42.0"  # the HttpGrid whose calls Inbox makes itself
+SMALL_REPLY = REPLY_OVERHEAD  # the cap of a reply with no states (identify, scores)
 BACKOFF = 1.0  # seconds: the longest wait between two tries of an object not yet uploaded (Flower's: 10)
 
 
@@ -71,6 +74,26 @@ class Pulled:
 def one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0][:200] if text else ''}"
+
+
+class ReplyTooLarge(Exception):
+    """A reply past the bytes its plan allows: not pulled further."""
+
+
+def capped(pull: Callable[[str], bytes], cap: int) -> Callable[[str], bytes]:
+    """`pull` (an object's bytes by its id), raising ReplyTooLarge once the objects pulled through
+    it add up to more than `cap` bytes (pull_objects then stops every pull of the reply)."""
+    lock, pulled = threading.Lock(), [0]
+
+    def pull_within(object_id: str) -> bytes:
+        content = pull(object_id)
+        with lock:
+            pulled[0] += len(content)
+            if pulled[0] > cap:
+                raise ReplyTooLarge(f"its reply passed the {cap} bytes its plan allows: not pulled further")
+        return content
+
+    return pull_within
 
 
 class Inbox:
@@ -96,13 +119,15 @@ class Inbox:
             log.warning("the SuperLink did not take the message to node %d", messages[i].metadata.dst_node_id)
         return taken
 
-    def pull(self, awaited: Collection[str], deadline: float) -> list[Pulled]:
-        """The replies to `awaited` ids that are in (decoded, or why not), none of any other id."""
+    def pull(self, awaited: Collection[str], deadline: float, caps: Mapping[str, int] | None = None) -> list[Pulled]:
+        """The replies to `awaited` ids that are in (decoded, or why not), none of any other id; each
+        pulled no further than its cap in bytes (`caps`, else SMALL_REPLY)."""
         if not awaited:
             return []
         if not self.http:
             return self._pull_other(set(awaited))
-        self._announce({i for i in awaited if i not in self.fetching}, set(awaited), deadline)
+        caps = {i: (caps or {}).get(i, SMALL_REPLY) for i in awaited}
+        self._announce({i for i in awaited if i not in self.fetching}, caps, deadline)
         done = [i for i, future in self.fetching.items() if future.done()]
         return [self.fetching.pop(i).result() for i in done]
 
@@ -111,7 +136,7 @@ class Inbox:
         for message_id in awaited:
             self.fetching.pop(message_id, None)
 
-    def _announce(self, ask: set[str], awaited: set[str], deadline: float) -> None:
+    def _announce(self, ask: set[str], awaited: Mapping[str, int], deadline: float) -> None:
         """Ask the SuperLink for the replies to `ask`; start pulling the objects of each awaited one."""
         grid: Any = self.grid
         try:
@@ -125,28 +150,31 @@ class Inbox:
                 log.warning("node %d: a message that answers nothing the server waits for: ignored", node)
                 self._confirm(proto.metadata.message_id)
                 continue
-            self.fetching[answers] = self._start(proto, tree, deadline)
+            self.fetching[answers] = self._start(proto, tree, deadline, awaited[answers])
 
-    def _start(self, proto: Any, tree: Any, deadline: float) -> Future[Pulled]:
+    def _start(self, proto: Any, tree: Any, deadline: float, cap: int) -> Future[Pulled]:
         """A reply's objects pulled in a thread of its own (module docstring), ended by the deadline
         (daemon: a ServerApp that ends does not wait for a stalled node's)."""
         future: Future[Pulled] = Future()
         work = threading.Thread(
-            target=lambda: future.set_result(self._fetch(proto, tree, deadline)), name="incofl-pull", daemon=True
+            target=lambda: future.set_result(self._fetch(proto, tree, deadline, cap)), name="incofl-pull", daemon=True
         )
         work.start()
         return future
 
-    def _fetch(self, proto: Any, tree: Any, deadline: float) -> Pulled:
-        """One reply's objects, pulled within the deadline, and decoded (never raises)."""
+    def _fetch(self, proto: Any, tree: Any, deadline: float, cap: int) -> Pulled:
+        """One reply's objects, pulled within the deadline and its cap, and decoded (never raises)."""
         grid: Any = self.grid
         message_id = proto.metadata.message_id
         answers, node = proto.metadata.reply_to_message_id, proto.metadata.src_node_id
-        pull = make_pull_object_fn_protobuf(grid._runtime_client.PullObject, grid.node, grid._run.run_id)
+        pull = capped(make_pull_object_fn_protobuf(grid._runtime_client.PullObject, grid.node, grid._run.run_id), cap)
         try:
             ids = [t.object_id for t in iterate_object_tree(tree)]
             left = max(deadline - time.monotonic(), 0.1)
             contents = pull_objects(ids, pull, max_time=left, initial_backoff=0.2, backoff_cap=BACKOFF)
+        except ReplyTooLarge as err:
+            self._confirm(message_id)
+            return Pulled(answers, node, why=str(err))
         except Exception as err:  # noqa: BLE001 (not uploaded by the deadline, or not there)
             self._confirm(message_id)
             return Pulled(answers, node, why=f"its reply was not uploaded in time ({one_line(err)})")

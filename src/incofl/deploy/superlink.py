@@ -25,7 +25,8 @@ This runs Flower's own `flower-superlink` unchanged, with the one app served twi
   3. the gate: only `POST /v1/fleet/...` (404 otherwise); a body of at most `--max-request-mb`, or
      PUSH_CAP for a push of messages (what a tree of MAX_OBJECTS objects takes), 413 as soon as it
      is known to pass; parsing and hashing in a worker thread, never on the loop that serves the
-     rest; a push of exactly one reply (a node has no instruction to give) of at most MAX_OBJECTS
+     rest; a push of exactly one reply (a node has no instruction to give), in the name of the node
+     that sends it (the request's node, which Flower authenticates), of at most MAX_OBJECTS
      objects, counted no further than that; an object whose content hashes to its id, that an
      accepted reply of the pushing node asked for, within that reply's budget (`Ledger`).
 
@@ -259,13 +260,17 @@ def read_push(body: bytes) -> Pushed | tuple[int, str]:
         return 400, "not a push of messages"
     if len(request.messages_list) != 1 or len(request.message_object_trees) != 1:
         return 403, "a push holds exactly one message"
-    answers = request.messages_list[0].metadata.reply_to_message_id
-    if not answers:
+    metadata = request.messages_list[0].metadata
+    if not metadata.reply_to_message_id:
         return 403, "a node pushes replies only"
+    if metadata.src_node_id != request.node.node_id:  # the request's node is the one Flower authenticates
+        return 403, "a reply in another node's name"
     objects = count(request.message_object_trees[0], MAX_OBJECTS + 1)
     if objects > MAX_OBJECTS:
         return 413, f"a reply of over {MAX_OBJECTS} objects"
-    return Pushed(request.node.node_id, answers, request.message_object_trees[0].object_id, objects)
+    return Pushed(
+        request.node.node_id, metadata.reply_to_message_id, request.message_object_trees[0].object_id, objects
+    )
 
 
 def read_object(body: bytes) -> Pushed | tuple[int, str]:

@@ -47,6 +47,7 @@ from incofl.deploy.codec import (
     open_reply,
     read_scores,
     read_update,
+    reply_bytes,
     sign_instruction,
     unsigned,
 )
@@ -166,13 +167,14 @@ class Opened:
     why: str = ""
 
 
-def pulled(inbox: Inbox, waiting: Iterable[str], timeout: float) -> Iterator[Pulled]:
+def pulled(inbox: Inbox, waiting: Iterable[str], timeout: float, caps: dict[str, int]) -> Iterator[Pulled]:
     """The replies to the messages `waiting` (their ids), each as it arrives (or why it cannot be
-    read: inbox.py): pulled every POLL seconds until every one came or `timeout` passed, however
-    long a reply takes to upload."""
+    read: inbox.py), each pulled no further than its cap in bytes (`caps`, else the inbox's
+    small one): pulled every POLL seconds until every one came or `timeout` passed, however long a
+    reply takes to upload."""
     waiting, deadline = set(waiting), time.monotonic() + timeout
     while waiting:
-        for got in inbox.pull(waiting, deadline):
+        for got in inbox.pull(waiting, deadline, caps):
             waiting.discard(got.answers)
             yield got
         if not waiting or time.monotonic() >= deadline:
@@ -256,7 +258,10 @@ class FlowerTransport:
         expected = [self.server.expect(job.plan, job.start) for job in jobs]
         sent = [i for i, job in enumerate(jobs) if job.plan.client in self.nodes]
         answered = set()
-        for i, got in self.send(sent, [jobs[i] for i in sent], [jobs[i].plan.client for i in sent], "train", round_):
+        caps = {i: reply_bytes(expected[i].states()) for i in sent}  # the inbox stops pulling a reply past it
+        for i, got in self.send(
+            sent, [jobs[i] for i in sent], [jobs[i].plan.client for i in sent], "train", round_, caps
+        ):
             answered.add(i)
             yield self.taken(round_, jobs[i].plan, self.read_update(jobs[i].plan.client, expected[i], got))
         for i, job in enumerate(jobs):
@@ -317,18 +322,27 @@ class FlowerTransport:
         return [scored[job.client, job.split] for job in jobs]
 
     def send(
-        self, index: Iterable[int], jobs: list[Any], clients: list[int], kind: str, round_: int
+        self,
+        index: Iterable[int],
+        jobs: list[Any],
+        clients: list[int],
+        kind: str,
+        round_: int,
+        caps: dict[int, int] | None = None,
     ) -> Iterator[tuple[int, Opened]]:
         """Each job (with its index) as a signed message to its client's node; (index, what came,
-        opened) for each reply as it arrives. Bytes each way go to federation.csv: a reply's once
-        its signature holds (nothing of it is read before)."""
+        opened) for each reply as it arrives, a reply pulled no further than its index's cap in
+        bytes (`caps`; else the inbox's small one: scores). Bytes each way go to federation.csv: a
+        reply's once its signature holds (nothing of it is read before)."""
         index, messages, down = list(index), [], {}
         for job, client in zip(jobs, clients, strict=True):
             content = job_content(job)
             down[client] = message_bytes(content)
             messages.append(self.identity.instruction(content, self.nodes[client], kind, round_, str(round_)))
         waiting = {message_id: k for message_id, k in self.inbox.push(messages).items()}
-        for got in pulled(self.inbox, waiting, self.timeout):
+        caps = caps or {}
+        limits = {message_id: caps[index[k]] for message_id, k in waiting.items() if index[k] in caps}
+        for got in pulled(self.inbox, waiting, self.timeout, limits):
             k = waiting[got.answers]
             opened = self.opened(clients[k], got, kind, round_)
             if opened.content is not None:
