@@ -11,7 +11,8 @@
 # (kept between calls) from PyPI's aarch64 wheels, downloaded by this machine's pip into
 # ROOT/wheels (pip under emulation takes long to download and hash 3 GB of CUDA libraries that the
 # aarch64 torch 2.14.1 depends on). RUN_DIR and CELL: make-run.sh beside this file, run in the
-# arm64 system (RUN_DIR inside it; CELL: one cell's three runs, e.g. digits/a0.5/FedAvg).
+# arm64 system (RUN_DIR inside it; CELL: one cell's three runs, e.g. digits/a0.5/FedAvg), with
+# CORES (default 2) for Snakemake.
 set -euo pipefail
 
 root=${1:?usage: $0 ROOT RUN_DIR [CELL]}
@@ -40,7 +41,7 @@ rm -f "$root/wheels"/incofl-*
 rm -rf "$root/opt/incofl" && mkdir -p "$root/opt/incofl"
 (cd "$checkout" && git ls-files -z --cached --others --exclude-standard | xargs -0 tar -c) | tar -x -C "$root/opt/incofl"
 in_root=(chroot "$root" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root OMP_NUM_THREADS=1
-	PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheels)
+	PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheels CORES="${CORES:-2}")
 
 echo "arm64: $(chroot "$root" uname -m), $(chroot "$root" python3 --version)"
 start=$(date +%s)
