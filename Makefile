@@ -3,7 +3,6 @@
 #   make test   ruff, the import contract, snakemake --lint, then the test suite (real CIFAR-10 from $INCOFL_DATA_DIR,
 #               default ../shared/data)
 
-PYTHON ?= python3
 VENV ?= .venv
 CORES ?= 2
 RUN_DIR ?= run
@@ -21,13 +20,24 @@ PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 .PHONY: run test test-fast coverage lint bench clean-results
 
-# The venv's Python must be 3.11 (the version the pins are for): $(PYTHON)'s version is read
-# only when the venv is to be made, and another one stops make in one line before anything is made.
-PYTHON_VERSION = $(word 2,$(shell $(PYTHON) --version 2>/dev/null))
+# The venv's Python: 3.11 to 3.13, the versions every pinned dependency supports (pyproject.toml's
+# requires-python). Without PYTHON=..., the first of PYTHONS on PATH whose version is one of them.
+# Versions are read only when the venv is to be made; a Python of another version, or none, stops
+# make in one line before anything is made, saying how to get one.
+PYTHONS := python3.13 python3.12 python3.11 python3
+SUPPORTED := 3.11 3.12 3.13
+python_version = $(word 2,$(shell $(1) --version 2>/dev/null))
+supported = $(filter $(addsuffix .%,$(SUPPORTED)),$(call python_version,$(1)))
+PYTHON ?= $(firstword $(foreach p,$(PYTHONS),$(if $(call supported,$(p)),$(p))))
+PYTHON_VERSION = $(call python_version,$(PYTHON))
+NEEDS := this project needs Python 3.11, 3.12 or 3.13
 
 $(BIN)/.installed: pyproject.toml
-	$(if $(filter 3.11.%,$(PYTHON_VERSION)),,$(error PYTHON=$(PYTHON) $(if $(PYTHON_VERSION),is Python $(PYTHON_VERSION),was not found); \
-		this project needs 3.11: PYTHON=python3.11 make $(MAKECMDGOALS)))
+	$(if $(PYTHON),,$(error none of $(PYTHONS) on PATH is Python 3.11 to 3.13; $(NEEDS) (Debian/Ubuntu: \
+		apt install python3; macOS: brew install python@3.13; conda: conda create -n incofl python=3.13), \
+		then: PYTHON=/path/to/python3.13 make $(MAKECMDGOALS)))
+	$(if $(call supported,$(PYTHON)),,$(error PYTHON=$(PYTHON) $(if $(PYTHON_VERSION),is Python $(PYTHON_VERSION),was \
+		not found); $(NEEDS): PYTHON=python3.13 make $(MAKECMDGOALS)))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
 	$(BIN)/pip install --quiet -e '.[test,flower]'

@@ -1,17 +1,22 @@
 """Portable numerics (incofl.numerics): each pin checked where it is made, and refused in one line
-where it cannot hold. Pins act once per process, so everything that pins runs in a subprocess."""
+where it cannot hold; `auto` portable where they hold and native, saying why, where they cannot.
+Pins act once per process, so everything that pins runs in a subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+from workflows import ENV, REPO, snakemake_cmd
 
-from incofl.config import ConfigError, load_run_config
-from incofl.numerics import PORTABLE_ENV, conflicts, environment
+from incofl import numerics
+from incofl.config import ConfigError, RunConfig, load_run_config
+from incofl.numerics import PORTABLE_ENV, NumericsError, conflicts, decide, environment, notice
 
 
 def python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -137,3 +142,116 @@ def test_a_pin_in_a_process_that_imported_torch_leaves_its_environment_alone(mon
         monkeypatch.delenv(key, raising=False)
     pin("portable")
     assert not PORTABLE_ENV.keys() & os.environ.keys()
+
+
+@pytest.mark.parametrize(
+    ("capability", "avx2", "branch", "why"),
+    [
+        ("AVX2", True, numerics.MKL_CBWR_COMPATIBLE, None),  # an x86-64 CPU with AVX2 (or AVX-512), pinned
+        ("AVX2", False, numerics.MKL_CBWR_COMPATIBLE, "this CPU has no AVX2"),  # ATen trusts the pin: no kernel runs
+        ("DEFAULT", True, numerics.MKL_CBWR_COMPATIBLE, "ATen computes with DEFAULT kernels, not AVX2"),
+        (
+            "SVE256",
+            False,
+            None,
+            "this CPU has no AVX2; this torch build has no MKL (portable numerics pin MKL's compatible branch)",
+        ),
+    ],
+    ids=["avx2", "westmere", "aten-lowered", "graviton3"],
+)
+def test_portable_numerics_hold_where_aten_computes_avx2_with_mkl_and_say_why_not(
+    monkeypatch, capability, avx2, branch, why
+):
+    """The decision's facts, as a process pinned for portable numerics sees them on each kind of
+    CPU: ATen's capability (on a CPU without AVX2 it takes ATEN_CPU_CAPABILITY=avx2 on trust, so
+    the CPU's AVX2 is asked apart), and MKL's branch (none: an aarch64 torch, an Apple Silicon's too)."""
+    import torch
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.cpu, "_is_avx2_supported", lambda: avx2)
+    monkeypatch.setattr(numerics, "mkl_branch", lambda: branch)
+    assert numerics.obstacle() == why
+
+
+def test_auto_is_portable_on_this_machine_as_a_fresh_pinned_process_finds():
+    """This machine (x86-64, AVX2, torch with MKL): the default experiment's runs are portable,
+    the same bits as the committed ones."""
+    assert decide("auto") == ("portable", None)
+
+
+def test_auto_is_native_with_the_reason_where_a_pinned_process_finds_one(monkeypatch):
+    monkeypatch.setattr(numerics, "PROBE", "print('this CPU has no AVX2')")
+    assert decide("auto") == ("native", "this CPU has no AVX2")
+    why = "this CPU has no AVX2"
+    line = notice(why)
+    assert "\n" not in line and line.startswith("numerics: auto computes natively on this machine: portable")
+    assert "INCONCLUSIVE with the seeds a yes would need" in line
+
+
+def test_auto_asks_no_process_where_the_answer_is_known(monkeypatch):
+    """As asked for native and portable; native on cuda (portable pins CPU kernels); native where
+    the environment sets a pin to another value (the user's setting is kept, not overridden)."""
+    monkeypatch.setattr(numerics, "PROBE", "raise SystemExit('no process should start')")
+    assert decide("native") == ("native", None) and decide("portable") == ("portable", None)
+    assert decide("auto", "cuda") == ("native", None)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert decide("auto") == (
+        "native",
+        "the environment sets ATEN_CPU_CAPABILITY=default (portable numerics need ATEN_CPU_CAPABILITY=avx2)",
+    )
+
+
+def test_auto_refuses_in_one_line_where_torch_cannot_be_imported(monkeypatch):
+    monkeypatch.setattr(numerics, "PROBE", "raise ImportError('libtorch_cpu.so: cannot open shared object file')")
+    with pytest.raises(NumericsError, match=r"^numerics: auto: a process importing torch failed: ImportError: lib"):
+        decide("auto")
+
+
+def test_auto_in_a_process_that_imported_torch_unpinned_is_native_and_recorded_so():
+    """A federation's processes decide `auto` themselves (nothing decided it before): this test
+    process imported torch without the pins, so native, and the config records it."""
+    import torch
+
+    from incofl.fl.engine.device import run_device
+
+    cfg = RunConfig(numerics="auto", progress=False)
+    assert run_device(cfg).type in ("cpu", "cuda") and cfg.numerics == "native"
+    assert torch.backends.mkldnn.enabled  # nothing of portable numerics switched on
+
+
+def test_auto_on_cuda_is_native_even_where_portable_numerics_would_hold(monkeypatch):
+    from incofl.fl.engine import device
+
+    monkeypatch.setattr(device, "activate", lambda mode: "portable" if mode == "auto" else mode)
+    cfg = RunConfig(numerics="auto", device="cuda", progress=False)
+    with contextlib.suppress(ConfigError):  # this machine has no CUDA device: the numerics are set before
+        device.run_device(cfg)
+    assert cfg.numerics == "native"
+
+
+def _run_files(workdir: Path, env: dict[str, str]) -> tuple[str, list[str]]:
+    """The default experiment's run config files as the workflow writes them (no training)."""
+    targets = [str(p.relative_to(REPO)) for p in sorted((REPO / "results").glob("runs/digits/a*/*/s*/config.yaml"))]
+    done = subprocess.run(
+        snakemake_cmd(workdir, "--cores", "1", *targets, config=REPO / "config" / "config.yaml"),
+        cwd=REPO,
+        env={**ENV, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr, [(workdir / t).read_text() for t in targets]
+
+
+@pytest.mark.slow
+def test_the_default_experiment_writes_the_committed_run_files_here_and_native_ones_with_one_notice(tmp_path):
+    """numerics: auto resolves to portable on this machine, so the run files are the committed
+    runs' (their settings, and Snakemake's params, unchanged); where portable cannot hold (here:
+    an environment that pins ATen below AVX2), every run file says native after one notice."""
+    committed = [p.read_text() for p in sorted((REPO / "results").glob("runs/digits/a*/*/s*/config.yaml"))]
+    stderr, files = _run_files(tmp_path / "here", {})
+    assert len(files) == 18 and files == committed and "numerics: auto" not in stderr
+    stderr, files = _run_files(tmp_path / "elsewhere", {"ATEN_CPU_CAPABILITY": "default"})
+    assert stderr.count("numerics: auto computes natively on this machine") == 1
+    assert [f.replace("numerics: native", "numerics: portable") for f in files] == committed

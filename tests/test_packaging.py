@@ -1,4 +1,5 @@
-"""Set-up files and docs agree: environment.yml pins what pyproject.toml pins, the CLI is wired,
+"""Set-up files and docs agree: environment.yml pins what pyproject.toml pins, for the Pythons it and
+the Makefile take, the CLI is wired,
 the docs show the committed evidence as the report stages of dvc.yaml make it, and every
 relative link of the README and docs/ leads to a file and heading that exist."""
 
@@ -21,6 +22,20 @@ def test_environment_yml_has_the_same_pins_as_pyproject():
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     assert {p for p in pip if "==" in p} == pins
     assert all("==" in p for p in pins), "every dependency is pinned"
+
+
+def test_pyproject_environment_yml_and_the_makefile_take_the_same_pythons():
+    """3.11 to 3.13: requires-python, conda's python spec and the Makefile's SUPPORTED list."""
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    makefile = (REPO / "Makefile").read_text()
+    low, high = re.fullmatch(r">=3\.(\d+),<3\.(\d+)", requires).groups()
+    versions = [f"3.{minor}" for minor in range(int(low), int(high))]
+    assert versions == ["3.11", "3.12", "3.13"]
+    assert f"python{requires}" in env["dependencies"]
+    assert re.search(r"^SUPPORTED := (.*)$", makefile, re.M)[1].split() == versions
+    candidates = re.search(r"^PYTHONS := (.*)$", makefile, re.M)[1].split()
+    assert candidates == [f"python{v}" for v in reversed(versions)] + ["python3"]
 
 
 def test_ci_runs_the_readme_test_command():

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from incofl.config import BUILT_IN, ConfigError, ExperimentConfig, load_experiment, load_run_config, parse_overrides
 from incofl.errors import EXIT_DIVERGED, Diverged
-from incofl.numerics import NumericsError, pin
+from incofl.numerics import NumericsError, decide, notice, pin
 
 # glibc's allocator costs 20-30% system time in CPU training; these must be set before
 # Python starts, so the console script re-executes itself once with them (docs/performance.md).
@@ -87,6 +87,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, parse_overrides(args.set))
+    cfg.numerics, why = decide(cfg.numerics, cfg.device)  # auto: what this machine can hold, recorded by the run
+    if why:
+        print(notice(why), file=sys.stderr)
     pin(cfg.numerics)  # before the engine imports torch: its kernels are chosen once, at first use
     from incofl.fl.engine.run import train
 

@@ -307,11 +307,12 @@ class Settings(BaseModel):
     device: Annotated[Literal["auto", "cpu", "cuda"], Affects.BITS] = Field(
         "auto", description="auto: cuda where there is one; cuda without a GPU is refused before any job"
     )
-    numerics: Annotated[Literal["native", "portable"], Affects.BITS] = Field(
+    numerics: Annotated[Literal["auto", "native", "portable"], Affects.BITS] = Field(
         "native",
         description=(
-            "CPU kernels: native (the fastest for this CPU; bits differ between CPU kinds) or portable (the same "
-            "bits on every x86-64 CPU with AVX2, for one torch build and thread count; 2-4x slower; CPU only)"
+            "CPU kernels: native (the fastest for this CPU; bits differ between CPU kinds), portable (the same "
+            "bits on every x86-64 CPU with AVX2, for one torch build and thread count; 2-4x slower; CPU only), or "
+            "auto (portable where it can hold, else native, saying why in one line; a run records which)"
         ),
     )
     threads: Annotated[int | None, Affects.BITS] = Field(

@@ -17,6 +17,10 @@ once, when torch first computes, so `pin` must run before torch is imported; `ac
 checks that each pin took effect and refuses in one line where one did not (docs/workflow.md,
 "Bit for bit on any CPU").
 
+`auto` is portable where its pins hold on this machine and native where they cannot (a torch
+without MKL, as on every aarch64 CPU, or a CPU without AVX2): `decide` asks a fresh process
+pinned for them, before the run's own process imports torch, and says why when they cannot.
+
 This module imports no torch at its top: the CLI pins before it imports the engine.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
     import torch
 
 Numerics = Literal["native", "portable"]
+Requested = Literal["auto", "native", "portable"]  # what a config asks for; auto is decided per machine
 PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
 MKL_CBWR_BRANCH, MKL_CBWR_COMPATIBLE = 1, 3  # mkl_service.h: the option to read, the branch wanted
 # Unary functions of float CPU tensors whose bits follow MKL's branch (ATen computes them with MKL's
@@ -69,34 +75,78 @@ def pin(mode: Numerics) -> None:
         os.environ.update(environment(mode))
 
 
-def activate(mode: Numerics) -> None:
-    """Switch the convolution backends of `mode` and check every pin in effect (a no-op for native)."""
-    if mode != "portable":
-        return
+def activate(mode: Requested) -> Numerics:
+    """Switch the convolution backends of `mode` and check every pin in effect (nothing for native);
+    the numerics in effect: `auto` is portable where the pins hold in this process, else native."""
+    if mode == "native":
+        return "native"
     import torch
 
-    if problems := [p for p in (_aten_problem(), _mkl_problem()) if p]:  # before this process is changed
-        raise NumericsError(f"numerics: portable cannot hold here: {'; '.join(problems)}")
+    if problem := obstacle():  # before this process is changed
+        if mode == "auto":
+            return "native"
+        raise NumericsError(f"numerics: portable cannot hold here: {problem}")
     torch.backends.mkldnn.enabled = False
     torch.backends.nnpack.set_flags(False)
     _register_kernels()
     if problem := _conv_problem():
         raise NumericsError(f"numerics: portable cannot hold here: {problem}")
+    return "portable"
 
 
-def _aten_problem() -> str | None:
+def obstacle() -> str | None:
+    """Why portable numerics cannot hold in this process (None: they can), from torch's kernels and MKL."""
     import torch
 
-    capability = torch.backends.cpu.get_cpu_capability()
+    capability, avx2 = torch.backends.cpu.get_cpu_capability(), torch.cpu._is_avx2_supported()
+    problems = [_aten_problem(capability, avx2), _mkl_problem(mkl_branch())]
+    return "; ".join(p for p in problems if p) or None
+
+
+# A fresh process pinned for portable numerics prints why they cannot hold there ('' where they can).
+PROBE = "from incofl.numerics import obstacle; print(obstacle() or '')"
+
+
+def decide(requested: Requested, device: str = "auto") -> tuple[Numerics, str | None]:
+    """A run's numerics, decided before its process imports torch, and why auto is native here
+    (None: as asked, or portable). A cuda run computes natively (portable pins CPU kernels)."""
+    if requested != "auto":
+        return requested, None
+    if device == "cuda":
+        return "native", None
+    if bad := conflicts("portable"):
+        return "native", f"the environment sets {', '.join(bad)}"
+    env = {**os.environ, **PORTABLE_ENV}
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        raise NumericsError(f"numerics: auto: a process importing torch failed: {lines[-1]}")
+    why = done.stdout.strip()
+    return ("native", why) if why else ("portable", None)
+
+
+def notice(why: str) -> str:
+    """The one line a run under `auto` prints where portable numerics cannot hold, and what follows."""
+    return (
+        f"numerics: auto computes natively on this machine: portable numerics cannot hold here ({why}); the runs' "
+        "bits differ from the committed runs', so `incofl compare` judges them on their accuracy (REPRODUCED, or "
+        "INCONCLUSIVE with the seeds a yes would need), not bit for bit"
+    )
+
+
+def _aten_problem(capability: str, avx2: bool) -> str | None:
+    """Why ATen does not compute with its AVX2 kernels; `avx2`: whether the CPU has AVX2, asked apart,
+    as ATen takes ATEN_CPU_CAPABILITY=avx2 on trust (its AVX2 kernels would then stop the process)."""
+    if not avx2:
+        return "this CPU has no AVX2"
     if capability == "AVX2":
         return None
-    if not capability.startswith("AVX512"):  # ATen falls back below a capability the CPU lacks
-        return f"ATen computes with {capability} kernels: this CPU has no AVX2"
+    if not capability.startswith("AVX512"):
+        return f"ATen computes with {capability} kernels, not AVX2"
     return f"ATen computes with {capability} kernels: torch was imported before ATEN_CPU_CAPABILITY=avx2 was set"
 
 
-def _mkl_problem() -> str | None:
-    branch = mkl_branch()
+def _mkl_problem(branch: int | None) -> str | None:
     if branch is None:
         return "this torch build has no MKL (portable numerics pin MKL's compatible branch)"
     if branch != MKL_CBWR_COMPATIBLE:

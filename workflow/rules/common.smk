@@ -24,6 +24,7 @@ from snakemake.utils import update_config, validate
 from incofl.codehash import code_hash
 from incofl.config import NAME, ConfigError, read_config_file, validate_experiment
 from incofl.data.release import ReleasePartitionError, release_file
+from incofl.numerics import NumericsError, decide, notice
 from incofl.studies import CASE, ROBUSTNESS, study_points, study_run, study_seeds
 
 # Settings one partition artifact stands for (incofl.config.SHARED_SETTINGS) are refused in
@@ -279,11 +280,26 @@ def run_file(wc):
 
 
 def config_file(run):
-    """A run config as a one-point experiment file (run_file; the studies' runs too)."""
+    """A run config as a one-point experiment file (run_file; the studies' runs too), with the
+    numerics this machine computes it with (`auto` decided: the file and the run record which)."""
     cfg = run.model_dump(exclude=JOB_SETTINGS if run.label else JOB_SETTINGS | {"label"})
+    cfg["numerics"] = decided_numerics(cfg["numerics"], cfg["device"])
     point = {plural: [cfg.pop(key)] for key, plural in
              (("dataset", "datasets"), ("alpha", "alphas"), ("method", "methods"), ("seed", "seeds"))}
     return {**point, **cfg}
+
+
+@functools.cache
+def decided_numerics(requested, device):
+    """incofl.numerics.decide, asked once per setting, before any job; where `auto` cannot be
+    portable here, its one-line notice says why and what the verdict will be."""
+    try:
+        numerics, why = decide(requested, device)
+    except NumericsError as err:
+        refuse(str(err))
+    if why:
+        print(notice(why), file=sys.stderr)
+    return numerics
 
 
 def partition_of(wc):

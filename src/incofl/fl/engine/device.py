@@ -10,8 +10,10 @@ from incofl.numerics import activate
 
 def run_device(cfg: RunConfig) -> torch.device:
     """The device a run computes on, its numerics in effect: a portable run computes on the CPU
-    with every pin checked (incofl.numerics), so `device: auto` means the CPU there."""
-    activate(cfg.numerics)
+    with every pin checked (incofl.numerics), so `device: auto` means the CPU there. `cfg` then
+    holds the numerics in effect, as the run records them: `auto` is decided here where nothing
+    decided it before (incofl.numerics.decide), e.g. in a federation's processes."""
+    cfg.numerics = activate("native" if cfg.numerics == "auto" and cfg.device == "cuda" else cfg.numerics)
     return resolve_device("cpu" if cfg.numerics == "portable" else cfg.device)
 
 
