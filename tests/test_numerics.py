@@ -168,9 +168,26 @@ def test_portable_numerics_hold_where_aten_computes_avx2_with_mkl_and_say_why_no
     import torch
 
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(torch.cpu, "_is_avx2_supported", lambda: avx2)
+    monkeypatch.setattr(numerics, "cpu_has_avx2", lambda: avx2)
     monkeypatch.setattr(numerics, "mkl_branch", lambda: branch)
     assert numerics.obstacle() == why
+
+
+def test_portable_numerics_asked_for_on_a_cpu_without_avx2_are_refused_in_one_line_before_torch(tmp_path):
+    """`incofl train` pins before it imports torch; on a CPU without AVX2 (here: said so) it
+    refuses there, as ATen would take the pin on trust and stop at its first AVX2 kernel
+    (seen under QEMU's Westmere: an illegal instruction)."""
+    done = python(
+        """
+        import sys
+        from incofl import cli, numerics
+        numerics.cpu_has_avx2 = lambda: False
+        sys.exit(cli.run(["train", "--set", "numerics=portable", "--out", "{out}"]))
+    """.replace("{out}", str(tmp_path / "run"))
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "incofl train: error: numerics: portable cannot hold here: this CPU has no AVX2"
+    assert not (tmp_path / "run").exists()
 
 
 def test_auto_is_portable_on_this_machine_as_a_fresh_pinned_process_finds():

@@ -3,7 +3,7 @@
 # cannot hold: numerics: auto must run every job natively after one line saying why, and
 # `incofl compare` must give its statistical verdict.
 #
-# Run on an x86-64 Linux machine with qemu-user-static (docs/testing.md, "On other CPUs"):
+# Run on an x86-64 Linux machine with qemu-user-static (docs/testing.md, "On other CPUs and Pythons"):
 #   scripts/emulation/westmere.sh VENV RUN_DIR [CELL]
 # VENV: a venv with the project installed (`make .venv/bin/.installed` makes .venv); the
 # checkout's src/ is put first on PYTHONPATH, so its code runs whatever VENV was installed from.

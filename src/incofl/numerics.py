@@ -71,8 +71,18 @@ def pin(mode: Numerics) -> None:
     A variable the environment sets to another value is refused, not overridden: the user set it."""
     if bad := conflicts(mode):
         raise NumericsError(f"numerics: portable, but the environment sets {', '.join(bad)}")
+    if mode == "portable" and not cpu_has_avx2():  # ATen would take the pin on trust and stop at its first kernel
+        raise NumericsError("numerics: portable cannot hold here: this CPU has no AVX2")
     if "torch" not in sys.modules:  # else they would pin nothing here, only the child processes
         os.environ.update(environment(mode))
+
+
+def cpu_has_avx2() -> bool:
+    """Whether the CPU has AVX2 (and the OS its registers), as numpy's dispatch asked CPUID: torch-free,
+    so before the pins, and true to an emulated CPU (QEMU's CPUID), unlike /proc/cpuinfo under qemu-user."""
+    from numpy._core._multiarray_umath import __cpu_features__
+
+    return bool(__cpu_features__.get("AVX2"))
 
 
 def activate(mode: Requested) -> Numerics:
@@ -98,8 +108,7 @@ def obstacle() -> str | None:
     """Why portable numerics cannot hold in this process (None: they can), from torch's kernels and MKL."""
     import torch
 
-    capability, avx2 = torch.backends.cpu.get_cpu_capability(), torch.cpu._is_avx2_supported()
-    problems = [_aten_problem(capability, avx2), _mkl_problem(mkl_branch())]
+    problems = [_aten_problem(torch.backends.cpu.get_cpu_capability(), cpu_has_avx2()), _mkl_problem(mkl_branch())]
     return "; ".join(p for p in problems if p) or None
 
 
