@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -619,8 +620,14 @@ def test_a_site_that_answers_another_sites_message_in_its_name_is_refused(deploy
     from incofl.deploy.credentials import node_key
 
     sites = deployment.root / "sites"
+    # client 1's site again, with a key and a port of its own: the killed node's may still count as in use
+    keys = deployment.root / "keys-again"
+    shutil.copytree(sites / "keys", keys, ignore=shutil.ignore_patterns(f"node{ELSEWHERE}*"))
+    again, again_public = node_key(keys, ELSEWHERE)
+    register = [BIN / "flwr", "supernode", "register", again_public, CONNECTION]
+    subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
     data = deployment.root / "elsewhere" / f"site{ELSEWHERE}.npz"
-    deployment.supernode("again", sites / "keys" / f"node{ELSEWHERE}", ELSEWHERE, data, deployment.port + 3)
+    deployment.supernode("again", again, ELSEWHERE, data, _free_port(1))
     private, public = node_key(deployment.root / "forger", 0)
     register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
     subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
@@ -637,7 +644,8 @@ def test_a_site_that_answers_another_sites_message_in_its_name_is_refused(deploy
     )
     thread = forger.start()
     try:
-        run = deployment.flwr_run(out, set='"rounds=1"', **{"allow-missing": "true", "round-timeout": 120})
+        settings = {"allow-missing": "true", "round-timeout": 120, "node-keys": f'"{keys}"'}
+        run = deployment.flwr_run(out, set='"rounds=1"', **settings)
         deployment.wait_for(out / "summary.json", timeout=300)
     finally:
         forger.stop.set()
