@@ -31,20 +31,15 @@ from incofl.deploy.codec import sign_reply
 
 
 @dataclass
-class Rogue:
-    """One registered node in a thread: once it is asked identify, it answers with `kind`
-    (`undecodable`, `oversized` or `stalled`; `unasked`: it sends the SuperLink a message of its
-    own instead),
-    then holds its connection (heartbeats) until `stop`."""
+class Peer:
+    """A node that speaks Flower's Fleet protocol itself, in a thread, on a connection of its own
+    (`key`, registered): `act` on the connection, then hold it (heartbeats) until `stop`."""
 
     address: str
     ca: bytes
     key: Path
-    kind: str
-    node: int = 0
-    answered: threading.Event = field(default_factory=threading.Event)
-    stop: threading.Event = field(default_factory=threading.Event)
-    error: list[BaseException] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event, kw_only=True)
+    error: list[BaseException] = field(default_factory=list, kw_only=True)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, daemon=True)
@@ -56,14 +51,29 @@ class Rogue:
             private = serialization.load_ssh_private_key(self.key.read_bytes(), password=None)
             keys: Any = (private, private.public_key())
             with http_request_response(self.address, False, self.ca, keys) as (node, receive, send, *rest):
-                self.node = node
-                push_object = rest[3]
-                asked = self._asked(receive)
-                if asked is not None:
-                    self._answer(asked, send, push_object)
+                self.act(node, receive, send, rest[3])
                 self.stop.wait()
         except BaseException as err:  # noqa: BLE001 (the test reports it)
             self.error.append(err)
+
+    def act(self, node: int, receive: Any, send: Any, push_object: Any) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class Rogue(Peer):
+    """Once it is asked identify, it answers with `kind` (`undecodable`, `oversized` or `stalled`;
+    `unasked`: it sends the SuperLink a message of its own instead)."""
+
+    kind: str
+    node: int = 0
+    answered: threading.Event = field(default_factory=threading.Event)
+
+    def act(self, node: int, receive: Any, send: Any, push_object: Any) -> None:
+        self.node = node
+        asked = self._asked(receive)
+        if asked is not None:
+            self._answer(asked, send, push_object)
 
     def _asked(self, receive: Any) -> Message | None:
         """The server's identify, once it comes."""
@@ -103,40 +113,22 @@ class Rogue:
 
 
 @dataclass
-class Forger:
-    """Site A in a thread, on a node connection of its own (`key`, registered): once it knows the
-    header of site B's train message (`asked`, JSON: its id, B's node, the run, the round, when it
-    was made and its ttl), it answers that message in B's name (B's node as its source), signed
-    with A's site key (`site_key`) as B's client (`client`), and writes `forged`; then holds its
-    connection until `stop`. Its update is no update: the server must refuse it before reading any."""
+class Forger(Peer):
+    """Site A: once it knows the header of site B's train message (`asked`, JSON: its id, B's node,
+    the run, the round, when it was made and its ttl), it answers that message in B's name (B's
+    node as its source), signed with A's site key (`site_key`) as B's client (`client`), and writes
+    `forged`. Its update is no update: the server must refuse it before reading any."""
 
-    address: str
-    ca: bytes
-    key: Path
     site_key: Path
     client: int
     asked: Path
     forged: Path
-    stop: threading.Event = field(default_factory=threading.Event)
-    error: list[BaseException] = field(default_factory=list)
 
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self._run, daemon=True)
-        thread.start()
-        return thread
-
-    def _run(self) -> None:
-        try:
-            private = serialization.load_ssh_private_key(self.key.read_bytes(), password=None)
-            keys: Any = (private, private.public_key())
-            with http_request_response(self.address, False, self.ca, keys) as (_, _receive, send, *rest):
-                while not self.asked.exists() and not self.stop.wait(0.1):
-                    pass
-                if self.asked.exists():
-                    self._forge(json.loads(self.asked.read_text()), send, rest[3])
-                self.stop.wait()
-        except BaseException as err:  # noqa: BLE001 (the test reports it)
-            self.error.append(err)
+    def act(self, node: int, receive: Any, send: Any, push_object: Any) -> None:
+        while not self.asked.exists() and not self.stop.wait(0.1):
+            pass
+        if self.asked.exists():
+            self._forge(json.loads(self.asked.read_text()), send, push_object)
 
     def _forge(self, asked: dict[str, Any], send: Any, push_object: Any) -> None:
         site = serialization.load_ssh_private_key(self.site_key.read_bytes(), password=None)
