@@ -186,6 +186,36 @@ def test_the_superlink_wrapper_keeps_the_control_api_on_loopback(capsys):
         assert stop.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].startswith("python -m")
 
 
+def test_the_sites_ports_limits_are_refused_in_one_line_when_they_cannot_hold(capsys, tmp_path):
+    """TLS without the CA that issues the sites' certificates, and a limit that is not positive, are
+    refused before anything starts (one line, exit 2); with the CA, the port requires its certificates."""
+    from incofl.deploy.superlink import parse
+    from incofl.deploy.supernode import parse as node_parse
+
+    fleet = ["--fleet-address", "0.0.0.0:9092", "--host", "127.0.0.1"]
+    tls = ["--ssl-certfile", "s.pem", "--ssl-keyfile", "s.key"]
+    assert parse([*fleet, *tls, "--ssl-ca-certfile", "ca.pem"])[0].sites_ca == "ca.pem"
+    refused = [
+        (tls, "--ssl-ca-certfile: required with TLS"),
+        (["--insecure", "--request-timeout", "0"], "--request-timeout must be positive"),
+        (["--insecure", "--max-connections-per-peer", "0"], "--max-connections-per-peer must be positive"),
+    ]
+    for argv, why in refused:
+        with pytest.raises(SystemExit) as stop:
+            parse([*fleet, *argv])
+        assert stop.value.code == 2 and why in capsys.readouterr().err.strip().splitlines()[-1]
+    loose = tmp_path / "node0.key"
+    credentials.write_secret(loose, b"k")
+    loose.chmod(0o644)
+    for argv, why in [
+        (["--client-key", str(loose)], "--client-certificate and --client-key go together"),
+        (["--client-certificate", "c.pem", "--client-key", str(loose)], "readable by group or others"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            node_parse(argv)
+        assert stop.value.code == 2 and why in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_a_run_without_node_keys_is_refused_unless_insecure():
     """Binding clients to their sites' keys is the default: a run config without `node-keys` is
     refused in one line unless it says `insecure=true` (issue 51: it was a warning)."""
