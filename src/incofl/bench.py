@@ -3,7 +3,8 @@
 Every path trains the same architecture from the same weights on the same batches (same
 permutations and augmentation draws). An engine path is one full communication round of
 InCoAvg (sampling every client, local training, deltas, mean_over_holders, InCo, server update) with
-the serial or the batched trainer, in fp32 and (on a GPU) bf16 autocast, and the serial one with
+the serial or the batched trainer, in fp32 and (on a GPU) bf16 autocast, eager and (on a GPU)
+replayed as CUDA graphs (`cuda_graphs`), and the serial one with
 the analyses (CKA, update histograms, t-SNE) asked for a later round (idle: what they cost when
 not probing) and for this round (probing); the plain path is a
 bare loop of forward, backward and Adam steps, one client after the other. The achieved
@@ -93,8 +94,10 @@ def benchmark(
     data = load_dataset("synthetic", cache_dir=None)
     parts = iid_partition(clients * samples, clients, seed)
     precisions = ["fp32", "bf16"] if dev.type == "cuda" else ["fp32"]
+    graphs = [False, True] if dev.type == "cuda" else [False]
     paths = {
-        f"{t}_{p}": _engine(data, parts, dev, model, epochs, batch_size, seed, t, p)
+        f"{t}_{p}{'_graphs' * g}": _engine(data, parts, dev, model, epochs, batch_size, seed, t, p, cuda_graphs=g)
+        for g in graphs
         for p in precisions
         for t in ("serial", "batched")
     }
@@ -169,6 +172,7 @@ def _engine(
     precision: str,
     analyses: dict[str, Any] | None = None,
     method: str = "InCoAvg",
+    cuda_graphs: bool = False,
 ) -> tuple[Engine, list[float]]:
     """An engine of `method` with every client sampled (and `analyses`), and the seconds of each
     round's aggregation (its fold's `add`s and `averages`)."""
@@ -187,6 +191,7 @@ def _engine(
         augment="none",
         trainer=trainer,
         bf16=precision == "bf16",
+        cuda_graphs=cuda_graphs,
         analyses=analyses or {},
     )
     engine = simulator(assemble(cfg, data, Partition(parts, np.zeros((len(parts), 0)), {}), dev))

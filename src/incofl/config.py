@@ -328,6 +328,13 @@ class Settings(BaseModel):
     trainer: Annotated[Literal["serial", "batched"], Affects.RESULTS] = Field(
         "serial", description="batched: a model group's clients side by side (torch.func.vmap)"
     )
+    cuda_graphs: Annotated[bool, Affects.RESULTS] = Field(
+        False,
+        description=(
+            "a client's full-batch local steps replayed as one CUDA graph (with trainer: batched, the model "
+            "group's clients together); GPU only, plain cross-entropy methods"
+        ),
+    )
     progress: Annotated[bool, Affects.NOTHING] = Field(True, description="a progress bar on stderr")
 
     @field_validator("models")
@@ -393,6 +400,8 @@ class Settings(BaseModel):
     def _portable_on_cpu(self) -> Settings:
         if self.numerics == "portable" and self.device == "cuda":
             raise ValueError("numerics: portable pins CPU kernels; a cuda run cannot have them (numerics: native)")
+        if self.cuda_graphs and (self.device == "cpu" or self.numerics == "portable"):
+            raise ValueError("cuda_graphs: CUDA graphs replay on a GPU; this run computes on the CPU (device: cuda)")
         return self
 
     @model_validator(mode="after")

@@ -149,3 +149,8 @@ class Method:
                 f"trainer: batched cannot train {name} (its {self.objective.name} objective has "
                 "session hooks of its own); use trainer: serial"
             )
+        if settings.cuda_graphs and not self.objective.cls.capturable():
+            raise ValueError(
+                f"cuda_graphs: {name}'s {self.objective.name} objective has session hooks of its own, which a "
+                "CUDA graph cannot replay; train it without cuda_graphs"
+            )

@@ -14,7 +14,10 @@ def run_device(cfg: RunConfig) -> torch.device:
     holds the numerics in effect, as the run records them: `auto` is decided here where nothing
     decided it before (incofl.numerics.decide), e.g. in a federation's processes."""
     cfg.numerics = activate("native" if cfg.numerics == "auto" and cfg.device == "cuda" else cfg.numerics)
-    return resolve_device("cpu" if cfg.numerics == "portable" else cfg.device)
+    device = resolve_device("cpu" if cfg.numerics == "portable" else cfg.device)
+    if cfg.cuda_graphs and device.type != "cuda":
+        raise ConfigError(f"cuda_graphs: CUDA graphs replay on a GPU; this run computes on the {device.type}")
+    return device
 
 
 def resolve_device(name: str) -> torch.device:

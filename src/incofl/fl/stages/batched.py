@@ -40,7 +40,8 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class RowOptimizer:
     """torch.optim's SGD and Adam (defaults as `make_optimizer` builds them) on chosen rows of
     stacked weights. Every client steps from its first batch on, so the rows stepping
-    together always have the same step count."""
+    together always have the same step count. Its state starts at zero, so SGD's first step
+    (0 * momentum + d) is torch's (d), and weights and state change in place."""
 
     def __init__(self, cfg: RunConfig, weights: State):
         self.cfg = cfg
@@ -53,29 +54,86 @@ class RowOptimizer:
             slots = self.state[k]
             p = weights[k] if rows is None else weights[k][rows]
             s = slots if rows is None else [v[rows] for v in slots]
-            new, s = (self._adam if self.cfg.optimizer == "adam" else self._sgd)(p, g, s, step)
-            if rows is None:
-                weights[k], self.state[k] = new, s
-            else:
-                weights[k][rows] = new
-                for v, row_value in zip(slots, s, strict=True):
-                    v[rows] = row_value
+            new, s = self.rule(p, g, s, step)
+            for old, value in zip([weights[k], *slots], [new, *s], strict=True):
+                if rows is None:
+                    old.copy_(value)
+                else:
+                    old[rows] = value
+
+    def masked(self, weights: State, grads: State, mask: torch.Tensor, step: torch.Tensor) -> None:
+        """Update every row where `mask` holds (the others keep theirs): a shape a CUDA graph replays."""
+        for k, g in grads.items():
+            slots = self.state[k]
+            new, s = self.rule(weights[k], g, slots, step)
+            keep = mask.view(-1, *[1] * (g.dim() - 1))
+            for old, value in zip([weights[k], *slots], [new, *s], strict=True):
+                old.copy_(torch.where(keep, value, old))
+
+    def rule(self, p: torch.Tensor, g: torch.Tensor, s: list, step: int | torch.Tensor) -> tuple[torch.Tensor, list]:
+        return (self._adam if self.cfg.optimizer == "adam" else self._sgd)(p, g, s, step)
 
     def _sgd(self, p: torch.Tensor, g: torch.Tensor, s: list[torch.Tensor], step: int) -> tuple[torch.Tensor, list]:
         cfg = self.cfg
         d = g + cfg.weight_decay * p if cfg.weight_decay else g
         if cfg.momentum:
-            d = d.clone() if step == 0 else s[0] * cfg.momentum + d
+            d = s[0] * cfg.momentum + d
             s = [d]
         return p - cfg.lr * d, s
 
-    def _adam(self, p: torch.Tensor, g: torch.Tensor, s: list[torch.Tensor], step: int) -> tuple[torch.Tensor, list]:
+    def _adam(
+        self, p: torch.Tensor, g: torch.Tensor, s: list[torch.Tensor], step: int | torch.Tensor
+    ) -> tuple[torch.Tensor, list]:
         (beta1, beta2), eps, t = (0.9, 0.999), 1e-8, step + 1
         g = g + self.cfg.weight_decay * p if self.cfg.weight_decay else g
         avg = s[0].lerp(g, 1 - beta1)
         sq = s[1] * beta2 + (1 - beta2) * g * g
         denom = sq.sqrt() / (1 - beta2**t) ** 0.5 + eps
         return p - (self.cfg.lr / (1 - beta1**t)) * avg / denom, [avg, sq]
+
+
+class Bucket:
+    """The stacked state of one bucket's clients while they train, and each step's arithmetic."""
+
+    def __init__(self, trainer: BatchedTrainer, plans: list[ClientPlan], weights: State, rest: State, objective):
+        self.plans, self.weights, self.rest, self.objective = plans, weights, rest, objective
+        self.anchors = {k: v.clone() for k, v in weights.items()} if objective.corrects() else {}
+        self.optimizer = RowOptimizer(trainer.cfg, weights)
+        device = next(iter(weights.values())).device
+        self.losses, self.steps = torch.zeros(len(plans), device=device), [0] * len(plans)
+        self.last_grads: dict[int, State] = {}
+        self.indices: dict[tuple[int, ...], torch.Tensor] = {}  # each subset of rows copied to the device once
+
+    def step_rows(self, step_grad: Callable, size_rows: list[int], drawn: dict[int, Batch], step: int, full: bool):
+        """Step t of the clients in `size_rows` (one batch size); `full`: every row of the bucket."""
+        key = tuple(size_rows)
+        if key not in self.indices:
+            self.indices[key] = torch.tensor(size_rows, device=self.losses.device)
+        index = self.indices[key]
+        rows = None if full else index
+        w = self.weights if rows is None else {k: v[rows] for k, v in self.weights.items()}
+        r = self.rest if rows is None else {k: v[rows] for k, v in self.rest.items()}
+        x = torch.stack([drawn[i][0] for i in size_rows])
+        y = torch.stack([drawn[i][1] for i in size_rows])
+        grads, loss = step_grad(w, r, x, y)
+        if self.anchors:
+            start = self.anchors if rows is None else {k: v[rows] for k, v in self.anchors.items()}
+            correction = self.objective.batched_correction(w, start)
+            grads = {k: g + correction[k] for k, g in grads.items()}
+        self.optimizer.step(self.weights, grads, rows, step)
+        if rows is not None:
+            for k, v in r.items():
+                self.rest[k][rows] = v
+        self.losses.index_add_(0, index, loss.detach())
+        self.count(size_rows, {k: g.detach() for k, g in grads.items()})
+
+    def count(self, rows: list[int], grads: State, stacked: bool = False) -> None:
+        """`rows` took a step whose gradients are `grads`: row n of each the n-th of `rows`, or
+        (`stacked`, every row of the bucket) row i client i's, copied, since a graph rewrites them."""
+        for n, i in enumerate(rows):
+            self.steps[i] += 1
+            if self.plans[i].last_grad:
+                self.last_grads[i] = {k: g[i].clone() if stacked else g[n] for k, g in grads.items()}
 
 
 class BatchedTrainer(Trainer):
@@ -97,58 +155,46 @@ class BatchedTrainer(Trainer):
         self, round_: int, plans: list[ClientPlan], starts: list[State], objective: Objective
     ) -> list[ClientUpdate]:
         """Clients of one model with the same trainable parameters, side by side."""
-        model, trainable = self.models[plans[0].group], plans[0].trainable
+        model = self.models[plans[0].group]
         model.train()
+        bucket = self.bucket(plans, starts, objective)
+        step_grad = vmap(grad_and_value(self._loss(model)), randomness="different")
+        batches = [self.batches(round_, plan.client) for plan in plans]
+        for step, drawn in enumerate(_steps(batches)):
+            self.step(bucket, step_grad, drawn, step)
+        totals = bucket.losses.tolist()  # the bucket's one host sync
+        params = {name for name, _ in model.named_parameters()}
+        updates = []
+        for i, plan in enumerate(plans):
+            final = {k: (bucket.weights[k] if k in bucket.weights else bucket.rest[k])[i] for k in starts[i]}
+            last_grad = None  # a last_grad plan's last gradients: zero for a client that took no step
+            if plan.last_grad:
+                last_grad = bucket.last_grads.get(i) or {k: torch.zeros_like(w[i]) for k, w in bucket.weights.items()}
+            steps = bucket.steps[i]
+            loss = totals[i] / steps if steps else float("nan")
+            updates.append(self.assemble(plan, starts[i], final, params, steps, loss, last_grad))
+        return updates
+
+    def bucket(self, plans: list[ClientPlan], starts: list[State], objective: Objective) -> Bucket:
+        return Bucket(self, plans, *self.stacked(plans, starts), objective)
+
+    def stacked(self, plans: list[ClientPlan], starts: list[State]) -> tuple[State, State]:
+        """The clients' start states stacked: trained weights, and the rest (frozen parameters,
+        buffers: BatchNorm statistics move in place)."""
+        model, trainable = self.models[plans[0].group], plans[0].trainable
         stacked = {k: torch.stack([s[k] for s in starts]) for k in starts[0]}
         params = {name for name, _ in model.named_parameters()}
         weights = {k: stacked.pop(k) for k in list(stacked) if k in params and (trainable is None or k in trainable)}
-        rest = stacked  # frozen parameters and buffers (BatchNorm statistics move in place)
-        anchors = {k: v.clone() for k, v in weights.items()} if objective.corrects() else {}
-        optimizer = RowOptimizer(self.cfg, weights)
-        step_grad = vmap(grad_and_value(self._loss(model)), randomness="different")
-        batches = [self.batches(round_, plan.client) for plan in plans]
-        device = self.data.x.device
-        losses, steps, last_grads = torch.zeros(len(plans), device=device), [0] * len(plans), {}
-        indices: dict[tuple[int, ...], torch.Tensor] = {}  # each subset of rows copied to the device once
-        for step, drawn in enumerate(_steps(batches)):
-            for size_rows in _by_size(drawn):
-                key = tuple(size_rows)
-                if key not in indices:
-                    indices[key] = torch.tensor(size_rows, device=device)
-                index = indices[key]
-                rows = None if len(size_rows) == len(plans) else index
-                w = weights if rows is None else {k: v[rows] for k, v in weights.items()}
-                r = rest if rows is None else {k: v[rows] for k, v in rest.items()}
-                x = torch.stack([drawn[i][0] for i in size_rows])
-                y = torch.stack([drawn[i][1] for i in size_rows])
-                grads, loss = step_grad(w, r, x, y)
-                if anchors:
-                    start = anchors if rows is None else {k: v[rows] for k, v in anchors.items()}
-                    correction = objective.batched_correction(w, start)
-                    grads = {k: g + correction[k] for k, g in grads.items()}
-                optimizer.step(weights, grads, rows, step)
-                if rows is not None:
-                    for k, v in r.items():
-                        rest[k][rows] = v
-                losses.index_add_(0, index, loss.detach())
-                for n, i in enumerate(size_rows):
-                    steps[i] += 1
-                    if plans[i].last_grad:
-                        last_grads[i] = {k: g[n].detach() for k, g in grads.items()}
-        totals = losses.tolist()  # the bucket's one host sync
-        updates = []
-        for i, plan in enumerate(plans):
-            final = {k: (weights[k] if k in weights else rest[k])[i] for k in starts[i]}
-            last_grad = None  # a last_grad plan's last gradients: zero for a client that took no step
-            if plan.last_grad:
-                last_grad = last_grads.get(i) or {k: torch.zeros_like(w[i]) for k, w in weights.items()}
-            loss = totals[i] / steps[i] if steps[i] else float("nan")
-            updates.append(self.assemble(plan, starts[i], final, params, steps[i], loss, last_grad))
-        return updates
+        return weights, stacked
+
+    def step(self, bucket: Bucket, step_grad: Callable, drawn: dict[int, Batch], step: int) -> None:
+        """Step t of every client with a t-th batch, one vmap per batch size."""
+        for size_rows in _by_size(drawn):
+            bucket.step_rows(step_grad, size_rows, drawn, step, full=len(size_rows) == len(bucket.plans))
 
     def _loss(self, model: nn.Module) -> Callable[[State, State, torch.Tensor, torch.Tensor], torch.Tensor]:
         def loss(w: State, r: State, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.autocast, cache_enabled=False):
                 return F.cross_entropy(functional_call(model, {**w, **r}, (x,)), y)
 
         return loss

@@ -22,6 +22,7 @@ from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, ClientUpdate, State
 from incofl.fl.stages.batched import BatchedTrainer
 from incofl.fl.stages.clientstore import ClientStore
+from incofl.fl.stages.graphs import GraphBatchedTrainer, GraphTrainer
 from incofl.fl.stages.local import Objective
 from incofl.fl.stages.trainer import Parts, SerialTrainer
 
@@ -42,7 +43,9 @@ class ClientRunner:
         store: ClientStore,
     ):
         autocast = cfg.bf16 and data.x.device.type == "cuda"
-        trainer = BatchedTrainer if cfg.trainer == "batched" else SerialTrainer
+        trainers = {("serial", False): SerialTrainer, ("batched", False): BatchedTrainer}
+        trainers |= {("serial", True): GraphTrainer, ("batched", True): GraphBatchedTrainer}
+        trainer = trainers[cfg.trainer, cfg.cuda_graphs]
         self.trainer, self.objective = trainer(cfg, models, data, parts, autocast), objective
         self.store, self.device = store, data.x.device  # the store: what its clients keep across rounds
 

@@ -98,6 +98,11 @@ class Objective(Stateful):
         return cls.batched_correction is not Objective.batched_correction
 
     @classmethod
+    def capturable(cls) -> bool:
+        """Its local steps can replay as CUDA graphs (`cuda_graphs`): plain cross-entropy sessions."""
+        return cls.session_type is Session
+
+    @classmethod
     def batchable(cls) -> bool:
         """The batched trainer can train it: plain cross-entropy sessions, or a gradient
         correction it also gives in batched form, and no `end` of its own."""
@@ -105,11 +110,12 @@ class Objective(Stateful):
 
 
 def make_optimizer(
-    params: list[nn.Parameter], name: str, lr: float, momentum: float, weight_decay: float
+    params: list[nn.Parameter], name: str, lr: float, momentum: float, weight_decay: float, capturable: bool = False
 ) -> torch.optim.Optimizer:
+    """`capturable`: Adam's step count on the device, so a CUDA graph can replay its steps."""
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, capturable=capturable)
 
 
 def client_batches(

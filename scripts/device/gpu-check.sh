@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU checks of the captured and stacked local steps (docs/performance.md, "On a GPU"), in
+# one call on a machine with a CUDA GPU and the image's own PyTorch (it may not be the pinned
+# one: the paths are timed against each other there, never against CPU numbers). From the
+# repository root:
+#
+#   OUT=/tmp/gpu-check bash scripts/device/gpu-check.sh
+#
+# Wheels the image lacks (pydantic and what it needs) are installed from .whl/ when it exists,
+# CIFAR-10 is read from $INCOFL_DATA_DIR (default .devdata/). Writes under $OUT: env.txt (GPU,
+# CPU, torch), equality.txt (tests/test_graphs.py: the CPU equivalences and the recorded graphs
+# against the eager trainers on the GPU), bench-resnet18.json and bench-resnet26.json
+# (`incofl bench --device cuda`: every path), paper.txt (two rounds of config/paper-resnet.yaml
+# per path: serial and batched, eager and captured) and log.txt (everything, as it ran).
+set -uo pipefail
+OUT=${OUT:?set OUT to a folder for the results}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+step() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 INCOFL_DATA_DIR=${INCOFL_DATA_DIR:-$PWD/.devdata}
+
+step environment
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    lscpu | grep -E '^(Model name|CPU\(s\)|Flags)' | cut -c1-200
+    python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.backends.cudnn.version())"
+} | tee "$OUT/env.txt"
+
+step "equality: tests/test_graphs.py"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 -rA tests/test_graphs.py 2>&1 | tail -40 | tee "$OUT/equality.txt"
+
+for model in resnet18 resnet26; do
+    step "bench $model"
+    timeout 120 python3 -m incofl.cli bench --device cuda --json --model "$model" --repeats 2 >"$OUT/bench-$model.json"
+    python3 -c "import json, sys; from incofl.bench import format_report; print(format_report(json.load(open(sys.argv[1]))))" "$OUT/bench-$model.json"
+done
+
+for trainer in serial batched; do
+    for graphs in false true; do
+        step "paper-resnet, 3 rounds: trainer $trainer, cuda_graphs $graphs"
+        run=/tmp/paper-$trainer-$graphs
+        timeout 150 python3 -m incofl.cli train --config config/paper-resnet.yaml --out "$run" --set dataset=cifar10 \
+            alpha=0.5 method=InCoAvg seed=0 rounds=3 eval_every=3 trainer=$trainer cuda_graphs=$graphs progress=false \
+            cache_dir=/tmp/cache >/dev/null 2>"$run.err" || tail -3 "$run.err"
+        { echo "== trainer $trainer, cuda_graphs $graphs"; grep -E "work:|trained in|done:" "$run/train.log"; } | tee -a "$OUT/paper.txt"
+    done
+done
+step done
