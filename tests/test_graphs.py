@@ -117,4 +117,4 @@ def test_recorded_graphs_give_the_eager_trainers_updates_on_a_gpu(float64, data,
         captured = updates(cuda_engine(data, trainer=trainer, **settings), graphs, rounds=2)
     errors = [relative_error(u, v) for u, v in zip(eager, captured, strict=True)]
     print(f"relative errors ({trainer}, {settings}): {np.array(errors)}")
-    assert max(errors) < 1e-6
+    assert max(errors) < 1e-6, errors

@@ -18,11 +18,20 @@ OUT=${OUT:?set OUT to a folder for the results}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 step() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+DEADLINE=${DEADLINE:-450}  # seconds for the whole script: each step gets at most its cap and what is left
+cap() { local left=$((DEADLINE - SECONDS)); echo $((left < $1 ? (left > 1 ? left : 1) : $1)); }
+bench() {
+    step "bench $1"
+    timeout "$(cap 100)" python3 -m incofl.cli bench --device cuda --json --model "$1" --repeats 2 >"$OUT/bench-$1.json" &&
+        python3 -c "import json, sys; from incofl.bench import format_report; print(format_report(json.load(open(sys.argv[1]))))" "$OUT/bench-$1.json"
+}
 
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 INCOFL_DATA_DIR=${INCOFL_DATA_DIR:-$PWD/.devdata}
+# incofl itself, without its pinned dependencies (the image's torch stays): the CLI reads its version
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . || exit 1
+export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1 INCOFL_DATA_DIR=${INCOFL_DATA_DIR:-$PWD/.devdata}
 
 step environment
 {
@@ -32,27 +41,25 @@ step environment
 } | tee "$OUT/env.txt"
 
 step "equality: tests/test_graphs.py"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 -rA tests/test_graphs.py 2>&1 | tail -40 | tee "$OUT/equality.txt"
+timeout "$(cap 150)" python3 -m pytest -q -p no:cacheprovider -n 4 -rA tests/test_graphs.py >"$OUT/equality.txt" 2>&1
+grep -E "relative errors|^(PASSED|FAILED|ERROR)|^E |passed|failed" "$OUT/equality.txt"
 
-for model in resnet18 resnet26; do
-    step "bench $model"
-    timeout 120 python3 -m incofl.cli bench --device cuda --json --model "$model" --repeats 2 >"$OUT/bench-$model.json"
-    python3 -c "import json, sys; from incofl.bench import format_report; print(format_report(json.load(open(sys.argv[1]))))" "$OUT/bench-$model.json"
-done
+bench resnet18
 
 for trainer in serial batched; do
     for graphs in false true; do
         step "paper-resnet, 3 rounds: trainer $trainer, cuda_graphs $graphs"
         run=/tmp/paper-$trainer-$graphs
-        timeout 150 python3 -m incofl.cli train --config config/paper-resnet.yaml --out "$run" --set dataset=cifar10 \
+        timeout "$(cap 90)" python3 -m incofl.cli train --config config/paper-resnet.yaml --out "$run" --set dataset=cifar10 \
             alpha=0.5 method=InCoAvg seed=0 rounds=3 eval_every=3 trainer=$trainer cuda_graphs=$graphs progress=false \
             cache_dir=/tmp/cache >/dev/null 2>"$run.err" || tail -3 "$run.err"
         { echo "== trainer $trainer, cuda_graphs $graphs"; grep -E "work:|trained in|done:" "$run/train.log"; } | tee -a "$OUT/paper.txt"
     done
 done
-if [ "$SECONDS" -lt 330 ]; then  # time left: a longer stretch of the captured batched path, two evaluations
+bench resnet26
+if [ "$SECONDS" -lt $((DEADLINE - 60)) ]; then  # time left: a longer stretch of the captured batched path, two evaluations
     step "paper-resnet, 10 rounds: trainer batched, cuda_graphs true"
-    timeout 120 python3 -m incofl.cli train --config config/paper-resnet.yaml --out /tmp/paper-long --set dataset=cifar10 \
+    timeout "$(cap 100)" python3 -m incofl.cli train --config config/paper-resnet.yaml --out /tmp/paper-long --set dataset=cifar10 \
         alpha=0.5 method=InCoAvg seed=0 rounds=10 eval_every=5 trainer=batched cuda_graphs=true progress=false \
         cache_dir=/tmp/cache >/dev/null 2>/tmp/paper-long.err || tail -3 /tmp/paper-long.err
     { echo "== 10 rounds, trainer batched, cuda_graphs true"; grep -E "work:|trained in|round .*: mean acc|done:" /tmp/paper-long/train.log; } | tee -a "$OUT/paper.txt"

@@ -74,7 +74,9 @@ def primed(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
                 if group["momentum"]:
                     optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
             else:
-                step = torch.zeros((), dtype=torch.float32, device=p.device if group["capturable"] else "cpu")
+                # a double step count: on the device (capturable), 1 - 0.999**t in float32 is 1e-5 off, while
+                # the eager Adam computes its bias corrections in Python's doubles
+                step = torch.zeros((), dtype=torch.float64, device=p.device if group["capturable"] else "cpu")
                 optimizer.state[p].update(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
     return optimizer
 
