@@ -12,7 +12,8 @@
 # against the eager trainers on the GPU), bench-resnet18.json and bench-resnet26.json
 # (`incofl bench --device cuda`: every path), paper.txt (two rounds of config/paper-resnet.yaml
 # per path: serial and batched, eager and captured; then, time left, 10 rounds of the captured
-# batched path) and log.txt (everything, as it ran).
+# batched path) and log.txt (everything, as it ran). `gpu-check.sh pack N` runs N paper-scale runs
+# side by side instead (3 rounds each, captured serial trainer; pack.txt).
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
 mkdir -p "$OUT"
@@ -32,6 +33,22 @@ fi
 # incofl itself, without its pinned dependencies (the image's torch stays): the CLI reads its version
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . || exit 1
 export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1 INCOFL_DATA_DIR=${INCOFL_DATA_DIR:-$PWD/.devdata}
+
+if [ "${1:-}" = pack ]; then  # `gpu-check.sh pack [N]`: N paper-scale runs side by side on the GPU, captured
+    step "paper-resnet, ${2:-4} runs side by side, 3 rounds each: trainer serial, cuda_graphs true"
+    python3 -c "from incofl.data.sources import load_dataset; load_dataset('cifar10', None, '/tmp/cache')"
+    for seed in $(seq 0 $((${2:-4} - 1))); do
+        timeout "$(cap 150)" python3 -m incofl.cli train --config config/paper-resnet.yaml --out "/tmp/pack-$seed" \
+            --set dataset=cifar10 alpha=0.5 method=InCoAvg seed="$seed" rounds=3 eval_every=3 threads=2 \
+            cuda_graphs=true progress=false cache_dir=/tmp/cache >/dev/null 2>"/tmp/pack-$seed.err" &
+    done
+    wait
+    for seed in $(seq 0 $((${2:-4} - 1))); do
+        { echo "== seed $seed"; grep -E "work:|trained in|done:" "/tmp/pack-$seed/train.log"; } | tee -a "$OUT/pack.txt"
+    done
+    step done
+    exit
+fi
 
 step environment
 {
