@@ -36,13 +36,15 @@ export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1 INCOFL_DATA_DIR=${INCOFL
 
 if [ "${1:-}" = pack ]; then  # `gpu-check.sh pack [N]`: N paper-scale runs side by side on the GPU, captured
     step "paper-resnet, ${2:-4} runs side by side, 3 rounds each: trainer serial, cuda_graphs true"
+    runs=()
     python3 -c "from incofl.data.sources import load_dataset; load_dataset('cifar10', None, '/tmp/cache')"
     for seed in $(seq 0 $((${2:-4} - 1))); do
         timeout "$(cap 150)" python3 -m incofl.cli train --config config/paper-resnet.yaml --out "/tmp/pack-$seed" \
             --set dataset=cifar10 alpha=0.5 method=InCoAvg seed="$seed" rounds=3 eval_every=3 threads=2 \
             cuda_graphs=true progress=false cache_dir=/tmp/cache >/dev/null 2>"/tmp/pack-$seed.err" &
+        runs+=($!)
     done
-    wait
+    wait "${runs[@]}"  # the runs only: a bare `wait` also waits for the log's tee, which never ends
     for seed in $(seq 0 $((${2:-4} - 1))); do
         { echo "== seed $seed"; grep -E "work:|trained in|done:" "/tmp/pack-$seed/train.log"; } | tee -a "$OUT/pack.txt"
     done
