@@ -51,7 +51,7 @@ from incofl.deploy.codec import (
     sign_instruction,
     unsigned,
 )
-from incofl.deploy.inbox import Inbox, Pulled
+from incofl.deploy.inbox import Inbox, Pulled, one_line
 from incofl.deploy.signing import SignatureError, private_key, public_key
 from incofl.fl.contracts import ClientPlan, State
 from incofl.fl.engine.exchange import (
@@ -194,11 +194,10 @@ def no_content(node: int, reply: Message | None) -> str:
     return ""
 
 
-def one_line(err: Exception) -> str:
-    """An exception raised while a reply was read, in one short line."""
-    text = str(err).strip().splitlines()
-    what = text[0][:300] if text else ""
-    return what if isinstance(err, CodecError) else f"unreadable ({type(err).__name__}: {what})"
+def unreadable(err: Exception) -> str:
+    """An exception raised while a reply was read, in one short line: the codec's refusal as it
+    says it, anything else as what made the reply unreadable."""
+    return one_line(err, typed=False) if isinstance(err, CodecError) else f"unreadable ({one_line(err)})"
 
 
 def accept_update(reply: Message, expected: ExpectedUpdate, content: RecordDict | None = None) -> Reply:
@@ -211,7 +210,7 @@ def accept_update(reply: Message, expected: ExpectedUpdate, content: RecordDict 
         bad_hash = check_hashes(kept, state)
         why = bad_hash or check_update(expected, update)
     except Exception as err:  # noqa: BLE001 (no reply can stop the server)
-        return Reply(client, error=one_line(err), node=node)
+        return Reply(client, error=unreadable(err), node=node)
     if why:  # its state hash kept all the same (the node saved that state): unless malformed
         return Reply(client, error=why, state_sha256="" if bad_hash else state, node=node)
     return Reply(client, update, kept, state, node=node)
@@ -226,7 +225,7 @@ def accept_scores(
         client, scores = read_scores(reply.content if content is None else content, job.splits, expected)
         why = check_scores(expected, client, scores)
     except Exception as err:  # noqa: BLE001 (no reply can stop the server)
-        return EvalReply(error=one_line(err), node=node)
+        return EvalReply(error=unreadable(err), node=node)
     return EvalReply(client, scores, error=why, node=node)
 
 
