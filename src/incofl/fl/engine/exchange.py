@@ -50,6 +50,10 @@ class TrainJob:
     broadcast: State
     state_sha256: str = ""
 
+    @property
+    def client(self) -> int:
+        return self.plan.client
+
 
 @dataclass(frozen=True)
 class EvalJob:
