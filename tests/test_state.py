@@ -16,6 +16,7 @@ from helpers import small_synthetic
 from test_resume import momentum_example, settings
 
 from incofl.data.partition import partition_for
+from incofl.fl.contracts import Round
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import Engine, simulator
 from incofl.fl.stages.component import Stateful, restore, snapshot
@@ -59,7 +60,7 @@ def attributes(component: Stateful) -> dict[str, Any]:
 def undeclared_changes(engine: Engine, rounds: int) -> list[str]:
     """`role.attribute` of every undeclared attribute a round changed, over the first `rounds`."""
     changed = []
-    for round_ in range(rounds):
+    for round_ in Round.upto(rounds):
         components = [*engine.server.components(), ("clients' objective", engine.transport.clients.runner.objective)]
         before = {role: attributes(c) for role, c in components}
         engine.observe(engine.run_round(round_))
@@ -93,7 +94,7 @@ def test_every_method_declares_the_state_a_round_changes(name, data):
 def test_every_declared_state_round_trips_through_a_checkpoint(data):
     """What a component declares is saved as plain types and loaded back equal, in its own kinds."""
     engine = engine_for("FedLAG", data)
-    for round_ in range(2):
+    for round_ in Round.upto(2):
         engine.observe(engine.run_round(round_))
     for role, component in engine.server.components():
         saved = component.state_dict()
@@ -158,7 +159,7 @@ def test_a_session_sees_server_state_only_as_delivered(broadcasts, data):
     register(Method("Peeking", objective=Component(objective), source="boundary test"))
     try:
         engine = engine_for("Peeking", data)
-        for round_ in range(2):
+        for round_ in Round.upto(2):
             engine.observe(engine.run_round(round_))
     finally:
         METHODS.pop("Peeking")

@@ -53,7 +53,7 @@ from incofl.deploy.codec import (
 )
 from incofl.deploy.inbox import SMALL_REPLY, Inbox, Pulled, one_line
 from incofl.deploy.signing import SignatureError, private_key, public_key
-from incofl.fl.contracts import ClientPlan, State
+from incofl.fl.contracts import ClientPlan, Round, State
 from incofl.fl.engine.exchange import (
     EvalJob,
     EvalReply,
@@ -259,24 +259,25 @@ class FlowerTransport:
     traffic: list[dict[str, int]] = field(default_factory=list)
 
     def train(
-        self, round_: int, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
+        self, round_: Round, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
     ) -> Iterator[Reply]:
         """Each planned client's job to its node; each reply read and checked as it arrives, then
         one for each job without one (why: none came)."""
+        number = round_.number  # what its messages and their signatures carry
         jobs = [
-            TrainJob(round_, plan, start(plan), broadcasts[plan.federation], self.states.get(plan.client, ""))
+            TrainJob(number, plan, start(plan), broadcasts[plan.federation], self.states.get(plan.client, ""))
             for plan in plans
         ]
         expected = {job.client: self.server.expect(job.plan, job.start) for job in jobs}
         sent = [Outgoing(job, reply_bytes(expected[job.client].states())) for job in jobs if job.client in self.nodes]
         answered = set()
-        for out, got in self.send(sent, "train", round_):
+        for out, got in self.send(sent, "train", number):
             answered.add(out.client)
-            yield self.taken(round_, out.job.plan, self.read_update(out.client, expected[out.client], got))
+            yield self.taken(number, out.job.plan, self.read_update(out.client, expected[out.client], got))
         for job in jobs:
             if job.client not in answered:
                 node = self.nodes.get(job.client, -1)
-                yield self.taken(round_, job.plan, Reply(job.client, error=no_content(node, None), node=node))
+                yield self.taken(number, job.plan, Reply(job.client, error=no_content(node, None), node=node))
 
     def taken(self, round_: int, plan: ClientPlan, reply: Reply) -> Reply:
         """A read reply recorded: its node saved the state it hashes (whether or not it is averaged),

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.engine.assembly import Assembly
 from incofl.fl.engine.exchange import Reply
 from incofl.fl.engine.fingerprint import state_sha256
@@ -47,11 +47,11 @@ class Clients:
             self.objective.receive(federation, sent)
 
     def stream(
-        self, round_: int, plans: list[ClientPlan], start: Callable[[ClientPlan], State]
+        self, round_: Round, plans: list[ClientPlan], start: Callable[[ClientPlan], State]
     ) -> Iterator[ClientUpdate]:
-        """Round `round_` (1-based) of the planned clients from the server's start weights, each
-        update as soon as the run's trainer has it (ClientRunner.stream_round)."""
-        return self.runner.stream_round(round_ - 1, plans, start)
+        """Round `round_` of the planned clients from the server's start weights, each update as
+        soon as the run's trainer has it (ClientRunner.stream_round)."""
+        return self.runner.stream_round(round_, plans, start)
 
     def score(self, job: ClientEval, start: State) -> Scores:
         """A client's model scored on its split: the server's `start` with what the client keeps over it."""
@@ -71,7 +71,7 @@ class InProcess:
         self.clients = clients
 
     def train(
-        self, round_: int, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
+        self, round_: Round, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
     ) -> Iterator[Reply]:
         self.clients.receive({f: {k: v.clone() for k, v in sent.items()} for f, sent in broadcasts.items()})
         for update in self.clients.stream(round_, plans, start):

@@ -30,7 +30,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from incofl.config import RunConfig
-from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.local import Objective
 from incofl.fl.stages.trainer import Trainer
 
@@ -80,7 +80,7 @@ class RowOptimizer:
 
 class BatchedTrainer(Trainer):
     def train(
-        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
+        self, round_: Round, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
     ) -> list[ClientUpdate]:
         """The round's updates in the plans' order (the serial trainer's: aggregation sums in it)."""
         buckets: dict[tuple, list[ClientPlan]] = defaultdict(list)
@@ -94,7 +94,7 @@ class BatchedTrainer(Trainer):
         return [updates[plan.client] for plan in plans]
 
     def train_bucket(
-        self, round_: int, plans: list[ClientPlan], starts: list[State], objective: Objective
+        self, round_: Round, plans: list[ClientPlan], starts: list[State], objective: Objective
     ) -> list[ClientUpdate]:
         """Clients of one model with the same trainable parameters, side by side."""
         model, trainable = self.models[plans[0].group], plans[0].trainable

@@ -19,7 +19,7 @@ from torch import nn
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.batched import BatchedTrainer
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.local import Objective
@@ -55,12 +55,12 @@ class ClientRunner:
         kept = self.store.get(KEPT, client) or {}
         return {**state, **{k: v.to(self.device) for k, v in kept.items()}}
 
-    def train(self, round_: int, plan: ClientPlan, start: State) -> ClientUpdate:
+    def train(self, round_: Round, plan: ClientPlan, start: State) -> ClientUpdate:
         """One planned client from the server's start weights."""
         return self.train_round(round_, [plan], lambda _: start)[0]
 
     def stream_round(
-        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
+        self, round_: Round, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
     ) -> Iterator[ClientUpdate]:
         """A round's planned clients' updates, in the plans' order, each as soon as the run's
         trainer has it (the serial one: client by client; the batched one: after the round)."""
@@ -74,7 +74,7 @@ class ClientRunner:
             yield update
 
     def train_round(
-        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
+        self, round_: Round, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
     ) -> list[ClientUpdate]:
         """A round's planned clients' updates, all of them (`stream_round`'s)."""
         return list(self.stream_round(round_, plans, start_of))

@@ -45,7 +45,7 @@ class ExitSession(Session):
 
     def __init__(self, objective: ExitLoss, ctx: ClientContext):
         super().__init__(objective, ctx)
-        self.distilling = ctx.round >= objective.hp.distill_from * ctx.rounds
+        self.distilling = ctx.round.index >= objective.hp.distill_from * ctx.rounds
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         hp = self.objective.hp
