@@ -123,7 +123,7 @@ def test_objectives_with_session_hooks_are_refused_before_training(method):
 def test_the_batchable_objectives_are_those_without_hooks_or_with_a_batched_correction():
     from incofl.registry import METHODS
 
-    batchable = {name for name, m in METHODS.items() if m.objective.cls.batchable()}
+    batchable = {name for name, m in METHODS.items() if m.objective.cls.client.batchable()}
     assert {"FedAvg", "FedProx", "FedNova", "HeteroAvg", "InCoAvg", "FedPart", "FedLAG"} <= batchable
     assert not {"SCAFFOLD", "MOON", "InCoScaffold", "InCoMOON"} & batchable
 

@@ -14,7 +14,7 @@ from torch import nn
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, Round, RoundContext, Setup
-from incofl.fl.methods.feddyn.dyn import SPACE, DynCorrection, DynObjective
+from incofl.fl.methods.feddyn.dyn import SPACE, DynClient, DynCorrection, DynObjective
 from incofl.fl.methods.inco.step import InCoStep
 from incofl.fl.stages.aggregate import GroupWise, Shared, apply_update
 from incofl.fl.stages.client import ClientRunner
@@ -73,7 +73,7 @@ def test_two_rounds_of_two_clients_equal_the_algorithm_by_hand():
     store = ClientStore()
     setup = Setup(cfg, list(model.state_dict()), models=[model], federation=GroupWise.federation, store=store)
     hp = METHODS["FedDyn"].parse_args({"alpha": ALPHA})
-    objective, aggregator, post = DynObjective(hp, setup), GroupWise(hp, setup), DynCorrection(hp, setup)
+    objective, aggregator, post = DynClient(hp, setup), GroupWise(hp, setup), DynCorrection(hp, setup)
     runner = ClientRunner(cfg, objective, [model], split, parts, store)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -120,7 +120,7 @@ def test_tiny_alpha_leaves_fedavgs_local_step_and_the_server_applies_1_plus_p_ov
         for plan in dyn.server.plan(round_):
             start = dyn.server.sub_state(plan.group)
             ours, theirs, far = (
-                e.transport.clients.runner.trainer.train_client(round_, plan, start, e.server.objective)
+                e.transport.clients.runner.trainer.train_client(round_, plan, start, e.transport.clients.objective)
                 for e in (dyn, avg, real)
             )
             assert _deltas_close(ours.delta, theirs.delta, rtol=1e-4, atol=1e-7)

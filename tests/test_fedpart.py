@@ -282,7 +282,7 @@ def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data
     plan = engine.server.planner.plan(round_, client)
     start = {k: v.clone() for k, v in engine.server.sub_state(0).items()}
     update = engine.transport.clients.runner.trainer.train_client(
-        round_, plan, engine.server.sub_state(0), engine.server.objective
+        round_, plan, engine.server.sub_state(0), engine.transport.clients.objective
     )
     trained = engine.server.models[0].state_dict()
     assert plan.trainable == {"layer2.0.conv1.weight", "layer2.0.bn1.weight", "layer2.0.bn1.bias"}

@@ -22,9 +22,9 @@ from incofl.fl.engine.engine import simulator
 from incofl.fl.engine.run import train
 from incofl.fl.methods.fednova.normalize import NovaNormalize, normalizer
 from incofl.fl.methods.inco.step import InCoStep
-from incofl.fl.methods.objectives.fedprox import FedProx
-from incofl.fl.methods.objectives.moon import Moon, moon_loss, unpack
-from incofl.fl.methods.objectives.scaffold import Scaffold
+from incofl.fl.methods.objectives.fedprox import FedProx, ProxClient
+from incofl.fl.methods.objectives.moon import Moon, MoonClient, moon_loss, unpack
+from incofl.fl.methods.objectives.scaffold import Scaffold, ScaffoldClient
 from incofl.fl.stages.aggregate import GroupWise, Shared, mean_over_holders
 from incofl.fl.stages.evaluation import score
 from incofl.fl.stages.local import Objective, client_batches, local_train, train_step
@@ -83,7 +83,7 @@ def _hp(method, **args):
 def _train_client(engine, round_, client):
     plan = engine.server.planner.plan(round_, client)
     return engine.transport.clients.runner.trainer.train_client(
-        round_, plan, engine.server.sub_state(plan.group), engine.server.objective
+        round_, plan, engine.server.sub_state(plan.group), engine.transport.clients.objective
     )
 
 
@@ -150,7 +150,7 @@ def test_fedprox_gradient_is_that_of_the_proximal_term():
     anchor = {k: v + 0.1 * torch.randn_like(v) for k, v in model.state_dict().items()}
     x, y, mu = torch.randn(8, 4), torch.randint(0, 3, (8,)), 0.3
     ctx = ClientContext(0, 0, Round(1), model, anchor, lr=0.1)
-    session = FedProx(_hp("FedProx", mu=mu), Setup(RunConfig(), [])).session(ctx)
+    session = ProxClient(_hp("FedProx", mu=mu), Setup(RunConfig(), [])).session(ctx)
     F.cross_entropy(model(x), y).backward()
     session.after_backward()
     got = [p.grad.clone() for p in model.parameters()]
@@ -272,7 +272,7 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 3))
     x = torch.randint(0, 256, (4, 3, 4, 4), dtype=torch.uint8).numpy()
     split = TensorSplit(x, np.array([0, 1, 2, 0]), np.zeros(3), np.ones(3), torch.device("cpu"), 4)
-    objective = Scaffold(_hp("SCAFFOLD", correction=correction), Setup(RunConfig(), []))
+    objective = ScaffoldClient(_hp("SCAFFOLD", correction=correction), Setup(RunConfig(), []))
     names = [k for k, _ in model.named_parameters()]
     objective.c = {0: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
     c_i = {k: torch.randn_like(p) for k, p in model.named_parameters()}
@@ -307,7 +307,7 @@ def test_moon_uses_the_global_model_until_a_client_has_a_previous_one():
     torch.manual_seed(0)
     model = build_model("resnet10", 10, 3, projection_dim=16)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    objective = Moon(_hp("MOON", mu=2.0), Setup(RunConfig(), []))
+    objective = MoonClient(_hp("MOON", mu=2.0), Setup(RunConfig(), []))
     ctx = ClientContext(3, 0, Round(1), model, {k: v.clone() for k, v in model.state_dict().items()}, lr=1e-3)
     model.eval()  # same BN behaviour as the frozen copies: z equals z_glob
     session = objective.session(ctx)
@@ -357,6 +357,8 @@ def test_every_table2_method_trains_a_round(tmp_path, data, method):
 def _client_session(engine, client):
     """A model of its own, a session, an optimizer and the batches of one client in round 2."""
     plan = engine.server.planner.plan(Round(2), client)
+    sent = engine.server.broadcasts([plan])  # as the in-process transport delivers it: a copy
+    engine.transport.clients.receive({f: {k: v.clone() for k, v in s.items()} for f, s in sent.items()})
     start = engine.server.sub_state(plan.group)
     model = copy.deepcopy(engine.server.models[plan.group])
     model.load_state_dict(start)
@@ -373,7 +375,12 @@ def _client_session(engine, client):
     )
     gen = torch.Generator().manual_seed(client)
     batches = list(client_batches(engine.server.assembly.train_data, engine.server.assembly.parts[client], 1, 32, gen))
-    return engine.server.objective.session(ctx), torch.optim.Adam(model.parameters(), lr=1e-3), batches, start
+    return (
+        engine.transport.clients.objective.session(ctx),
+        torch.optim.Adam(model.parameters(), lr=1e-3),
+        batches,
+        start,
+    )
 
 
 def _finish(session, start, n):

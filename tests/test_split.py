@@ -49,7 +49,7 @@ def node_of(engine, client: int) -> ClientRunner:
         train.augmentation,
     )
     method, store = METHODS[cfg.method], ClientStore()  # the node's own store: what its client keeps
-    objective = method.objective.cls(method.parse_args(cfg.method_args), Setup(cfg, [], store=store))
+    objective = method.objective.cls.client(method.parse_args(cfg.method_args), Setup(cfg, [], store=store))
     return ClientRunner(
         cfg, objective, copy.deepcopy(engine.server.models), split, {client: np.arange(len(own))}, store
     )

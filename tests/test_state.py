@@ -20,7 +20,7 @@ from incofl.fl.contracts import Round
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import Engine, simulator
 from incofl.fl.stages.component import Stateful, restore, snapshot
-from incofl.fl.stages.local import Objective
+from incofl.fl.stages.local import ClientObjective, Objective
 from incofl.registry import METHODS, Component, Method, register
 
 
@@ -124,13 +124,11 @@ def test_a_transform_that_forgets_to_declare_its_state_fails(declared, data):
     assert changes == ([] if declared else ["post.0.buffers (ServerMomentum)"])
 
 
-class Peeking(Objective):
-    """A server state (`rounds_done`, moved at every round's end) that its sessions read; sent to
-    the clients only when `broadcasts` (what a session reads of it is kept in `seen`)."""
+class PeekingClient(ClientObjective):
+    """The clients' half: its sessions read the server's `rounds_done` as it was delivered
+    (kept in `seen`)."""
 
-    state = ("rounds_done",)
-    scratch = ("seen",)
-    broadcasts = False
+    scratch = ("rounds_done", "seen")
 
     def __init__(self, hp, setup):
         super().__init__(hp, setup)
@@ -140,15 +138,28 @@ class Peeking(Objective):
         self.seen.append(int(self.rounds_done))
         return super().session(ctx)
 
+    def receive(self, federation, state):
+        if state:
+            self.rounds_done = state["rounds_done"]
+
+
+class Peeking(Objective):
+    """A server state (`rounds_done`, moved at every round's end) sent to the clients only when
+    `broadcasts`."""
+
+    client = PeekingClient
+    state = ("rounds_done",)
+    broadcasts = False
+
+    def __init__(self, hp, setup):
+        super().__init__(hp, setup)
+        self.rounds_done = torch.zeros(())
+
     def server_round_end(self):
         self.rounds_done += 1
 
     def broadcast(self, federation):
         return {"rounds_done": self.rounds_done} if self.broadcasts else {}
-
-    def receive(self, federation, state):
-        if state:
-            self.rounds_done = state["rounds_done"]
 
 
 @pytest.mark.parametrize("broadcasts", [False, True])
@@ -169,4 +180,3 @@ def test_a_session_sees_server_state_only_as_delivered(broadcasts, data):
     )
     per_round = len(engine.server.schedule[0])
     assert engine.transport.clients.runner.objective.seen == [0] * per_round + [1 if broadcasts else 0] * per_round
-    assert engine.server.objective.seen == []  # the server's objective opens no session

@@ -382,7 +382,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
     for m in METHODS.values():
         planner = [] if m.planner is FULL else [m.planner.name]  # a partial plan is named
         stages = [*planner, m.objective.name, m.aggregator.name, *(t.name for t in m.pre + m.post)]
-        trainers = "serial,batched" if m.objective.cls.batchable() else "serial"
+        trainers = "serial,batched" if m.objective.cls.client.batchable() else "serial"
         print(f"{m.name:20s} base={m.base or '-':9s} stages={'+'.join(stages)} trainer={trainers}")
         print(f"{'':20s} method_args: {describe(m.params)}")
     return 0

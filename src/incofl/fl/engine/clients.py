@@ -1,9 +1,10 @@
 """The client side of a run, and the simulator's transport to it.
 
 `Clients` holds what lives on clients: the group models they train in (the layout's), their
-training data, the run's trainer and the method's objective (its client side: sessions, what
-was delivered), the entries each client keeps for itself and whatever else the objective keeps
-per client (its `ClientStore`), and the scoring of a client's model on the client's data. It
+training data, the run's trainer and the client half of the method's objective
+(`ClientObjective`: what was delivered, sessions), the entries each client keeps for itself and
+whatever else the objective keeps per client (its `ClientStore`), and the scoring of a client's
+model on the client's data. It
 holds no server state: the server sends each planned client its plan and start weights and its
 objective's broadcast (exchange.py), and the client side trains from them to the update. The
 simulator builds one for every client; a federation's node one for its own client, from its own
@@ -37,7 +38,7 @@ class Clients:
         a, cfg = assembly, assembly.cfg
         self.layout = a.layout
         self.store = ClientStore(cfg.client_memory_mb)  # what each client keeps across rounds
-        self.objective = a.method.objective.cls(a.hp, a.setup(self.store))  # its client side
+        self.objective = a.method.objective.cls.client(a.hp, a.setup(self.store))  # its client half
         self.runner = ClientRunner(cfg, self.objective, a.models, a.train_data, a.parts, self.store)
         self.objective.begin(a.layout.server_model.state_dict())  # read-only: the models' initial weights
 

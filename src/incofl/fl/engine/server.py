@@ -43,7 +43,7 @@ class Server:
         self.models, self.server_model = a.layout.models, a.layout.server_model
         self.names = [list(m.state_dict()) for m in self.models]
         cfg, method, hp, setup = a.cfg, a.method, a.hp, a.setup()
-        self.objective = method.objective.cls(hp, setup)  # its server side: state, broadcast, round end
+        self.objective = method.objective.cls(hp, setup)  # its server half: state, broadcast, round end
         self.aggregator = method.aggregator.cls(hp, setup)
         noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
         self.pre = [*noise, *(transform.cls(hp, setup) for transform in method.pre)]

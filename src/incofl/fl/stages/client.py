@@ -22,7 +22,7 @@ from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.batched import BatchedTrainer
 from incofl.fl.stages.clientstore import ClientStore
-from incofl.fl.stages.local import Objective
+from incofl.fl.stages.local import ClientObjective
 from incofl.fl.stages.trainer import Parts, SerialTrainer
 
 KEPT = "kept"  # the client store's space of the entries a client keeps for itself (ClientPlan.keep)
@@ -35,7 +35,7 @@ class ClientRunner:
     def __init__(
         self,
         cfg: RunConfig,
-        objective: Objective,
+        objective: ClientObjective,
         models: list[nn.Module],
         data: TensorSplit,
         parts: Parts,

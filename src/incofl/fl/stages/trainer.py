@@ -19,7 +19,7 @@ from torch import nn
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientContext, ClientPlan, ClientUpdate, Round, State
-from incofl.fl.stages.local import Objective, client_batches, local_train, make_optimizer
+from incofl.fl.stages.local import ClientObjective, client_batches, local_train, make_optimizer
 from incofl.fl.stages.sampling import client_seed
 
 Parts = Sequence[np.ndarray] | Mapping[int, np.ndarray]  # client -> its training indices (a node: its own only)
@@ -102,14 +102,18 @@ class Trainer:
 
 class SerialTrainer(Trainer):
     def train(
-        self, round_: Round, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
+        self,
+        round_: Round,
+        plans: list[ClientPlan],
+        start_of: Callable[[ClientPlan], State],
+        objective: ClientObjective,
     ) -> Iterator[ClientUpdate]:
         """Each planned client's update as soon as it is trained, in the plans' order (the
         server folds it in before the next client trains: fl/engine/fold.py)."""
         for plan in plans:
             yield self.train_client(round_, plan, start_of(plan), objective)
 
-    def train_client(self, round_: Round, plan: ClientPlan, start: State, objective: Objective) -> ClientUpdate:
+    def train_client(self, round_: Round, plan: ClientPlan, start: State, objective: ClientObjective) -> ClientUpdate:
         cfg, model = self.cfg, self.models[plan.group]
         model.load_state_dict(start)  # copies: `start` stays the untouched global weights
         params = set_trainable(model, plan.trainable)
