@@ -1,12 +1,12 @@
 """One client of a real federation, without Flower: the run's client side (fl/engine/clients.py)
 built on the node from the config and that client's data alone (sitedata.py).
 
-A job (fl/engine/exchange.py) is answered as the simulator's in-process transport answers it:
-a TrainJob's broadcast (SCAFFOLD's c) is received, then the client side lays what this client
-keeps over the server's start weights and trains exactly as the simulator does (the config's
-trainer, the method's objective, the client's own batch stream); an EvalJob scores the client's
-model (its group's global weights with what it keeps) with the layout's own scoring (the
-held-out share, the test split).
+A job (fl/engine/exchange.py) is answered by the function the simulator's in-process transport
+answers with (`Clients.train`, `Clients.score`): a TrainJob's broadcast (SCAFFOLD's c) is
+received, then the client side lays what this client keeps over the server's start weights and
+trains exactly as the simulator does (the config's trainer, the method's objective, the
+client's own batch stream); an EvalJob scores the client's model (its group's global weights
+with what it keeps) with the layout's own scoring (the held-out share, the test split).
 
 What the client keeps across rounds (its ClientStore: its kept entries, SCAFFOLD's c_i, MOON's
 previous models) is saved on the node after every round it trains, one file per round in
@@ -177,8 +177,7 @@ class SiteClient:
         if plan.client != self.client:
             raise ValueError(f"a plan for client {plan.client} sent to client {self.client}'s node")
         self.restore(round_.index, job.state_sha256)  # its store after the rounds before this one
-        clients.receive({plan.federation: job.broadcast})
-        [update] = clients.stream(round_, [plan], lambda _: job.start)
+        [update] = clients.train(round_, [plan], lambda _: job.start, {plan.federation: job.broadcast})
         state = clients.store.state_dict()
         self.saved.save(job.round, state)
         kept = clients.kept(self.client)

@@ -10,8 +10,9 @@ objective's broadcast (exchange.py), and the client side trains from them to the
 simulator builds one for every client; a federation's node one for its own client, from its own
 data alone (incofl.deploy.client).
 
-`InProcess` is the simulator's transport: the same exchange, called directly. The broadcast is
-copied on the way, as a network would copy it; start weights are read-only to a client.
+`InProcess` is the simulator's transport: the same exchange, called directly, and answered by
+the function a federation's node answers with (`Clients.train`). The broadcast is copied on the
+way, as a network would copy it; start weights are read-only to a client.
 """
 
 from __future__ import annotations
@@ -47,11 +48,14 @@ class Clients:
         for federation, sent in broadcasts.items():
             self.objective.receive(federation, sent)
 
-    def stream(
-        self, round_: Round, plans: list[ClientPlan], start: Callable[[ClientPlan], State]
+    def train(
+        self, round_: Round, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
     ) -> Iterator[ClientUpdate]:
-        """Round `round_` of the planned clients from the server's start weights, each update as
-        soon as the run's trainer has it (ClientRunner.stream_round)."""
+        """Round `round_` of the planned clients: what each federation's clients were sent, then
+        each client trained from the server's start weights, each update as soon as the run's
+        trainer has it (ClientRunner.stream_round). How both transports answer a round's jobs:
+        the simulator's for every planned client, a node's for its own."""
+        self.receive(broadcasts)
         return self.runner.stream_round(round_, plans, start)
 
     def score(self, job: ClientEval, start: State) -> Scores:
@@ -74,8 +78,8 @@ class InProcess:
     def train(
         self, round_: Round, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
     ) -> Iterator[Reply]:
-        self.clients.receive({f: {k: v.clone() for k, v in sent.items()} for f, sent in broadcasts.items()})
-        for update in self.clients.stream(round_, plans, start):
+        copied = {f: {k: v.clone() for k, v in sent.items()} for f, sent in broadcasts.items()}
+        for update in self.clients.train(round_, plans, start, copied):
             yield Reply(update.client, update)
 
     def score(self, round_: int, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:
