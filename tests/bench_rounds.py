@@ -20,6 +20,7 @@ import torch
 from helpers import engine_on
 
 from incofl.data.sources import load_dataset
+from incofl.fl.contracts import Round
 
 
 def main() -> None:
@@ -42,7 +43,7 @@ def main() -> None:
         "few": engine_on(data, clients=10, ratio=1.0, client_samples=args.per_round, **common),
     }
     seconds: dict[str, list[float]] = {name: [] for name in engines}
-    for t in range(args.repeats):
+    for t in Round.upto(args.repeats):
         for name, engine in engines.items():
             start = time.perf_counter()
             assert engine.run_round(t).samples == 10 * args.per_round

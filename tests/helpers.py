@@ -12,7 +12,7 @@ from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import make_partition, partition_for
 from incofl.data.sources import load_dataset
-from incofl.fl.contracts import State
+from incofl.fl.contracts import Round, State
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import Engine, simulator
 from incofl.fl.stages.client import KEPT
@@ -72,7 +72,7 @@ def seen(data: ImageDataset, n_train: int | None = None, n_test: int | None = No
 def learned(engine: Engine, rounds: int = 1) -> dict[str, float]:
     """Runs `rounds` rounds and checks that they trained (`assert_learned`); the last evaluation."""
     start, before = engine.fingerprint(), engine.evaluate(0)["mean_loss"]
-    for round_ in range(rounds):
+    for round_ in Round.upto(rounds):
         engine.observe(engine.run_round(round_))
     row = engine.evaluate(rounds)
     assert_learned(start, engine.fingerprint(), before, row["mean_loss"])

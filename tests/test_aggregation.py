@@ -3,7 +3,7 @@
 import torch
 
 from incofl.config import RunConfig
-from incofl.fl.contracts import ClientUpdate, RoundContext, Setup
+from incofl.fl.contracts import ClientUpdate, Round, RoundContext, Setup
 from incofl.fl.stages.aggregate import GroupWise, Shared, apply_update, mean_over_holders
 from incofl.params import AggregationParams
 
@@ -74,7 +74,7 @@ def test_official_inco_divides_vit_updates_by_local_epochs():
     pairs = {"blocks.0.norm2.weight": "blocks.0.norm1.weight"}
     setup = Setup(RunConfig(local_epochs=4), list(vit))
     hp, paper = METHODS["InCoAvg"].parse_args({}), METHODS["InCoAvg-paper"].parse_args({})
-    got = InCoStep(hp, setup)(mean_over_holders(ups), RoundContext(0, 0, len(ups), 0))
+    got = InCoStep(hp, setup)(mean_over_holders(ups), RoundContext(Round(1), 0, len(ups), 0))
     expected = cross_layer_update({k: v * 1.5 / 4 for k, v in vit.items()}, pairs)
     assert all(torch.allclose(got[k], expected[k]) for k in vit)
     assert InCoStep(paper, setup).scale == 1.0

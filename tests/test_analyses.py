@@ -12,7 +12,7 @@ import torch
 from helpers import QUIET, engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig
-from incofl.fl.contracts import ClientUpdate, Setup
+from incofl.fl.contracts import ClientUpdate, Round, Setup
 from incofl.fl.engine.run import Run
 from incofl.fl.stages.similarity import cka, cosine, gram
 from incofl.fl.stages.transforms import UpdateNoise
@@ -92,7 +92,7 @@ def test_probes_see_each_client_as_it_trained(data):
     engine = engine_on(data, method="FedAvg", **{**SMALL, "clients": 2, "analyses": {"cka_rounds": [1]}})
     seen = []
     engine.server.observers[-1].see_clients = lambda round_, trained: seen.extend(trained)
-    engine.run_round(0)
+    engine.run_round(Round(1))
     assert [t.client for t in seen] == [0, 1]
     for t in seen:
         for name, value in engine.server.sub_state(t.group).items():
@@ -101,7 +101,7 @@ def test_probes_see_each_client_as_it_trained(data):
 
 def test_cka_rows_cover_every_pair_and_shared_probe_point(data):
     engine = engine_on(data, method="HeteroAvg", **{**SMALL, "analyses": {"cka_rounds": [1], "probe_samples": 16}})
-    report = engine.run_round(0)
+    report = engine.run_round(Round(1))
     engine.observe(report)
     rows = pd.DataFrame(engine.server.observers[-1].rows)
     probe = engine.server.observers[-1]
@@ -128,7 +128,7 @@ def test_update_histograms_count_every_weight_and_show_the_inco_step(data):
     counts = {}
     for method in ("HeteroAvg", "InCoAvg"):
         engine = engine_on(data, method=method, **{**SMALL, "analyses": {"gradient_rounds": [1]}})
-        engine.run_round(0)
+        engine.run_round(Round(1))
         rows = pd.DataFrame(engine.server.observers[-1].rows)
         server = engine.server.server_model.state_dict()
         sums = rows.groupby(["layer", "which"])["count"].sum()
@@ -145,7 +145,7 @@ def test_update_histograms_count_every_weight_and_show_the_inco_step(data):
 
 def test_tsne_rows_one_client_per_listed_group(data):
     engine = engine_on(data, method="HeteroAvg", **{**SMALL, "analyses": {**ALL, "cka_rounds": [], "tsne_rounds": [1]}})
-    report = engine.run_round(0)
+    report = engine.run_round(Round(1))
     rows = pd.DataFrame(engine.server.observers[-1].rows)
     labels = data.y_test
     per_class = [min(4, int((labels == c).sum())) for c in (0, 1)]
@@ -160,7 +160,7 @@ def test_analyses_do_not_change_training(data):
     plain = engine_on(data, method="InCoAvg", **SMALL)
     probed = engine_on(data, method="InCoAvg", **{**SMALL, "analyses": ALL})
     for engine in (plain, probed):
-        for t in range(2):
+        for t in Round.upto(2):
             engine.observe(engine.run_round(t))
     assert plain.fingerprint() == probed.fingerprint()
     assert len(probed.server.observers) == len(plain.server.observers) + 3
@@ -175,7 +175,7 @@ def test_resumed_analyses_equal_uninterrupted(data, tmp_path):
     full.execute()
     interrupted = engine_on(data, **cfg.model_dump())
     real = interrupted.run_round
-    interrupted.run_round = lambda t: (_ for _ in ()).throw(KeyboardInterrupt) if t == 2 else real(t)
+    interrupted.run_round = lambda t: (_ for _ in ()).throw(KeyboardInterrupt) if t == Round(3) else real(t)
     with pytest.raises(KeyboardInterrupt):
         Run(cfg, interrupted, tmp_path / "resumed").execute()
     Run(cfg, engine_on(data, **cfg.model_dump()), tmp_path / "resumed").execute()
@@ -196,9 +196,9 @@ def _update(client: int) -> ClientUpdate:
 def test_update_noise_has_the_std_asked_for_and_is_reproducible():
     first, again, other = _update(0), _update(0), _update(1)
     clean = first.delta["w"].clone()
-    _noise(0.5)(3, first)
-    _noise(0.5)(3, again)
-    _noise(0.5)(3, other)
+    _noise(0.5)(Round(4), first)
+    _noise(0.5)(Round(4), again)
+    _noise(0.5)(Round(4), other)
     added = first.delta["w"] - clean
     assert float(added.std()) == pytest.approx(0.5 * float(clean.std()), rel=0.02)
     assert abs(float(added.mean())) < 0.02

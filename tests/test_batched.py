@@ -16,6 +16,7 @@ from helpers import engine_on, small_synthetic
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
+from incofl.fl.contracts import Round
 
 # 4 Dirichlet clients of 26-68 samples: full batches side by side, shorter last batches alone,
 # clients that run out of batches before the others
@@ -57,7 +58,7 @@ def data():
 
 def round_updates(data, trainer: str, **settings):
     engine = engine_on(data, **{**BASE, **settings, "trainer": trainer})
-    return engine.transport.clients.runner.train_round(0, engine.server.plan(0), engine.server.start)
+    return engine.transport.clients.runner.train_round(Round(1), engine.server.plan(Round(1)), engine.server.start)
 
 
 def assert_same_updates(serial, batched):
@@ -122,7 +123,7 @@ def test_objectives_with_session_hooks_are_refused_before_training(method):
 def test_the_batchable_objectives_are_those_without_hooks_or_with_a_batched_correction():
     from incofl.registry import METHODS
 
-    batchable = {name for name, m in METHODS.items() if m.objective.cls.batchable()}
+    batchable = {name for name, m in METHODS.items() if m.objective.cls.client.batchable()}
     assert {"FedAvg", "FedProx", "FedNova", "HeteroAvg", "InCoAvg", "FedPart", "FedLAG"} <= batchable
     assert not {"SCAFFOLD", "MOON", "InCoScaffold", "InCoMOON"} & batchable
 
@@ -136,7 +137,9 @@ def test_bf16_autocast_trains_side_by_side_as_the_serial_trainer_does(data):
         settings = {"trainer": trainer, "local_epochs": 1, "batch_size": 128, "ratio": 0.5}  # 2 clients side by side
         engine = engine_on(data, **{**BASE, **settings})
         engine.transport.clients.runner.trainer.autocast = autocast
-        updates = engine.transport.clients.runner.train_round(0, engine.server.plan(0), engine.server.start)
+        updates = engine.transport.clients.runner.train_round(
+            Round(1), engine.server.plan(Round(1)), engine.server.start
+        )
         return [torch.cat([d.flatten() for _, d in sorted(u.delta.items()) if d.is_floating_point()]) for u in updates]
 
     fp32, serial, batched = flat_deltas("serial", False), flat_deltas("serial", True), flat_deltas("batched", True)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from incofl.bench import benchmark, peak_flops, per_client
+from incofl.fl.contracts import Round
 from incofl.fl.engine.estimate import training_flops
 from incofl.models.family import build_model
 
@@ -93,7 +94,7 @@ def test_the_work_said_before_a_run_is_what_it_trains():
         local_epochs=2,
     )
     work = Work(engine.server, 1)  # a run resumed after round 1
-    trained = [engine.run_round(t).samples for t in range(engine.server.cfg.rounds)]
+    trained = [engine.run_round(t).samples for t in Round.upto(engine.server.cfg.rounds)]
     assert work.round_passes == trained[1:] and work.passes == sum(trained[1:])
     smallest, largest = (
         training_flops(m.eval(), *engine.server.assembly.train_data.batch(torch.arange(2)))

@@ -17,6 +17,7 @@ from helpers import QUIET, engine_on, kept_by, small_synthetic
 from incofl.cli import user_errors
 from incofl.config import RunConfig
 from incofl.deploy.client import SavedStores
+from incofl.fl.contracts import Round
 from incofl.fl.engine import checkpoint
 from incofl.fl.engine.run import train
 from incofl.fl.stages.clientstore import ClientStateError, ClientStore
@@ -229,7 +230,7 @@ def test_a_tiny_budget_computes_what_unlimited_memory_does(data, method, setting
     runs = []
     for budget in (0, 10_000):
         engine = engine_on(data, **TINY, method=method, client_memory_mb=budget, **settings)
-        for round_ in range(TINY["rounds"]):
+        for round_ in Round.upto(TINY["rounds"]):
             engine.run_round(round_)
         runs.append(engine)
     (h0, stored0), (h1, stored1) = (_fingerprints(e) for e in runs)

@@ -12,6 +12,7 @@ from helpers import assert_trained, seen
 
 from incofl.config import load_run_config
 from incofl.data.sources import load_dataset
+from incofl.fl.contracts import Round
 from incofl.fl.engine.run import train
 from incofl.fl.stages.sampling import client_seed, group_of, sample_schedule
 
@@ -132,7 +133,10 @@ def test_client_update_is_a_real_difference(synthetic, tmp_path):
     engine = simulator(assemble(cfg, synthetic, part, torch.device("cpu")))
     before = {k: v.clone() for k, v in engine.server.weights[0].items()}
     update = engine.transport.clients.runner.trainer.train_client(
-        0, engine.server.planner.plan(0, 5), engine.server.sub_state(1), engine.server.objective
+        Round(1),
+        engine.server.planner.plan(Round(1), 5),
+        engine.server.sub_state(1),
+        engine.transport.clients.objective,
     )
     assert update.group == 1 and update.steps == int(np.ceil(len(part.parts[5]) / 32))
     assert max(d.abs().max().item() for d in update.delta.values()) > 0

@@ -13,8 +13,8 @@ from torch import nn
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, RoundContext, Setup
-from incofl.fl.methods.feddyn.dyn import SPACE, DynCorrection, DynObjective
+from incofl.fl.contracts import ClientPlan, Round, RoundContext, Setup
+from incofl.fl.methods.feddyn.dyn import SPACE, DynClient, DynCorrection, DynObjective
 from incofl.fl.methods.inco.step import InCoStep
 from incofl.fl.stages.aggregate import GroupWise, Shared, apply_update
 from incofl.fl.stages.client import ClientRunner
@@ -73,7 +73,7 @@ def test_two_rounds_of_two_clients_equal_the_algorithm_by_hand():
     store = ClientStore()
     setup = Setup(cfg, list(model.state_dict()), models=[model], federation=GroupWise.federation, store=store)
     hp = METHODS["FedDyn"].parse_args({"alpha": ALPHA})
-    objective, aggregator, post = DynObjective(hp, setup), GroupWise(hp, setup), DynCorrection(hp, setup)
+    objective, aggregator, post = DynClient(hp, setup), GroupWise(hp, setup), DynCorrection(hp, setup)
     runner = ClientRunner(cfg, objective, [model], split, parts, store)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -81,7 +81,7 @@ def test_two_rounds_of_two_clients_equal_the_algorithm_by_hand():
     theta = [state["1.weight"].clone(), state["1.bias"].clone()]
     zero = [torch.zeros_like(t) for t in theta]
     g, h = {k: zero for k in range(M)}, zero
-    for round_, clients in enumerate([(0, 1), (0, 2)]):
+    for round_, clients in zip(Round.upto(2), [(0, 1), (0, 2)], strict=True):
         plans = [ClientPlan(k, 0, 0, M) for k in clients]
         updates = runner.train_round(round_, plans, lambda _: state)
         for federation, average in aggregator.aggregate(updates).items():
@@ -116,18 +116,18 @@ def test_tiny_alpha_leaves_fedavgs_local_step_and_the_server_applies_1_plus_p_ov
     dyn = engine_on(data, method="FedDyn", method_args={"alpha": 1e-9}, **SMALL)
     avg, real = engine_on(data, method="FedAvg", **SMALL), engine_on(data, method="FedDyn", **SMALL)
     initial = [{k: v.clone() for k, v in s.items()} for s in dyn.server.weights]
-    for round_ in range(2):
+    for round_ in Round.upto(2):
         for plan in dyn.server.plan(round_):
             start = dyn.server.sub_state(plan.group)
             ours, theirs, far = (
-                e.transport.clients.runner.trainer.train_client(round_, plan, start, e.server.objective)
+                e.transport.clients.runner.trainer.train_client(round_, plan, start, e.transport.clients.objective)
                 for e in (dyn, avg, real)
             )
             assert _deltas_close(ours.delta, theirs.delta, rtol=1e-4, atol=1e-7)
             assert not _deltas_close(far.delta, theirs.delta, rtol=1e-4, atol=1e-7)
-        if round_ == 0:
-            dyn.run_round(0), avg.run_round(0)
-    sampled = [dyn.server.planner.plan(0, int(c)).group for c in dyn.server.schedule[0]]
+        if round_ == Round(1):
+            dyn.run_round(round_), avg.run_round(round_)
+    sampled = [dyn.server.planner.plan(Round(1), int(c)).group for c in dyn.server.schedule[0]]
     for group, (ours, theirs, start) in enumerate(zip(dyn.server.weights, avg.server.weights, initial, strict=True)):
         params = {name for name, _ in dyn.server.models[group].named_parameters()}
         share = sampled.count(group) / 2  # |P| / m
@@ -141,12 +141,12 @@ def test_a_resumed_feddyn_equals_the_run_never_stopped(data):
     """The server's h (post.0, one per group) and the clients' g_k (the store) go through the
     engine's checkpoint: a fresh engine loaded after round 2 trains round 3 to the same weights."""
     straight = engine_on(data, method="FedDyn", **SMALL)
-    for round_ in range(2):
+    for round_ in Round.upto(2):
         straight.run_round(round_)
     payload = straight.state_dict()
     assert sorted(payload["components"]["post.0"]["h"]) == [0, 1]
     assert {space for space, _ in payload["clients"]["states"]} == {SPACE}
     resumed = engine_on(data, method="FedDyn", **SMALL)
     resumed.load_state_dict(payload)
-    straight.run_round(2), resumed.run_round(2)
+    straight.run_round(Round(3)), resumed.run_round(Round(3))
     assert straight.fingerprint() == resumed.fingerprint()

@@ -15,6 +15,7 @@ from helpers import client_model, engine_on, kept_by, small_synthetic
 from incofl.cli import run
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import holdout_split, iid_partition
+from incofl.fl.contracts import Round
 from incofl.fl.methods.personal import plan as personal_module
 from incofl.fl.methods.personal.plan import conflict_counts
 from incofl.fl.stages.evaluation import score
@@ -41,7 +42,7 @@ def _engine(data, method, **settings):
 
 
 def _run(engine, rounds):
-    for t in range(rounds):
+    for t in Round.upto(rounds):
         engine.observe(engine.run_round(t))
     return engine
 
@@ -91,7 +92,7 @@ def test_personal_tensors_are_never_uploaded_or_overwritten(data):
         len(personal) == 2 and engine.server.planner.scores.sum() > 0 and kept_by(engine) == {}
     )  # warm-up: nothing kept
     server = {k: engine.server.weights[0][k].clone() for k in personal}
-    report = engine.run_round(2)
+    report = engine.run_round(Round(3))
     assert all(torch.equal(engine.server.weights[0][k], v) for k, v in server.items())  # the server's never move
     uploaded = sum(p.numel() for n, p in engine.server.models[0].named_parameters() if n not in personal)
     assert report.upload_bytes == 4 * 4 * uploaded  # 4 clients x fp32 x the shared parameters
@@ -117,7 +118,7 @@ def test_resume_restores_personal_state_and_the_choice(data):
     first = _run(_engine(data, "FedLAG", method_args=args), 3)
     resumed = _engine(data, "FedLAG", method_args=args)
     resumed.load_state_dict(first.state_dict())
-    resumed.observe(resumed.run_round(3))
+    resumed.observe(resumed.run_round(Round(4)))
     assert resumed.server.planner.personal == straight.server.planner.personal
     assert resumed.fingerprint() == straight.fingerprint() and resumed.evaluate(4) == straight.evaluate(4)
 
@@ -126,7 +127,7 @@ def test_resume_restores_personal_state_and_the_choice(data):
 def test_released_variant_trains_locally_after_warmup(data):
     engine = _run(_engine(data, "FedLAG", method_args={"warmup": 2, "broadcast": False}), 2)
     server = {k: v.clone() for k, v in engine.server.weights[0].items()}
-    report = engine.run_round(2)
+    report = engine.run_round(Round(3))
     assert report.upload_bytes == 0 and all(torch.equal(engine.server.weights[0][k], v) for k, v in server.items())
     assert set(kept_by(engine)[0]) == set(engine.server.models[0].state_dict())
 
@@ -135,11 +136,11 @@ def test_released_variant_trains_locally_after_warmup(data):
 def test_local_never_uploads_and_fedper_keeps_the_head(data):
     local = _engine(data, "Local")
     server = {k: v.clone() for k, v in local.server.weights[0].items()}
-    assert local.run_round(0).upload_bytes == 0 and all(
+    assert local.run_round(Round(1)).upload_bytes == 0 and all(
         torch.equal(local.server.weights[0][k], v) for k, v in server.items()
     )
     fedper = _engine(data, "FedPer")
-    fedper.run_round(0)
+    fedper.run_round(Round(1))
     assert set(kept_by(fedper)[0]) == {"fc.weight", "fc.bias"}
     assert not torch.equal(kept_by(fedper)[0]["fc.weight"], kept_by(fedper)[1]["fc.weight"])
 

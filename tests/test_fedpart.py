@@ -14,7 +14,7 @@ from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.contracts import Setup
+from incofl.fl.contracts import Round, Setup
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import simulator
 from incofl.fl.methods.fedpart import plan as fedpart_module
@@ -65,11 +65,11 @@ def _planner(models=("resnet8",), seed=0, **args):
 
 
 def _schedule(planner, rounds):
-    return [planner.layer(t) for t in range(rounds)]
+    return [planner.layer(t) for t in Round.upto(rounds)]
 
 
 def _run(engine, rounds):
-    for t in range(rounds):
+    for t in Round.upto(rounds):
         engine.observe(engine.run_round(t))
     return engine
 
@@ -190,9 +190,9 @@ def test_no_warmup_means_no_full_round():
 def test_plans_train_and_upload_the_scheduled_group():
     planner, (model,) = _planner()
     groups = layer_groups(model)
-    assert all(planner.plan(t, c).full and planner.plan(t, c).upload is None for t in range(5) for c in (0, 1))
-    for t in range(5, 25):
-        group = groups[SEQUENTIAL[t]]
+    assert all(planner.plan(t, c).full and planner.plan(t, c).upload is None for t in Round.upto(5) for c in (0, 1))
+    for t in Round.upto(25)[5:]:
+        group = groups[SEQUENTIAL[t.index]]
         plan = planner.plan(t, 1)
         assert not plan.full and plan.trainable == group.params and plan.upload == group.params | group.stats
         assert (plan.client, plan.group, plan.federation, plan.federation_size) == (1, 0, 0, 2)
@@ -202,7 +202,7 @@ def test_plans_train_and_upload_the_scheduled_group():
 def test_planned_upload_and_compute_follow_the_posters_formulas(warmup, per_group):
     planner, (model,) = _planner(warmup=warmup, rounds_per_group=per_group)
     total, sizes = num_parameters(model), dict(model.named_parameters())
-    plans = [planner.plan(t, 0) for t in range(warmup + per_group * 10)]  # one cycle
+    plans = [planner.plan(t, 0) for t in Round.upto(warmup + per_group * 10)]  # one cycle
     uploaded = sum(total if p.full else sum(sizes[n].numel() for n in p.upload if n in sizes) for p in plans)
     assert uploaded == total * (warmup + per_group)  # (W + R) / (W + RG) of full updates
     full = sum(p.full for p in plans)
@@ -213,11 +213,11 @@ def test_shallower_models_train_a_counterpart_and_visit_all_their_groups():
     planner, (r10, r26) = _planner(models=("resnet10", "resnet26"), warmup=0, rounds_per_group=1)
     g10, g26 = layer_groups(r10), layer_groups(r26)
     assert planner.keys == [g.key for g in g26]
-    round_ = planner.keys.index("layer3.2.conv1")
+    round_ = Round.upto(len(planner.keys))[planner.keys.index("layer3.2.conv1")]  # the round that trains it
     assert planner.plan(round_, 0).trainable == next(g.params for g in g10 if g.key == "layer3.0.conv1")
     assert planner.plan(round_, 3).trainable == next(g.params for g in g26 if g.key == "layer3.2.conv1")
     names10 = {n for n, _ in r10.named_parameters()}
-    trained = [planner.plan(t, 0).trainable for t in range(29)]
+    trained = [planner.plan(t, 0).trainable for t in Round.upto(29)]
     assert all(t <= names10 for t in trained) and {frozenset(t) for t in trained} == {g.params for g in g10}
 
 
@@ -226,7 +226,7 @@ def test_planner_checkpoint_round_trip():
     state = planner.state_dict()
     resumed, _ = _planner(order="random", warmup=2)
     resumed.load_state_dict(state)
-    assert [resumed.plan(t, 0) for t in range(60)] == [planner.plan(t, 0) for t in range(60)]
+    assert [resumed.plan(t, 0) for t in Round.upto(60)] == [planner.plan(t, 0) for t in Round.upto(60)]
     deeper, _ = _planner(models=("resnet10",), order="random", warmup=2)
     with pytest.raises(ValueError, match="checkpoint made with layer groups"):
         deeper.load_state_dict(state)
@@ -274,15 +274,15 @@ def test_bad_method_args_are_one_line_naming_the_key(tmp_path, args, message):
 
 
 def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data):
-    """Round 3 of W = 0, R = 1 trains layer2.0.conv1 + bn1: the other parameters are bit for bit
+    """Round 4 of W = 0, R = 1 trains layer2.0.conv1 + bn1: the other parameters are bit for bit
     the global ones, and the result is the release's loop (every parameter requires grad, the
     optimizer holds the group only); BN statistics of frozen layers move in both (train mode)."""
     engine = _engine(data, "FedPart", method_args={"warmup": 0, "rounds_per_group": 1})
-    cfg, round_, client = engine.server.cfg, 3, 1
+    cfg, round_, client = engine.server.cfg, Round(4), 1
     plan = engine.server.planner.plan(round_, client)
     start = {k: v.clone() for k, v in engine.server.sub_state(0).items()}
     update = engine.transport.clients.runner.trainer.train_client(
-        round_, plan, engine.server.sub_state(0), engine.server.objective
+        round_, plan, engine.server.sub_state(0), engine.transport.clients.objective
     )
     trained = engine.server.models[0].state_dict()
     assert plan.trainable == {"layer2.0.conv1.weight", "layer2.0.bn1.weight", "layer2.0.bn1.bias"}
@@ -302,7 +302,7 @@ def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data
         cfg.momentum,
         cfg.weight_decay,
     )
-    gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, client))
+    gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_.index, client))
     batches = client_batches(
         engine.server.assembly.train_data, engine.server.assembly.parts[client], cfg.local_epochs, cfg.batch_size, gen
     )
@@ -346,16 +346,16 @@ def test_a_single_layer_group_is_fedavg_bit_for_bit(data, monkeypatch):
     monkeypatch.setattr(fedpart_module, "layer_groups", one_group)
     part = _run(_engine(data, "FedPart", method_args={"warmup": 0}), 3)
     full = _run(_engine(data, "FedAvg"), 3)
-    assert not part.server.planner.plan(0, 0).full and _same_states(part, full)
+    assert not part.server.planner.plan(Round(1), 0).full and _same_states(part, full)
     assert part.server.costs.totals()["upload_bytes"] == full.server.costs.totals()["upload_bytes"]
 
 
 @pytest.mark.parametrize("method", ["FedPart", "FedPartProx", "FedPartMOON", "InCoPart"])
 def test_a_partial_round_changes_only_the_scheduled_group(data, method):
     engine = _engine(data, method, method_args={"warmup": 1, "rounds_per_group": 1, "order": "reverse"})
-    engine.run_round(0)  # full: MOON's clients now have previous models
+    engine.run_round(Round(1))  # full: MOON's clients now have previous models
     before = {k: v.clone() for k, v in engine.server.weights[0].items()}
-    engine.run_round(1)  # the head (with MOON's projection head)
+    engine.run_round(Round(2))  # the head (with MOON's projection head)
     head = layer_groups(engine.server.models[0])[-1]
     changed = {k for k, v in engine.server.weights[0].items() if not torch.equal(v, before[k])}
     assert changed == head.params  # a head has no BN statistics
@@ -364,7 +364,7 @@ def test_a_partial_round_changes_only_the_scheduled_group(data, method):
 
 def test_heterogeneous_groups_train_their_counterparts(data):
     engine = _engine(data, "FedPart", models=["resnet10", "resnet14"], method_args={"warmup": 0, "rounds_per_group": 1})
-    round_ = engine.server.planner.keys.index("layer3.1.conv1")
+    round_ = Round.upto(len(engine.server.planner.keys))[engine.server.planner.keys.index("layer3.1.conv1")]
     before = [{k: v.clone() for k, v in s.items()} for s in engine.server.weights]
     engine.run_round(round_)
     changed = [
@@ -383,7 +383,7 @@ def test_resumed_engine_equals_uninterrupted(data):
     first = _run(_engine(data, "FedPart", method_args=args), 2)
     resumed = _engine(data, "FedPart", method_args=args)
     resumed.load_state_dict(first.state_dict())
-    for t in (2, 3):
+    for t in Round.upto(4)[2:]:
         resumed.observe(resumed.run_round(t))
     assert _same_states(straight, resumed) and straight.server.costs.rows == resumed.server.costs.rows
 

@@ -10,6 +10,7 @@ from helpers import QUIET, client_model, engine_on, kept_by, small_synthetic
 
 from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.partition import PartitionError, check_provenance, iid_draw_partition, make_partition
+from incofl.fl.contracts import Round
 from incofl.fl.stages.evaluation import score
 from incofl.fl.stages.plan import bn_statistics
 from incofl.models.family import build_model
@@ -94,13 +95,13 @@ def test_local_statistics_never_reach_the_server_and_return_to_their_client(data
     engine = _engine(data, method, method_args={"warmup": 1} if method == "FedPart" else {})
     stats = bn_statistics(engine.server.models[0])
     initial = {k: engine.server.weights[0][k].clone() for k in stats}
-    for t in range(3):
+    for t in Round.upto(3):
         engine.run_round(t)
     assert all(torch.equal(engine.server.weights[0][k], v) for k, v in initial.items())  # the server's never move
     trained = {int(c) for t in range(3) for c in engine.server.schedule[t]}
     assert set(kept_by(engine)) == trained and all(set(kept) == stats for kept in kept_by(engine).values())
     client = int(engine.server.schedule[3][0])
-    plan = engine.server.planner.plan(3, client)
+    plan = engine.server.planner.plan(Round(4), client)
     assert not any(plan.uploads(k) for k in stats)
     start = client_model(engine, client, 0)
     expected = kept_by(engine).get(client, initial)
@@ -110,7 +111,7 @@ def test_local_statistics_never_reach_the_server_and_return_to_their_client(data
 
 def test_evaluation_uses_the_first_clients_statistics(data):
     engine = _engine(data, ratio=1.0)
-    engine.run_round(0)
+    engine.run_round(Round(1))
     model = engine.server.models[0]
     model.load_state_dict({**engine.server.weights[0], **kept_by(engine)[0]})
     ours = score(model, engine.server.assembly.test_data, 1000)
@@ -124,21 +125,21 @@ def test_evaluation_uses_the_first_clients_statistics(data):
 def test_averaged_statistics_keep_nothing(data):
     engine = _engine(data, bn_stats="averaged")
     before = engine.server.weights[0]["bn1.running_mean"].clone()
-    engine.run_round(0)
-    assert kept_by(engine) == {} and engine.server.planner.plan(0, 0).keep == frozenset()
+    engine.run_round(Round(1))
+    assert kept_by(engine) == {} and engine.server.planner.plan(Round(1), 0).keep == frozenset()
     assert not torch.equal(engine.server.weights[0]["bn1.running_mean"], before)  # averaged into the server's
 
 
 def test_resume_restores_what_clients_keep(data):
     straight = _engine(data, "FedPart", method_args={"warmup": 1, "rounds_per_group": 1})
-    for t in range(4):
+    for t in Round.upto(4):
         straight.run_round(t)
     first = _engine(data, "FedPart", method_args={"warmup": 1, "rounds_per_group": 1})
-    for t in range(2):
+    for t in Round.upto(2):
         first.run_round(t)
     resumed = _engine(data, "FedPart", method_args={"warmup": 1, "rounds_per_group": 1})
     resumed.load_state_dict(first.state_dict())
-    for t in (2, 3):
+    for t in Round.upto(4)[2:]:
         resumed.run_round(t)
     assert kept_by(straight).keys() == kept_by(resumed).keys() and straight.fingerprint() == resumed.fingerprint()
     assert straight.fingerprint() != _engine(data, "FedPart").fingerprint()

@@ -19,6 +19,7 @@ from test_batched import BASE, assert_same_updates, float64  # noqa: F401 (a fix
 
 from incofl.config import ConfigError, RunConfig
 from incofl.data.partition import make_partition
+from incofl.fl.contracts import Round
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.device import run_device
 from incofl.fl.engine.engine import simulator
@@ -48,7 +49,7 @@ def updates(engine, graphs: type | None = None, rounds: int = 1) -> list:
     if graphs is not None:
         t = runner.trainer
         runner.trainer = graphs(t.cfg, t.models, t.data, t.parts, t.autocast)
-    for round_ in range(rounds):
+    for round_ in Round.upto(rounds):
         trained = runner.train_round(round_, engine.server.plan(round_), engine.server.start)
     return trained
 

@@ -11,15 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from incofl.config import RunConfig
-from incofl.fl.contracts import ClientContext, Setup
-from incofl.fl.methods.width.exits import ExitLoss, exit_loss
-from incofl.fl.methods.width.masked import MaskedCE, masked_logits
+from incofl.fl.contracts import ClientContext, Round, Setup
+from incofl.fl.methods.width.exits import ExitClient, exit_loss
+from incofl.fl.methods.width.masked import MaskedClient, masked_logits
 from incofl.fl.methods.width.spec import ExitParams, MaskedParams
 from incofl.fl.stages.local import Session, train_step
 
 
 def context(model: nn.Module, **kw: object) -> ClientContext:
-    return ClientContext(client=0, group=0, round=kw.pop("round", 0), model=model, global_state={}, lr=0.1, **kw)
+    return ClientContext(client=0, group=0, round=kw.pop("round", Round(1)), model=model, global_state={}, lr=0.1, **kw)
 
 
 def hand_ce(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -47,7 +47,7 @@ def test_masked_logits_mask_nothing_without_classes_or_with_all() -> None:
 def masked_session(classes: torch.Tensor | None, **hp: object) -> tuple[nn.Linear, Session]:
     torch.manual_seed(0)
     model = nn.Linear(4, 5)
-    return model, MaskedCE(MaskedParams(**hp), Setup(RunConfig(), [])).session(context(model, classes=classes))
+    return model, MaskedClient(MaskedParams(**hp), Setup(RunConfig(), [])).session(context(model, classes=classes))
 
 
 def test_absent_class_logit_has_no_effect() -> None:
@@ -184,14 +184,14 @@ class TwoExits(nn.Module):
 
 @pytest.mark.parametrize(("distill_from", "rounds", "first"), [(0.25, 8, 2), (0.25, 10, 3), (0.0, 8, 0), (1.0, 8, 8)])
 def test_session_distils_from_the_share_of_rounds(distill_from: float, rounds: int, first: int) -> None:
-    """Rounds (counted from 0) before distill_from * rounds train without distillation, the rest with it."""
+    """Rounds with fewer than distill_from * rounds rounds before them train without distillation, the rest with it."""
     torch.manual_seed(0)
     model, x = TwoExits(), torch.randn(B, 4)
-    objective = ExitLoss(ExitParams(gamma=0.5, distill_from=distill_from), Setup(RunConfig(), []))
+    objective = ExitClient(ExitParams(gamma=0.5, distill_from=distill_from), Setup(RunConfig(), []))
     plain = exit_loss(model(x), Y, 0.0, 3.0, "intended", True).item()
-    for round_ in range(rounds):
+    for round_ in Round.upto(rounds):
         loss = objective.session(context(model, round=round_, rounds=rounds)).loss(x, Y).item()
-        assert (loss != pytest.approx(plain)) == (round_ >= first), round_
+        assert (loss != pytest.approx(plain)) == (round_.index >= first), round_
 
 
 def test_exit_params_defaults_and_validation() -> None:

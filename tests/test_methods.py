@@ -16,15 +16,15 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientContext, ClientUpdate, Setup
+from incofl.fl.contracts import ClientContext, ClientUpdate, Round, Setup
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import simulator
 from incofl.fl.engine.run import train
 from incofl.fl.methods.fednova.normalize import NovaNormalize, normalizer
 from incofl.fl.methods.inco.step import InCoStep
-from incofl.fl.methods.objectives.fedprox import FedProx
-from incofl.fl.methods.objectives.moon import Moon, moon_loss, unpack
-from incofl.fl.methods.objectives.scaffold import Scaffold
+from incofl.fl.methods.objectives.fedprox import FedProx, ProxClient
+from incofl.fl.methods.objectives.moon import Moon, MoonClient, moon_loss, unpack
+from incofl.fl.methods.objectives.scaffold import Scaffold, ScaffoldClient
 from incofl.fl.stages.aggregate import GroupWise, Shared, mean_over_holders
 from incofl.fl.stages.evaluation import score
 from incofl.fl.stages.local import Objective, client_batches, local_train, train_step
@@ -83,7 +83,7 @@ def _hp(method, **args):
 def _train_client(engine, round_, client):
     plan = engine.server.planner.plan(round_, client)
     return engine.transport.clients.runner.trainer.train_client(
-        round_, plan, engine.server.sub_state(plan.group), engine.server.objective
+        round_, plan, engine.server.sub_state(plan.group), engine.transport.clients.objective
     )
 
 
@@ -149,8 +149,8 @@ def test_fedprox_gradient_is_that_of_the_proximal_term():
     model = nn.Linear(4, 3)
     anchor = {k: v + 0.1 * torch.randn_like(v) for k, v in model.state_dict().items()}
     x, y, mu = torch.randn(8, 4), torch.randint(0, 3, (8,)), 0.3
-    ctx = ClientContext(0, 0, 0, model, anchor, lr=0.1)
-    session = FedProx(_hp("FedProx", mu=mu), Setup(RunConfig(), [])).session(ctx)
+    ctx = ClientContext(0, 0, Round(1), model, anchor, lr=0.1)
+    session = ProxClient(_hp("FedProx", mu=mu), Setup(RunConfig(), [])).session(ctx)
     F.cross_entropy(model(x), y).backward()
     session.after_backward()
     got = [p.grad.clone() for p in model.parameters()]
@@ -163,7 +163,7 @@ def test_fedprox_gradient_is_that_of_the_proximal_term():
 @pytest.mark.slow
 def test_fedprox_with_mu_zero_is_fedavg_bit_for_bit(data):
     fedavg, fedprox = _engine(data, "FedAvg"), _engine(data, "FedProx", method_args={"mu": 0.0})
-    for t in range(2):
+    for t in Round.upto(2):
         fedavg.run_round(t)
         fedprox.run_round(t)
     assert _states_equal(fedavg, fedprox)
@@ -195,10 +195,10 @@ def test_fednova_aggregate_is_tau_eff_times_weighted_normalised_updates():
     normalize = NovaNormalize(_hp("FedNova"), Setup(cfg, ["w"]))
     originals = [u.delta["w"].clone() for u in updates]
     for u in updates:
-        normalize.see(0, u)
-    normalize.seen_all(0)
+        normalize.see(Round(1), u)
+    normalize.seen_all(Round(1))
     for u in updates:
-        normalize(0, u)
+        normalize(Round(1), u)
     for s in (0, 1):
         members = [i for i, (_, _, fed) in enumerate(spec) if fed == s]
         n = sum(spec[i][0] for i in members)
@@ -214,13 +214,13 @@ def test_fednova_with_equal_steps_and_weights_is_fedavg(data):
     """100 samples per client, 4 steps each: the factor tau_eff / a_i is exactly 1."""
     fedavg, fednova = _engine(data, "FedAvg", ratio=1.0), _engine(data, "FedNova", ratio=1.0)
     weighted = _engine(data, "FedAvg", ratio=1.0, method_args={"weighted": True})
-    fedavg.run_round(0)
-    for t in range(2):
+    fedavg.run_round(Round(1))
+    for t in Round.upto(2):
         fednova.run_round(t)
         weighted.run_round(t)
     assert _states_equal(fednova, weighted)  # the same sample-weighted mean, bit for bit
     fednova = _engine(data, "FedNova", ratio=1.0)
-    fednova.run_round(0)
+    fednova.run_round(Round(1))
     for a, b in zip(
         fedavg.server.weights, fednova.server.weights, strict=True
     ):  # and FedAvg's plain mean up to rounding
@@ -237,11 +237,11 @@ def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
     # FedAvg's local models from the same start: c_i+ = 0 - 0 + (w_global - w_i) / (tau_i * lr)
     expected = {}
     for client in sampled:
-        update = _train_client(fedavg, 0, client)
+        update = _train_client(fedavg, Round(1), client)
         params = dict(fedavg.server.models[update.group].named_parameters())
         expected[client] = (update.group, {k: -update.delta[k] / (update.steps * 1e-3) for k in params})
-    fedavg.run_round(0)
-    scaffold.run_round(0)
+    fedavg.run_round(Round(1))
+    scaffold.run_round(Round(1))
     assert _states_equal(fedavg, scaffold)
     for client, (_group, c_i) in expected.items():
         stored = scaffold.transport.clients.store.get("scaffold", client)
@@ -257,7 +257,7 @@ def test_scaffold_first_round_is_fedavg_and_variates_follow_option_ii(data):
 @pytest.mark.slow
 def test_inco_scaffold_keeps_one_c_on_the_server_names_over_all_clients(data):
     engine = _engine(data, "InCoScaffold")
-    engine.run_round(0)
+    engine.run_round(Round(1))
     ((state, c),) = engine.server.objective.c.items()
     c_local = [engine.transport.clients.store.get("scaffold", int(i)) for i in engine.server.schedule[0]]
     held = set().union(*(c_i.keys() for c_i in c_local))
@@ -272,7 +272,7 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 3))
     x = torch.randint(0, 256, (4, 3, 4, 4), dtype=torch.uint8).numpy()
     split = TensorSplit(x, np.array([0, 1, 2, 0]), np.zeros(3), np.ones(3), torch.device("cpu"), 4)
-    objective = Scaffold(_hp("SCAFFOLD", correction=correction), Setup(RunConfig(), []))
+    objective = ScaffoldClient(_hp("SCAFFOLD", correction=correction), Setup(RunConfig(), []))
     names = [k for k, _ in model.named_parameters()]
     objective.c = {0: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
     c_i = {k: torch.randn_like(p) for k, p in model.named_parameters()}
@@ -281,7 +281,7 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     lr = 0.1
     xb, yb = split.batch(torch.arange(4))
     grads = torch.autograd.grad(F.cross_entropy(model(xb), yb), list(model.parameters()))
-    session = objective.session(ClientContext(7, 0, 0, model, start, lr=lr))
+    session = objective.session(ClientContext(7, 0, Round(1), model, start, lr=lr))
     batches = client_batches(split, np.arange(4), 1, 4, torch.Generator().manual_seed(0))
     local_train(session, torch.optim.SGD(model.parameters(), lr=lr), batches)
     for k, g in zip(names, grads, strict=True):
@@ -307,8 +307,8 @@ def test_moon_uses_the_global_model_until_a_client_has_a_previous_one():
     torch.manual_seed(0)
     model = build_model("resnet10", 10, 3, projection_dim=16)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    objective = Moon(_hp("MOON", mu=2.0), Setup(RunConfig(), []))
-    ctx = ClientContext(3, 0, 0, model, {k: v.clone() for k, v in model.state_dict().items()}, lr=1e-3)
+    objective = MoonClient(_hp("MOON", mu=2.0), Setup(RunConfig(), []))
+    ctx = ClientContext(3, 0, Round(1), model, {k: v.clone() for k, v in model.state_dict().items()}, lr=1e-3)
     model.eval()  # same BN behaviour as the frozen copies: z equals z_glob
     session = objective.session(ctx)
     loss = session.loss(x, y)
@@ -337,7 +337,7 @@ def test_method_lowers_the_training_loss(data, method):
         return score(engine.server.models[0], engine.server.assembly.train_data, 400).mean_loss()
 
     before = train_loss()
-    for t in range(3):  # later rounds use SCAFFOLD's variates and MOON's previous models
+    for t in Round.upto(3):  # later rounds use SCAFFOLD's variates and MOON's previous models
         engine.run_round(t)
     assert train_loss() < 0.7 * before
 
@@ -355,18 +355,32 @@ def test_every_table2_method_trains_a_round(tmp_path, data, method):
 
 
 def _client_session(engine, client):
-    """A model of its own, a session, an optimizer and the batches of one client in round 1."""
-    plan = engine.server.planner.plan(1, client)
+    """A model of its own, a session, an optimizer and the batches of one client in round 2."""
+    plan = engine.server.planner.plan(Round(2), client)
+    sent = engine.server.broadcasts([plan])  # as the in-process transport delivers it: a copy
+    engine.transport.clients.receive({f: {k: v.clone() for k, v in s.items()} for f, s in sent.items()})
     start = engine.server.sub_state(plan.group)
     model = copy.deepcopy(engine.server.models[plan.group])
     model.load_state_dict(start)
     model.train()
     ctx = ClientContext(
-        client, plan.group, 1, model, start, 1e-3, federation=plan.federation, federation_size=plan.federation_size
+        client,
+        plan.group,
+        Round(2),
+        model,
+        start,
+        1e-3,
+        federation=plan.federation,
+        federation_size=plan.federation_size,
     )
     gen = torch.Generator().manual_seed(client)
     batches = list(client_batches(engine.server.assembly.train_data, engine.server.assembly.parts[client], 1, 32, gen))
-    return engine.server.objective.session(ctx), torch.optim.Adam(model.parameters(), lr=1e-3), batches, start
+    return (
+        engine.transport.clients.objective.session(ctx),
+        torch.optim.Adam(model.parameters(), lr=1e-3),
+        batches,
+        start,
+    )
 
 
 def _finish(session, start, n):
@@ -382,7 +396,7 @@ def test_two_clients_trained_interleaved_equal_in_sequence(data, method):
 
     def run(interleaved):
         engine = _engine(data, method, ratio=1.0)
-        engine.run_round(0)  # every client now has its own state (c_i, previous model)
+        engine.run_round(Round(1))  # every client now has its own state (c_i, previous model)
         clients = [0, 1]  # both in group 0
         if interleaved:
             opened = [_client_session(engine, c) for c in clients]

@@ -36,6 +36,7 @@ from helpers import engine_on, small_synthetic
 
 from incofl.data.partition import make_partition
 from incofl.data.sources import content_hash, load_dataset
+from incofl.fl.contracts import Round
 from incofl.fl.stages.sampling import sample_schedule
 
 pytestmark = pytest.mark.pin
@@ -147,7 +148,7 @@ def two_rounds(method: str) -> list[list[float]]:
     with float64():
         engine = engine_on(small_synthetic(128), **{**TINY, "method": method, **FAMILIES[method]})
         start = [{k: v.clone() for k, v in state.items() if v.is_floating_point()} for state in engine.server.weights]
-        for round_ in range(2):
+        for round_ in Round.upto(2):
             engine.observe(engine.run_round(round_))
         assert all(
             v.dtype == torch.float64 for state in engine.server.weights for v in state.values() if v.is_floating_point()

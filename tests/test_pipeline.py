@@ -24,7 +24,7 @@ from incofl.data.partition import Partition, iid_partition, make_partition, part
 from incofl.data.release import ReleasePartitionError, read_release_partition, release_file
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit, to_device
-from incofl.fl.contracts import RoundContext, Setup
+from incofl.fl.contracts import Round, RoundContext, Setup
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import simulator
 from incofl.fl.methods.inco.step import InCoStep
@@ -346,7 +346,7 @@ def _prox_run(rounds: int, anchor: str) -> str:
     full = load_dataset("synthetic", cache_dir=None)
     data = ImageDataset("synthetic", full.x_train[:160], full.y_train[:160], full.x_test[:40], full.y_test[:40])
     engine = _engine(data, method="FedProx", rounds=rounds, ratio=1.0, method_args={"anchor": anchor, "mu": 1.0})
-    for r in range(rounds):
+    for r in Round.upto(rounds):
         engine.run_round(r)
     h = hashlib.sha256()
     for state in engine.server.weights:
@@ -379,7 +379,7 @@ def test_vit_epoch_scale_for_every_method_or_inco_only():
     assert EpochScale(hetero, Setup(release, names)).scale == 0.25  # the release: every method
     assert InCoStep(inco, Setup(release, names)).scale == 1.0  # divided once
     average = {"w": torch.ones(3)}
-    scaled = EpochScale(hetero, Setup(release, names))(average, RoundContext(0, 0, 1, 1))
+    scaled = EpochScale(hetero, Setup(release, names))(average, RoundContext(Round(1), 0, 1, 1))
     assert torch.equal(scaled["w"], torch.full((3,), 0.25))
 
 

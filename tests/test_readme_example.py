@@ -15,7 +15,7 @@ from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.contracts import ClientUpdate, Setup
+from incofl.fl.contracts import ClientUpdate, Round, Setup
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import simulator
 from incofl.params import describe
@@ -59,7 +59,7 @@ def _final_states(data, method, **args):
     cfg = RunConfig(**TINY, method=method, method_args=args)
     parts = iid_partition(len(data.y_train), cfg.clients, seed=0)
     engine = simulator(assemble(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu")))
-    for t in range(cfg.rounds):
+    for t in Round.upto(cfg.rounds):
         engine.run_round(t)
     return engine.server.weights
 

@@ -12,7 +12,7 @@ import torch
 from helpers import engine_on, small_synthetic
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import Setup
+from incofl.fl.contracts import Round, Setup
 from incofl.fl.engine.fold import RoundFold
 from incofl.fl.stages.client import KEPT, ClientRunner
 from incofl.fl.stages.clientstore import ClientStore
@@ -49,7 +49,7 @@ def node_of(engine, client: int) -> ClientRunner:
         train.augmentation,
     )
     method, store = METHODS[cfg.method], ClientStore()  # the node's own store: what its client keeps
-    objective = method.objective.cls(method.parse_args(cfg.method_args), Setup(cfg, [], store=store))
+    objective = method.objective.cls.client(method.parse_args(cfg.method_args), Setup(cfg, [], store=store))
     return ClientRunner(
         cfg, objective, copy.deepcopy(engine.server.models), split, {client: np.arange(len(own))}, store
     )
@@ -63,12 +63,12 @@ def test_a_node_trains_its_client_as_the_simulator_does(data):
     sampled = [int(c) for t in range(engine.server.cfg.rounds) for c in engine.server.schedule[t]]
     client = max(set(sampled), key=sampled.count)  # sampled in two rounds at least: it starts from what it kept
     node, trained = node_of(engine, client), 0
-    for t in range(engine.server.cfg.rounds):
+    for t in Round.upto(engine.server.cfg.rounds):
         plans, server = engine.server.plan(t), engine.server
         starts = {plan.client: server.start(plan) for plan in plans}
         fold = RoundFold(server, t, plans)
         for plan, reply in zip(
-            plans, engine.transport.train(t + 1, plans, server.start, server.broadcasts(plans)), strict=True
+            plans, engine.transport.train(t, plans, server.start, server.broadcasts(plans)), strict=True
         ):
             update = reply.update
             if plan.client == client:

@@ -16,10 +16,11 @@ from helpers import small_synthetic
 from test_resume import momentum_example, settings
 
 from incofl.data.partition import partition_for
+from incofl.fl.contracts import Round
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import Engine, simulator
 from incofl.fl.stages.component import Stateful, restore, snapshot
-from incofl.fl.stages.local import Objective
+from incofl.fl.stages.local import ClientObjective, Objective
 from incofl.registry import METHODS, Component, Method, register
 
 
@@ -59,7 +60,7 @@ def attributes(component: Stateful) -> dict[str, Any]:
 def undeclared_changes(engine: Engine, rounds: int) -> list[str]:
     """`role.attribute` of every undeclared attribute a round changed, over the first `rounds`."""
     changed = []
-    for round_ in range(rounds):
+    for round_ in Round.upto(rounds):
         components = [*engine.server.components(), ("clients' objective", engine.transport.clients.runner.objective)]
         before = {role: attributes(c) for role, c in components}
         engine.observe(engine.run_round(round_))
@@ -93,7 +94,7 @@ def test_every_method_declares_the_state_a_round_changes(name, data):
 def test_every_declared_state_round_trips_through_a_checkpoint(data):
     """What a component declares is saved as plain types and loaded back equal, in its own kinds."""
     engine = engine_for("FedLAG", data)
-    for round_ in range(2):
+    for round_ in Round.upto(2):
         engine.observe(engine.run_round(round_))
     for role, component in engine.server.components():
         saved = component.state_dict()
@@ -123,13 +124,11 @@ def test_a_transform_that_forgets_to_declare_its_state_fails(declared, data):
     assert changes == ([] if declared else ["post.0.buffers (ServerMomentum)"])
 
 
-class Peeking(Objective):
-    """A server state (`rounds_done`, moved at every round's end) that its sessions read; sent to
-    the clients only when `broadcasts` (what a session reads of it is kept in `seen`)."""
+class PeekingClient(ClientObjective):
+    """The clients' half: its sessions read the server's `rounds_done` as it was delivered
+    (kept in `seen`)."""
 
-    state = ("rounds_done",)
-    scratch = ("seen",)
-    broadcasts = False
+    scratch = ("rounds_done", "seen")
 
     def __init__(self, hp, setup):
         super().__init__(hp, setup)
@@ -139,15 +138,28 @@ class Peeking(Objective):
         self.seen.append(int(self.rounds_done))
         return super().session(ctx)
 
+    def receive(self, federation, state):
+        if state:
+            self.rounds_done = state["rounds_done"]
+
+
+class Peeking(Objective):
+    """A server state (`rounds_done`, moved at every round's end) sent to the clients only when
+    `broadcasts`."""
+
+    client = PeekingClient
+    state = ("rounds_done",)
+    broadcasts = False
+
+    def __init__(self, hp, setup):
+        super().__init__(hp, setup)
+        self.rounds_done = torch.zeros(())
+
     def server_round_end(self):
         self.rounds_done += 1
 
     def broadcast(self, federation):
         return {"rounds_done": self.rounds_done} if self.broadcasts else {}
-
-    def receive(self, federation, state):
-        if state:
-            self.rounds_done = state["rounds_done"]
 
 
 @pytest.mark.parametrize("broadcasts", [False, True])
@@ -158,7 +170,7 @@ def test_a_session_sees_server_state_only_as_delivered(broadcasts, data):
     register(Method("Peeking", objective=Component(objective), source="boundary test"))
     try:
         engine = engine_for("Peeking", data)
-        for round_ in range(2):
+        for round_ in Round.upto(2):
             engine.observe(engine.run_round(round_))
     finally:
         METHODS.pop("Peeking")
@@ -168,4 +180,3 @@ def test_a_session_sees_server_state_only_as_delivered(broadcasts, data):
     )
     per_round = len(engine.server.schedule[0])
     assert engine.transport.clients.runner.objective.seen == [0] * per_round + [1 if broadcasts else 0] * per_round
-    assert engine.server.objective.seen == []  # the server's objective opens no session

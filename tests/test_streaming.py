@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import engine_on, small_synthetic
 
-from incofl.fl.contracts import ClientUpdate
+from incofl.fl.contracts import ClientUpdate, Round
 from incofl.fl.engine.divergence import first_nonfinite
 from incofl.fl.engine.fold import Held, RoundFold
 
@@ -52,19 +52,21 @@ def test_a_round_holds_no_update_but_the_one_in_flight(method, data):
             yield update
 
     engine.transport.clients.runner.trainer.train = watched
-    engine.run_round(0)
+    engine.run_round(Round(1))
     assert len(refs) == 6 and all(refs) and alive == [0] * 6
 
 
 def _trained_round(engine):
     """Round 1's plans and its clients' updates, through the engine's transport (not yet folded in)."""
-    plans, server = engine.server.plan(0), engine.server
-    return plans, [reply.update for reply in engine.transport.train(1, plans, server.start, server.broadcasts(plans))]
+    plans, server = engine.server.plan(Round(1)), engine.server
+    return plans, [
+        reply.update for reply in engine.transport.train(Round(1), plans, server.start, server.broadcasts(plans))
+    ]
 
 
 def _concluded(engine, plans, updates):
     """The round's report with `updates` folded in, in order (what Engine.run_round does with them)."""
-    fold = RoundFold(engine.server, 0, plans)
+    fold = RoundFold(engine.server, Round(1), plans)
     for update in updates:
         fold.add(update)
     return fold.finish()
@@ -78,7 +80,7 @@ def test_updates_in_any_order_or_left_out_fold_to_the_same_bits(data):
     plans, updates = _trained_round(ordered)
     expected = _concluded(ordered, plans[:2] + plans[3:], updates[:2] + updates[3:])
     plans, updates = _trained_round(shuffled)
-    fold = RoundFold(shuffled.server, 0, plans)
+    fold = RoundFold(shuffled.server, Round(1), plans)
     for update in [*reversed(updates[3:]), updates[1]]:
         fold.add(update)
     fold.drop(plans[2].client)
@@ -91,8 +93,8 @@ def test_updates_in_any_order_or_left_out_fold_to_the_same_bits(data):
         for k in ordered.server.objective.c[0]
     )  # SCAFFOLD's c: the increments' sum, in the plans' order
     with pytest.raises(ValueError, match=r"round 1: client 99 is not planned or was already folded in"):
-        RoundFold(shuffled.server, 0, plans).add(ClientUpdate(99, 0, {}, 1, 1))
-    fold = RoundFold(shuffled.server, 0, plans)
+        RoundFold(shuffled.server, Round(1), plans).add(ClientUpdate(99, 0, {}, 1, 1))
+    fold = RoundFold(shuffled.server, Round(1), plans)
     fold.add(updates[0])
     with pytest.raises(ValueError, match=rf"client {plans[0].client} is not planned or was already folded in"):
         fold.add(updates[0])
@@ -117,7 +119,7 @@ def test_fednova_round_with_its_updates_on_disk_is_the_same(data):
         engine_on(data, method="FedNova", **SETTINGS, client_memory_mb=budget) for budget in (2048, 0)
     )
     for engine in (in_memory, on_disk):
-        engine.run_round(0)
+        engine.run_round(Round(1))
     assert in_memory.fingerprint() == on_disk.fingerprint()
 
 
@@ -125,7 +127,7 @@ def test_the_engine_ticks_once_a_client(data):
     engine = engine_on(data, method="FedAvg", **{**SETTINGS, "ratio": 0.5})
     ticks = []
     engine.tick = lambda: ticks.append(1)
-    engine.run_round(0)
+    engine.run_round(Round(1))
     assert len(ticks) == len(engine.server.schedule[0]) == 3
 
 

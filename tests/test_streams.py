@@ -13,6 +13,7 @@ import pytest
 
 from incofl import streams
 from incofl.data.partition import dirichlet_partition, holdout_split, iid_partition
+from incofl.fl.contracts import Round
 from incofl.fl.methods.fedpart.plan import PartPlanner
 from incofl.fl.methods.width.levels import WidthPlanner, statistics_indices
 from incofl.fl.stages.sampling import client_seed, noise_seed, sample_schedule
@@ -69,11 +70,11 @@ def _every_use(seed: int) -> None:
     statistics_indices(parts, 8, seed)
     part = SimpleNamespace(keys=list("abcd"), hp=SimpleNamespace(order="random"), seed=seed)
     width = SimpleNamespace(dynamic=True, seed=seed, groups=3)
-    for t in range(4):
-        PartPlanner.order(part, t)
+    for t in Round.upto(4):
+        PartPlanner.order(part, t.index)
         for c in range(4):
-            client_seed(seed, t, c)
-            noise_seed(seed, t, c)
+            client_seed(seed, t.index, c)
+            noise_seed(seed, t.index, c)
             WidthPlanner.group_of(width, t, c, 0)
 
 

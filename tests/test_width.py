@@ -10,7 +10,7 @@ import torch
 from helpers import engine_on, learned, seen, small_synthetic
 
 from incofl.config import RunConfig
-from incofl.fl.contracts import View
+from incofl.fl.contracts import Round, View
 from incofl.fl.methods.inco.step import cross_layer_update, find_pairs
 from incofl.fl.methods.width.aggregate import RolexMean, SlicedMean
 from incofl.fl.methods.width.levels import Widths
@@ -134,7 +134,7 @@ def data():
 
 def _run(data, method: str, **settings):
     engine = engine_on(data, method=method, **{**WIDTH, **settings})
-    engine.run_round(0)
+    engine.run_round(Round(1))
     return engine
 
 
@@ -144,9 +144,9 @@ def test_fedrolex_first_round_is_heterofl_and_rolls_after_it(data):
     hetero, rolex = _run(data, "HeteroFL", **rates), _run(data, "FedRolex", **rates)
     assert hetero.fingerprint() == rolex.fingerprint()  # offset 0: leading channels
     # conv1's 64 channels at a quarter scale: 16, 8 at rate 0.5
-    assert rolex.server.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(16, 8, 1).tolist()
-    assert hetero.server.planner.plan(1, 3).view.index["conv1.weight"][0].tolist() == window(16, 8, 0).tolist()
-    assert rolex.server.planner.plan(1, 0).view.index["conv1.weight"][0] is None  # rate 1: the full model
+    assert rolex.server.planner.plan(Round(2), 3).view.index["conv1.weight"][0].tolist() == window(16, 8, 1).tolist()
+    assert hetero.server.planner.plan(Round(2), 3).view.index["conv1.weight"][0].tolist() == window(16, 8, 0).tolist()
+    assert rolex.server.planner.plan(Round(2), 0).view.index["conv1.weight"][0] is None  # rate 1: the full model
 
 
 @pytest.mark.slow
@@ -194,15 +194,15 @@ def test_whole_model_methods_refuse_cut_levels():
 def test_a_resumed_dynamic_rolling_run_equals_an_uninterrupted_one(data):
     settings = {**WIDTH, "method": "InCoRolex", "width_rates": [1.0, 0.5], "rate_assignment": "dynamic", "rounds": 2}
     straight = engine_on(data, **settings)
-    straight.run_round(0)
-    straight.run_round(1)
+    straight.run_round(Round(1))
+    straight.run_round(Round(2))
     first = engine_on(data, **settings)
-    first.run_round(0)
+    first.run_round(Round(1))
     resumed = engine_on(data, **settings)
     resumed.load_state_dict(first.state_dict())
-    resumed.run_round(1)
+    resumed.run_round(Round(2))
     assert resumed.fingerprint() == straight.fingerprint()
-    assert straight.server.planner.plan(1, 0).group in (0, 1)
+    assert straight.server.planner.plan(Round(2), 0).group in (0, 1)
 
 
 @pytest.mark.slow
@@ -214,8 +214,8 @@ def test_full_width_inco_heterofl_without_mask_and_clip_is_inco_avg_bit_for_bit(
     width = engine_on(data, method="InCoHeteroFL", method_args=plain, **settings)
     depth = engine_on(data, method="InCoAvg", **settings)
     for engine in (width, depth):
-        engine.run_round(0)
-        engine.run_round(1)
+        engine.run_round(Round(1))
+        engine.run_round(Round(2))
     assert width.fingerprint() == depth.fingerprint()
 
 
@@ -338,16 +338,16 @@ def test_a_resumed_released_fedrolex_run_equals_an_uninterrupted_one(data):
         "method_args": {"weighting": "released"},
     }
     straight = engine_on(data, **settings)
-    straight.run_round(0)
-    straight.run_round(1)
+    straight.run_round(Round(1))
+    straight.run_round(Round(2))
     first = engine_on(data, **settings)
-    first.run_round(0)
+    first.run_round(Round(1))
     resumed = engine_on(data, **settings)
     resumed.load_state_dict(first.state_dict())
-    resumed.run_round(1)
+    resumed.run_round(Round(2))
     assert resumed.fingerprint() == straight.fingerprint()
     assert resumed.server.aggregator.times["fc.bias"].min() > 1  # the counts came back with the checkpoint
     mean = engine_on(data, **{**settings, "method_args": {}})
-    mean.run_round(0)
-    mean.run_round(1)
+    mean.run_round(Round(1))
+    mean.run_round(Round(2))
     assert mean.fingerprint() != straight.fingerprint()

@@ -28,6 +28,7 @@ from incofl.config import RunConfig
 from incofl.data.partition import Partition, iid_draw_partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
+from incofl.fl.contracts import Round
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.device import resolve_device
 from incofl.fl.engine.engine import Engine, simulator
@@ -117,7 +118,7 @@ def benchmark(
     for _ in range(repeats):
         for name, (engine, _) in paths.items():
             start = time.perf_counter()
-            trained = engine.run_round(0).samples
+            trained = engine.run_round(Round(1)).samples
             seconds[name].append(_finished(dev) - start)
         start = time.perf_counter()
         plain_samples = plain_loop(
@@ -250,7 +251,7 @@ def per_client(
     seconds: dict[str, list[float]] = {"round": [], "one_loop": []}
     for _ in range(repeats):
         start = time.perf_counter()
-        trained = engine.run_round(0).samples
+        trained = engine.run_round(Round(1)).samples
         seconds["round"].append(_finished(dev) - start)
         start = time.perf_counter()
         looped = plain_loop(

@@ -382,8 +382,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
     for m in METHODS.values():
         planner = [] if m.planner is FULL else [m.planner.name]  # a partial plan is named
         stages = [*planner, m.objective.name, m.aggregator.name, *(t.name for t in m.pre + m.post)]
-        trainers = "serial,batched" if m.objective.cls.batchable() else "serial"
-        graphs = " cuda_graphs" if m.objective.cls.capturable() else ""
+        trainers = "serial,batched" if m.objective.cls.client.batchable() else "serial"
+        graphs = " cuda_graphs" if m.objective.cls.client.capturable() else ""
         print(f"{m.name:20s} base={m.base or '-':9s} stages={'+'.join(stages)} trainer={trainers}{graphs}")
         print(f"{'':20s} method_args: {describe(m.params)}")
     return 0

@@ -114,7 +114,7 @@ class Method:
 
     def model_kwargs(self, hp: Params) -> dict[str, Any]:
         """The objective's model-building parameters (MOON's projection_dim) for `build_model`."""
-        return {name: getattr(hp, name) for name in self.objective.cls.model_args}
+        return {name: getattr(hp, name) for name in self.objective.cls.client.model_args}
 
     def check(self, settings: Settings) -> None:
         """Settings this method cannot run with, as a ValueError naming the key: personal methods
@@ -144,12 +144,12 @@ class Method:
                 f"width_rates: {name} trains whole models; cut ones need a width method "
                 "(HeteroFL, FedRolex, ScaleFL, or their InCo)"
             )
-        if settings.trainer == "batched" and not self.objective.cls.batchable():
+        if settings.trainer == "batched" and not self.objective.cls.client.batchable():
             raise ValueError(
                 f"trainer: batched cannot train {name} (its {self.objective.name} objective has "
                 "session hooks of its own); use trainer: serial"
             )
-        if settings.cuda_graphs and not self.objective.cls.capturable():
+        if settings.cuda_graphs and not self.objective.cls.client.capturable():
             raise ValueError(
                 f"cuda_graphs: {name}'s {self.objective.name} objective has session hooks of its own, which a "
                 "CUDA graph cannot replay; train it without cuda_graphs"

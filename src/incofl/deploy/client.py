@@ -1,12 +1,12 @@
 """One client of a real federation, without Flower: the run's client side (fl/engine/clients.py)
 built on the node from the config and that client's data alone (sitedata.py).
 
-A job (fl/engine/exchange.py) is answered as the simulator's in-process transport answers it:
-a TrainJob's broadcast (SCAFFOLD's c) is received, then the client side lays what this client
-keeps over the server's start weights and trains exactly as the simulator does (the config's
-trainer, the method's objective, the client's own batch stream); an EvalJob scores the client's
-model (its group's global weights with what it keeps) with the layout's own scoring (the
-held-out share, the test split).
+A job (fl/engine/exchange.py) is answered by the function the simulator's in-process transport
+answers with (`Clients.train`, `Clients.score`): a TrainJob's broadcast (SCAFFOLD's c) is
+received, then the client side lays what this client keeps over the server's start weights and
+trains exactly as the simulator does (the config's trainer, the method's objective, the
+client's own batch stream); an EvalJob scores the client's model (its group's global weights
+with what it keeps) with the layout's own scoring (the held-out share, the test split).
 
 What the client keeps across rounds (its ClientStore: its kept entries, SCAFFOLD's c_i, MOON's
 previous models) is saved on the node after every round it trains, one file per round in
@@ -35,7 +35,7 @@ import torch
 from incofl.atomic import save_tensors
 from incofl.config import RunConfig
 from incofl.deploy.sitedata import load_site, test_sha256
-from incofl.fl.contracts import ClientUpdate
+from incofl.fl.contracts import ClientUpdate, Round
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.checkpoint import last_checkpoint, semantic_config
 from incofl.fl.engine.clients import Clients
@@ -64,7 +64,7 @@ class SavedStores:
         return self.folder / f"after-round-{round_}.pt"
 
     def at(self, round_: int) -> dict[str, Any] | None:
-        """The state after round `round_` (1-based): the last one saved at or before it; None before any."""
+        """The state after round number `round_`: the last one saved at or before it; None before any."""
         saved = [r for r in self.rounds() if r <= round_]
         if not saved:
             return None
@@ -158,7 +158,7 @@ class SiteClient:
         self.fresh = self.clients.store.state_dict()  # a client before its first round: it keeps nothing
 
     def restore(self, round_: int, expected: str) -> None:
-        """The client's store after round `round_` (1-based; none before its first round), which
+        """The client's store after round number `round_` (0: before any; none before its first round), which
         must be the one whose hash it last reported (`expected`; '' before any)."""
         state = self.saved.at(round_)
         state = state if state is not None else self.fresh
@@ -173,12 +173,11 @@ class SiteClient:
         """The job's round from the server's start weights and its objective's broadcast: the
         update, the hash of what the client keeps ('' if nothing) and of its whole store, saved
         (neither is ever sent)."""
-        plan, clients = job.plan, self.clients
+        plan, clients, round_ = job.plan, self.clients, Round(job.round)
         if plan.client != self.client:
             raise ValueError(f"a plan for client {plan.client} sent to client {self.client}'s node")
-        self.restore(job.round - 1, job.state_sha256)
-        clients.receive({plan.federation: job.broadcast})
-        [update] = clients.stream(job.round, [plan], lambda _: job.start)
+        self.restore(round_.index, job.state_sha256)  # its store after the rounds before this one
+        [update] = clients.train(round_, [plan], lambda _: job.start, {plan.federation: job.broadcast})
         state = clients.store.state_dict()
         self.saved.save(job.round, state)
         kept = clients.kept(self.client)

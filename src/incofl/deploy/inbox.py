@@ -71,9 +71,11 @@ class Pulled:
     why: str = ""
 
 
-def one_line(err: BaseException) -> str:
+def one_line(err: BaseException, typed: bool = True) -> str:
+    """An exception in one short line: its message's first line, after its type's name (`typed`)."""
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:200] if text else ''}"
+    what = text[0][:300] if text else ""
+    return f"{type(err).__name__}: {what}" if typed else what
 
 
 class ReplyTooLarge(Exception):

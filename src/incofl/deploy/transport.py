@@ -51,9 +51,9 @@ from incofl.deploy.codec import (
     sign_instruction,
     unsigned,
 )
-from incofl.deploy.inbox import Inbox, Pulled
+from incofl.deploy.inbox import SMALL_REPLY, Inbox, Pulled, one_line
 from incofl.deploy.signing import SignatureError, private_key, public_key
-from incofl.fl.contracts import ClientPlan, State
+from incofl.fl.contracts import ClientPlan, Round, State
 from incofl.fl.engine.exchange import (
     EvalJob,
     EvalReply,
@@ -194,11 +194,10 @@ def no_content(node: int, reply: Message | None) -> str:
     return ""
 
 
-def one_line(err: Exception) -> str:
-    """An exception raised while a reply was read, in one short line."""
-    text = str(err).strip().splitlines()
-    what = text[0][:300] if text else ""
-    return what if isinstance(err, CodecError) else f"unreadable ({type(err).__name__}: {what})"
+def unreadable(err: Exception) -> str:
+    """An exception raised while a reply was read, in one short line: the codec's refusal as it
+    says it, anything else as what made the reply unreadable."""
+    return one_line(err, typed=False) if isinstance(err, CodecError) else f"unreadable ({one_line(err)})"
 
 
 def accept_update(reply: Message, expected: ExpectedUpdate, content: RecordDict | None = None) -> Reply:
@@ -211,7 +210,7 @@ def accept_update(reply: Message, expected: ExpectedUpdate, content: RecordDict 
         bad_hash = check_hashes(kept, state)
         why = bad_hash or check_update(expected, update)
     except Exception as err:  # noqa: BLE001 (no reply can stop the server)
-        return Reply(client, error=one_line(err), node=node)
+        return Reply(client, error=unreadable(err), node=node)
     if why:  # its state hash kept all the same (the node saved that state): unless malformed
         return Reply(client, error=why, state_sha256="" if bad_hash else state, node=node)
     return Reply(client, update, kept, state, node=node)
@@ -226,8 +225,21 @@ def accept_scores(
         client, scores = read_scores(reply.content if content is None else content, job.splits, expected)
         why = check_scores(expected, client, scores)
     except Exception as err:  # noqa: BLE001 (no reply can stop the server)
-        return EvalReply(error=one_line(err), node=node)
+        return EvalReply(error=unreadable(err), node=node)
     return EvalReply(client, scores, error=why, node=node)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A job on its way to its client's node, with the most bytes its reply may take (the inbox
+    stops pulling one past it; scores and other replies without states: the inbox's small cap)."""
+
+    job: TrainJob | EvalJob
+    cap: int = SMALL_REPLY
+
+    @property
+    def client(self) -> int:
+        return self.job.client
 
 
 @dataclass
@@ -247,27 +259,25 @@ class FlowerTransport:
     traffic: list[dict[str, int]] = field(default_factory=list)
 
     def train(
-        self, round_: int, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
+        self, round_: Round, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
     ) -> Iterator[Reply]:
         """Each planned client's job to its node; each reply read and checked as it arrives, then
         one for each job without one (why: none came)."""
+        number = round_.number  # what its messages and their signatures carry
         jobs = [
-            TrainJob(round_, plan, start(plan), broadcasts[plan.federation], self.states.get(plan.client, ""))
+            TrainJob(number, plan, start(plan), broadcasts[plan.federation], self.states.get(plan.client, ""))
             for plan in plans
         ]
-        expected = [self.server.expect(job.plan, job.start) for job in jobs]
-        sent = [i for i, job in enumerate(jobs) if job.plan.client in self.nodes]
+        expected = {job.client: self.server.expect(job.plan, job.start) for job in jobs}
+        sent = [Outgoing(job, reply_bytes(expected[job.client].states())) for job in jobs if job.client in self.nodes]
         answered = set()
-        caps = {i: reply_bytes(expected[i].states()) for i in sent}  # the inbox stops pulling a reply past it
-        for i, got in self.send(
-            sent, [jobs[i] for i in sent], [jobs[i].plan.client for i in sent], "train", round_, caps
-        ):
-            answered.add(i)
-            yield self.taken(round_, jobs[i].plan, self.read_update(jobs[i].plan.client, expected[i], got))
-        for i, job in enumerate(jobs):
-            if i not in answered:
-                node = self.nodes.get(job.plan.client, -1)
-                yield self.taken(round_, job.plan, Reply(job.plan.client, error=no_content(node, None), node=node))
+        for out, got in self.send(sent, "train", number):
+            answered.add(out.client)
+            yield self.taken(number, out.job.plan, self.read_update(out.client, expected[out.client], got))
+        for job in jobs:
+            if job.client not in answered:
+                node = self.nodes.get(job.client, -1)
+                yield self.taken(number, job.plan, Reply(job.client, error=no_content(node, None), node=node))
 
     def taken(self, round_: int, plan: ClientPlan, reply: Reply) -> Reply:
         """A read reply recorded: its node saved the state it hashes (whether or not it is averaged),
@@ -296,12 +306,12 @@ class FlowerTransport:
             for client, evals in by_client(jobs).items()
         ]
         replies: dict[int, EvalReply] = {}
-        for i, got in self.send(range(len(asked)), asked, [job.client for job in asked], "evaluate", round_):
-            replies[i] = self.read_scores(asked[i], got)
+        for out, got in self.send([Outgoing(job) for job in asked], "evaluate", round_):
+            replies[out.client] = self.read_scores(out.job, got)
         why = {}
-        for i, job in enumerate(asked):
+        for job in asked:
             node = self.nodes.get(job.client, -1)
-            reply = replies.get(i) or EvalReply(error=no_content(node, None), node=node)
+            reply = replies.get(job.client) or EvalReply(error=no_content(node, None), node=node)
             if reply.error:
                 log.warning(
                     "evaluation after round %d: node %d, client %d: refused: %s",
@@ -311,43 +321,33 @@ class FlowerTransport:
                     reply.error,
                 )
                 why[job.client] = reply.error
-            replies[i] = reply
+            replies[job.client] = reply
         if why:
             raise MissingClients(round_, sorted(why), why, evaluation=True)
         scored = {
             (job.client, split): s
-            for i, job in enumerate(asked)
-            for split, s in zip(job.splits, replies[i].scores, strict=True)
+            for job in asked
+            for split, s in zip(job.splits, replies[job.client].scores, strict=True)
         }
         return [scored[job.client, job.split] for job in jobs]
 
-    def send(
-        self,
-        index: Iterable[int],
-        jobs: list[Any],
-        clients: list[int],
-        kind: str,
-        round_: int,
-        caps: dict[int, int] | None = None,
-    ) -> Iterator[tuple[int, Opened]]:
-        """Each job (with its index) as a signed message to its client's node; (index, what came,
-        opened) for each reply as it arrives, a reply pulled no further than its index's cap in
-        bytes (`caps`; else the inbox's small one: scores). Bytes each way go to federation.csv: a
-        reply's once its signature holds (nothing of it is read before)."""
-        index, messages, down = list(index), [], {}
-        for job, client in zip(jobs, clients, strict=True):
-            content = job_content(job)
-            down[client] = message_bytes(content)
-            messages.append(self.identity.instruction(content, self.nodes[client], kind, round_, str(round_)))
-        waiting = {message_id: k for message_id, k in self.inbox.push(messages).items()}
-        caps = caps or {}
-        limits = {message_id: caps[index[k]] for message_id, k in waiting.items() if index[k] in caps}
-        for got in pulled(self.inbox, waiting, self.timeout, limits):
-            k = waiting[got.answers]
-            opened = self.opened(clients[k], got, kind, round_)
+    def send(self, jobs: list[Outgoing], kind: str, round_: int) -> Iterator[tuple[Outgoing, Opened]]:
+        """Each job as a signed message `kind` to its client's node; (the job, what came, opened)
+        for each reply as it arrives, pulled no further than the job's cap. Bytes each way go to
+        federation.csv: a reply's once its signature holds (nothing of it is read before)."""
+        messages, down = [], {}
+        for out in jobs:
+            content = job_content(out.job)
+            down[out.client] = message_bytes(content)
+            messages.append(self.identity.instruction(content, self.nodes[out.client], kind, round_, str(round_)))
+        waiting = {message_id: jobs[k] for message_id, k in self.inbox.push(messages).items()}
+        caps = {message_id: out.cap for message_id, out in waiting.items()}
+        for got in pulled(self.inbox, waiting, self.timeout, caps):
+            out = waiting[got.answers]
+            opened = self.opened(out.client, got, kind, round_)
             if opened.content is not None:
-                self.count(kind, round_, clients[k], down[clients[k]], opened.content)
-            yield index[k], opened
+                self.count(kind, round_, out.client, down[out.client], opened.content)
+            yield out, opened
         self.write_traffic()
 
     def read_update(self, client: int, expected: ExpectedUpdate, got: Opened) -> Reply:

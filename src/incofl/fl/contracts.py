@@ -1,9 +1,10 @@
-"""The contracts between the round's stages: what a planner hands a client (`ClientPlan`),
-what local training sees (`ClientContext`) and returns (`ClientUpdate`), which averaged update
-a post transform sees (`RoundContext`), a client's trained model for the analyses (`Trained`),
-the round's report for the observers (`RoundReport`), what a stage component is built from
-(`Setup`), and a width client's place in the global model (`View`). Data only: the stages that
-produce and consume them live in their own modules."""
+"""The contracts between the round's stages: which round of the run (`Round`), what a planner
+hands a client (`ClientPlan`), what local training sees (`ClientContext`) and returns
+(`ClientUpdate`), which averaged update a post transform sees (`RoundContext`), a client's
+trained model for the analyses (`Trained`), the round's report for the observers
+(`RoundReport`), what a stage component is built from (`Setup`), and a width client's place in
+the global model (`View`). Data only: the stages that produce and consume them live in their
+own modules."""
 
 from __future__ import annotations
 
@@ -34,6 +35,24 @@ class View:
     group: int
     index: dict[str, Index]
     cost: float = 1.0
+
+
+@dataclass(frozen=True, order=True)
+class Round:
+    """A round of the run, one numbering end to end: `number` counts from 1 (what jobs carry and
+    the run's files record), `index` is how many rounds come before it (the row of the seeded
+    schedule, and the word every random stream is keyed by: the numbers of every run stay theirs)."""
+
+    number: int
+
+    @property
+    def index(self) -> int:
+        return self.number - 1
+
+    @classmethod
+    def upto(cls, rounds: int) -> list[Round]:
+        """A run of `rounds` rounds, the first to the last."""
+        return [cls(number) for number in range(1, rounds + 1)]
 
 
 @dataclass(frozen=True)
@@ -73,7 +92,7 @@ class ClientContext:
 
     client: int
     group: int
-    round: int
+    round: Round
     model: nn.Module
     global_state: dict[str, torch.Tensor]  # the model's sub-state of the global weights (read-only)
     lr: float
@@ -127,13 +146,13 @@ class Setup:
 
 @dataclass(frozen=True)
 class RoundContext:
-    """Which averaged update a post transform is given: the round (0-based), the server state
+    """Which averaged update a post transform is given: the round, the server state
     (federation) it updates, how many clients and samples its updates came from and, with width
     splitting, per entry which elements some client covered (`covered`: the rest of the average
     is 0 and keeps the server's value). A post transform that keeps state (a server momentum
     buffer) keeps one per federation."""
 
-    round: int
+    round: Round
     federation: int
     clients: int
     samples: int
@@ -141,7 +160,7 @@ class RoundContext:
 
     @classmethod
     def of(
-        cls, round_: int, federation: int, updates: list[ClientUpdate], covered: State | None = None
+        cls, round_: Round, federation: int, updates: list[ClientUpdate], covered: State | None = None
     ) -> RoundContext:
         """The context of `federation`'s average over the round's `updates` (every federation's;
         their receipts do)."""
@@ -162,7 +181,7 @@ class Trained:
 
 @dataclass
 class RoundReport:
-    round: int  # 1-based: the round just finished
+    round: int  # the number of the round just finished (Round.number)
     samples: int  # sample passes trained (epochs x samples, over the sampled clients)
     upload_bytes: int
     compute_units: int

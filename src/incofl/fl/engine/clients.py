@@ -1,16 +1,18 @@
 """The client side of a run, and the simulator's transport to it.
 
 `Clients` holds what lives on clients: the group models they train in (the layout's), their
-training data, the run's trainer and the method's objective (its client side: sessions, what
-was delivered), the entries each client keeps for itself and whatever else the objective keeps
-per client (its `ClientStore`), and the scoring of a client's model on the client's data. It
+training data, the run's trainer and the client half of the method's objective
+(`ClientObjective`: what was delivered, sessions), the entries each client keeps for itself and
+whatever else the objective keeps per client (its `ClientStore`), and the scoring of a client's
+model on the client's data. It
 holds no server state: the server sends each planned client its plan and start weights and its
 objective's broadcast (exchange.py), and the client side trains from them to the update. The
 simulator builds one for every client; a federation's node one for its own client, from its own
 data alone (incofl.deploy.client).
 
-`InProcess` is the simulator's transport: the same exchange, called directly. The broadcast is
-copied on the way, as a network would copy it; start weights are read-only to a client.
+`InProcess` is the simulator's transport: the same exchange, called directly, and answered by
+the function a federation's node answers with (`Clients.train`). The broadcast is copied on the
+way, as a network would copy it; start weights are read-only to a client.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.engine.assembly import Assembly
 from incofl.fl.engine.exchange import Reply
 from incofl.fl.engine.fingerprint import state_sha256
@@ -37,7 +39,7 @@ class Clients:
         a, cfg = assembly, assembly.cfg
         self.layout = a.layout
         self.store = ClientStore(cfg.client_memory_mb)  # what each client keeps across rounds
-        self.objective = a.method.objective.cls(a.hp, a.setup(self.store))  # its client side
+        self.objective = a.method.objective.cls.client(a.hp, a.setup(self.store))  # its client half
         self.runner = ClientRunner(cfg, self.objective, a.models, a.train_data, a.parts, self.store)
         self.objective.begin(a.layout.server_model.state_dict())  # read-only: the models' initial weights
 
@@ -46,12 +48,15 @@ class Clients:
         for federation, sent in broadcasts.items():
             self.objective.receive(federation, sent)
 
-    def stream(
-        self, round_: int, plans: list[ClientPlan], start: Callable[[ClientPlan], State]
+    def train(
+        self, round_: Round, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
     ) -> Iterator[ClientUpdate]:
-        """Round `round_` (1-based) of the planned clients from the server's start weights, each
-        update as soon as the run's trainer has it (ClientRunner.stream_round)."""
-        return self.runner.stream_round(round_ - 1, plans, start)
+        """Round `round_` of the planned clients: what each federation's clients were sent, then
+        each client trained from the server's start weights, each update as soon as the run's
+        trainer has it (ClientRunner.stream_round). How both transports answer a round's jobs:
+        the simulator's for every planned client, a node's for its own."""
+        self.receive(broadcasts)
+        return self.runner.stream_round(round_, plans, start)
 
     def score(self, job: ClientEval, start: State) -> Scores:
         """A client's model scored on its split: the server's `start` with what the client keeps over it."""
@@ -71,10 +76,10 @@ class InProcess:
         self.clients = clients
 
     def train(
-        self, round_: int, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
+        self, round_: Round, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
     ) -> Iterator[Reply]:
-        self.clients.receive({f: {k: v.clone() for k, v in sent.items()} for f, sent in broadcasts.items()})
-        for update in self.clients.stream(round_, plans, start):
+        copied = {f: {k: v.clone() for k, v in sent.items()} for f, sent in broadcasts.items()}
+        for update in self.clients.train(round_, plans, start, copied):
             yield Reply(update.client, update)
 
     def score(self, round_: int, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from incofl.fl.contracts import RoundReport
+from incofl.fl.contracts import Round, RoundReport
 from incofl.fl.engine.assembly import Assembly
 from incofl.fl.engine.clients import Clients, InProcess
 from incofl.fl.engine.exchange import MissingClients, Transport
@@ -37,14 +37,14 @@ class Engine:
     def __init__(self, server: Server, transport: Transport, allow_missing: bool = False):
         self.server, self.transport, self.allow_missing = server, transport, allow_missing
 
-    def run_round(self, round_: int) -> RoundReport:
-        """Round `round_` (0-based): plan -> the transport (train on the client side) -> fold each
+    def run_round(self, round_: Round) -> RoundReport:
+        """Round `round_`: plan -> the transport (train on the client side) -> fold each
         update in as it arrives -> conclude; the round's report."""
         server = self.server
         plans = server.plan(round_)
         fold = RoundFold(server, round_, plans, self.tick)
         why: dict[int, str] = {}
-        for reply in self.transport.train(round_ + 1, plans, server.start, server.broadcasts(plans)):
+        for reply in self.transport.train(round_, plans, server.start, server.broadcasts(plans)):
             if reply.update is None:
                 why[reply.client] = reply.error or "no reply"
                 fold.drop(reply.client)
@@ -52,7 +52,7 @@ class Engine:
                 fold.add(reply.update)
         missing = sorted(why)
         if missing and not self.allow_missing:
-            raise MissingClients(round_ + 1, missing, why)
+            raise MissingClients(round_.number, missing, why)
         report = fold.finish()
         if self.transport.lossy:
             report.missing = missing

@@ -5,9 +5,8 @@ A round goes out as each planned client's `TrainJob` (its plan, the server's sta
 what the server's objective broadcasts) and comes back as one `Reply` per planned client: its
 `ClientUpdate`, or why there is none. An evaluation that must score a client's model where the
 client is (what it keeps, its held-out data: `Layout.on_client`) goes out as `EvalJob`s and
-comes back as their `Scores`. Rounds are numbered one way across the exchange: 1-based, the
-round a job trains (`TrainJob.round`), or the round after which a model is scored
-(`EvalJob.round`); the 0-based index the stages use internally stays on each side.
+comes back as their `Scores`. A job carries a round's number (`Round.number`, from 1): the
+round it trains (`TrainJob.round`), or the round after which a model is scored (`EvalJob.round`).
 
 Two transports carry it: the simulator's, in process (fl/engine/clients.py: the client side
 called directly, nothing copied but what a network would copy), and a Flower federation's
@@ -28,7 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
-from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.engine.divergence import first_nonfinite
 from incofl.fl.stages.component import Expected
 from incofl.fl.stages.evaluation import Scores
@@ -39,7 +38,7 @@ SHA256 = re.compile(r"([0-9a-f]{64})?")  # a reply's hashes: hex SHA-256 digests
 
 @dataclass(frozen=True)
 class TrainJob:
-    """One planned client's round `round` (1-based): its plan, the server's start weights, the
+    """One planned client's round number `round` (Round.number): its plan, the server's start weights, the
     objective's broadcast, and the hash of the client's state after its last accepted round ('' before
     any, or where the client side is the server's own: in process): the client checks the state it
     restores against it."""
@@ -50,10 +49,14 @@ class TrainJob:
     broadcast: State
     state_sha256: str = ""
 
+    @property
+    def client(self) -> int:
+        return self.plan.client
+
 
 @dataclass(frozen=True)
 class EvalJob:
-    """One client's model scored on `splits` after round `round` (1-based), with its group's global
+    """One client's model scored on `splits` after round number `round` (0: before any), with its group's global
     weights (`start`; the client lays what it keeps over them; `state_sha256` as in TrainJob)."""
 
     round: int
@@ -142,14 +145,14 @@ class Transport(Protocol):
     lossy: bool  # whether a planned client can be left without a reply (rounds.csv then names them)
 
     def train(
-        self, round_: int, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
+        self, round_: Round, plans: list[ClientPlan], start: Callable[[ClientPlan], State], broadcasts: dict[int, State]
     ) -> Iterator[Reply]:
-        """Round `round_` (1-based) of the planned clients, each from `start(plan)` and its
+        """Round `round_` of the planned clients, each from `start(plan)` and its
         federation's broadcast: one Reply per plan, each as it arrives (any order)."""
         ...
 
     def score(self, round_: int, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:
-        """Each listed client model's scores after round `round_` (1-based), where the client is:
+        """Each listed client model's scores after round number `round_` (0: before any), where the client is:
         its group's global weights `start(group)` with what it keeps; stops (MissingClients) naming
         the clients without valid ones."""
         ...

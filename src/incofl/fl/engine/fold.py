@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import torch
 
-from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundContext, RoundReport, Trained
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, RoundContext, RoundReport, Trained
 from incofl.fl.engine.divergence import check_states, check_updates
 from incofl.fl.engine.server import Server
 from incofl.fl.stages.aggregate import apply_update
@@ -56,17 +56,19 @@ class Held:
 
 
 class RoundFold:
-    """One round (0-based `round_`) of the server side in progress (module docstring): `add` each
-    client's update (any order), `drop` a planned client that sends none, then `finish` once for
-    the round's report; `tick` is called as each update is folded in (a progress bar)."""
+    """Round `round_` of the server side in progress (module docstring): `add` each client's
+    update (any order), `drop` a planned client that sends none, then `finish` once for the
+    round's report; `tick` is called as each update is folded in (a progress bar)."""
 
-    def __init__(self, server: Server, round_: int, plans: list[ClientPlan], tick: Callable[[], object] | None = None):
+    def __init__(
+        self, server: Server, round_: Round, plans: list[ClientPlan], tick: Callable[[], object] | None = None
+    ):
         self.server, self.round, self.plans, self.tick = server, round_, plans, tick
         self.position = {plan.client: i for i, plan in enumerate(plans)}
         self.next = 0  # the position of the next plan to fold in
         self.waiting: dict[int, ClientUpdate | None] = {}  # position -> an update that came early (None: dropped)
         self.receipts: list[ClientUpdate] = []  # the folded updates without their tensors (the report's)
-        self.probes = [o for o in server.observers if o.wants(round_ + 1)]
+        self.probes = [o for o in server.observers if o.wants(round_.number)]
         self.trained: list[Trained] = []  # the probes' (none unless they probe this round)
         self.sums = server.aggregator.fold()
         self.held = {
@@ -94,24 +96,24 @@ class RoundFold:
                 self._through(server.pre[i](round_, update), i + 1)
         server.planner.round_end(round_)
         for probe in self.probes:
-            probe.see_clients(round_ + 1, self.trained)
+            probe.see_clients(round_.number, self.trained)
         for federation, average in self.sums.averages().items():
             aggregated = {k: v.clone() for k, v in average.items()} if self.probes else {}
             ctx = RoundContext.of(round_, federation, self.receipts, self.sums.covered.get(federation))
             for post in server.post:
                 average = post(average, ctx)
             for probe in self.probes:
-                probe.see_average(round_ + 1, federation, aggregated, average)
+                probe.see_average(round_.number, federation, aggregated, average)
             apply_update(server.weights[federation], average)
-        check_states(round_ + 1, server.weights)
+        check_states(round_.number, server.weights)
         server.objective.server_round_end()
         diagnostics = {k: v for post in server.post for k, v in post.diagnostics().items()}
-        return RoundReport.of(round_ + 1, self.receipts, server.cfg.local_epochs, diagnostics)
+        return RoundReport.of(round_.number, self.receipts, server.cfg.local_epochs, diagnostics)
 
     def _arrive(self, client: int, update: ClientUpdate | None) -> None:
         position = self.position.get(client)
         if position is None or position < self.next or position in self.waiting:
-            raise ValueError(f"round {self.round + 1}: client {client} is not planned or was already folded in")
+            raise ValueError(f"round {self.round.number}: client {client} is not planned or was already folded in")
         self.waiting[position] = update
         self._advance()
 
@@ -126,7 +128,7 @@ class RoundFold:
 
     def _fold(self, plan: ClientPlan, update: ClientUpdate) -> None:
         server, round_ = self.server, self.round
-        check_updates(round_ + 1, [update])
+        check_updates(round_.number, [update])
         if self.probes:  # its delta copied: a pre transform may change the update's in place
             trained = server.trained(plan, update)
             self.trained.append(replace(trained, delta={k: v.clone() for k, v in trained.delta.items()}))

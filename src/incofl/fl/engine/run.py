@@ -26,6 +26,7 @@ from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import partition_for
 from incofl.errors import Diverged
+from incofl.fl.contracts import Round
 from incofl.fl.engine import checkpoint
 from incofl.fl.engine.assembly import Assembly, assemble
 from incofl.fl.engine.device import run_device
@@ -152,7 +153,7 @@ class Run:
         work, first = Work(self.engine.server, self.round), self.round
         self.say(work.line())
         bar = tqdm(
-            range(self.round, cfg.rounds),
+            Round.upto(cfg.rounds)[self.round :],
             initial=self.round,
             total=cfg.rounds,
             disable=not cfg.progress,
@@ -161,19 +162,20 @@ class Run:
         )
         clients = tqdm(total=0, disable=not cfg.progress, desc="clients", unit="client", leave=False, position=1)
         self.engine.tick = clients.update  # the round's clients as each one's update is folded in
-        for t in bar:
-            clients.reset(total=len(self.engine.server.schedule[t]))
+        for round_ in bar:
+            clients.reset(total=len(self.engine.server.schedule[round_.index]))
             start = time.perf_counter()
             try:
-                report = self.engine.run_round(t)
+                report = self.engine.run_round(round_)
             except Diverged as err:
                 self.finish(diverged=err)
                 raise
             report.seconds = time.perf_counter() - start
             self.engine.observe(report)
-            self.elapsed, self.samples, self.round = self.elapsed + report.seconds, self.samples + report.samples, t + 1
+            self.elapsed, self.samples = self.elapsed + report.seconds, self.samples + report.samples
+            self.round = round_.number  # the rounds done
             self.log.info("round %d/%d trained in %.1f s", self.round, cfg.rounds, report.seconds)
-            if t == first and self.round < cfg.rounds:
+            if round_.index == first and self.round < cfg.rounds:
                 self.say(work.time_line(report.seconds))
             if evaluated(self.round, cfg):
                 bar.set_postfix(acc=f"{self.record(self.round)['mean_acc']:.2f}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from incofl.fl.contracts import ClientPlan, ClientUpdate, RoundReport, State, Trained
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, RoundReport, State, Trained
 from incofl.fl.engine.assembly import Assembly
 from incofl.fl.engine.checkpoint import CheckpointMismatch
 from incofl.fl.engine.exchange import ExpectedScores, ExpectedUpdate
@@ -43,7 +43,7 @@ class Server:
         self.models, self.server_model = a.layout.models, a.layout.server_model
         self.names = [list(m.state_dict()) for m in self.models]
         cfg, method, hp, setup = a.cfg, a.method, a.hp, a.setup()
-        self.objective = method.objective.cls(hp, setup)  # its server side: state, broadcast, round end
+        self.objective = method.objective.cls(hp, setup)  # its server half: state, broadcast, round end
         self.aggregator = method.aggregator.cls(hp, setup)
         noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
         self.pre = [*noise, *(transform.cls(hp, setup) for transform in method.pre)]
@@ -78,9 +78,9 @@ class Server:
         state = self.weights[self.aggregator.federation(group)]
         return {k: state[k] for k in self.names[group]}
 
-    def plan(self, round_: int) -> list[ClientPlan]:
-        """Round `round_`'s (0-based) sampled clients (the seeded schedule), each with its planner's plan."""
-        return [self.planner.plan(round_, int(c)) for c in self.schedule[round_]]
+    def plan(self, round_: Round) -> list[ClientPlan]:
+        """Round `round_`'s sampled clients (its row of the seeded schedule), each with its planner's plan."""
+        return [self.planner.plan(round_, int(c)) for c in self.schedule[round_.index]]
 
     def start(self, plan: ClientPlan) -> State:
         """The server's weights a planned client trains from (the layout's choice); the client

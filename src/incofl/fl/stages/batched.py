@@ -14,7 +14,7 @@ running statistics are stacked buffers updated in place, as in the serial traine
 The updates equal SerialTrainer's up to floating-point reassociation (tests/test_batched.py
 pins the tolerance); dropout would draw differently. Only objectives without session hooks of
 their own, or whose hook is a gradient correction they also give in batched form
-(`Objective.batched_correction`: FedProx), can be batched (`Objective.batchable`); SCAFFOLD
+(`ClientObjective.batched_correction`: FedProx), can be batched (`ClientObjective.batchable`); SCAFFOLD
 and MOON are refused at config time.
 """
 
@@ -30,8 +30,8 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from incofl.config import RunConfig
-from incofl.fl.contracts import ClientPlan, ClientUpdate, State
-from incofl.fl.stages.local import Objective
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
+from incofl.fl.stages.local import ClientObjective
 from incofl.fl.stages.trainer import Trainer
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -138,7 +138,11 @@ class Bucket:
 
 class BatchedTrainer(Trainer):
     def train(
-        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
+        self,
+        round_: Round,
+        plans: list[ClientPlan],
+        start_of: Callable[[ClientPlan], State],
+        objective: ClientObjective,
     ) -> list[ClientUpdate]:
         """The round's updates in the plans' order (the serial trainer's: aggregation sums in it)."""
         buckets: dict[tuple, list[ClientPlan]] = defaultdict(list)
@@ -152,7 +156,7 @@ class BatchedTrainer(Trainer):
         return [updates[plan.client] for plan in plans]
 
     def train_bucket(
-        self, round_: int, plans: list[ClientPlan], starts: list[State], objective: Objective
+        self, round_: Round, plans: list[ClientPlan], starts: list[State], objective: ClientObjective
     ) -> list[ClientUpdate]:
         """Clients of one model with the same trainable parameters, side by side."""
         model = self.models[plans[0].group]
@@ -175,7 +179,7 @@ class BatchedTrainer(Trainer):
             updates.append(self.assemble(plan, starts[i], final, params, steps, loss, last_grad))
         return updates
 
-    def bucket(self, plans: list[ClientPlan], starts: list[State], objective: Objective) -> Bucket:
+    def bucket(self, plans: list[ClientPlan], starts: list[State], objective: ClientObjective) -> Bucket:
         return Bucket(self, plans, *self.stacked(plans, starts), objective)
 
     def stacked(self, plans: list[ClientPlan], starts: list[State]) -> tuple[State, State]:

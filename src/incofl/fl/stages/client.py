@@ -19,11 +19,11 @@ from torch import nn
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.batched import BatchedTrainer
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.graphs import GraphBatchedTrainer, GraphTrainer
-from incofl.fl.stages.local import Objective
+from incofl.fl.stages.local import ClientObjective
 from incofl.fl.stages.trainer import Parts, SerialTrainer
 
 KEPT = "kept"  # the client store's space of the entries a client keeps for itself (ClientPlan.keep)
@@ -36,7 +36,7 @@ class ClientRunner:
     def __init__(
         self,
         cfg: RunConfig,
-        objective: Objective,
+        objective: ClientObjective,
         models: list[nn.Module],
         data: TensorSplit,
         parts: Parts,
@@ -58,12 +58,12 @@ class ClientRunner:
         kept = self.store.get(KEPT, client) or {}
         return {**state, **{k: v.to(self.device) for k, v in kept.items()}}
 
-    def train(self, round_: int, plan: ClientPlan, start: State) -> ClientUpdate:
+    def train(self, round_: Round, plan: ClientPlan, start: State) -> ClientUpdate:
         """One planned client from the server's start weights."""
         return self.train_round(round_, [plan], lambda _: start)[0]
 
     def stream_round(
-        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
+        self, round_: Round, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
     ) -> Iterator[ClientUpdate]:
         """A round's planned clients' updates, in the plans' order, each as soon as the run's
         trainer has it (the serial one: client by client; the batched one: after the round)."""
@@ -77,7 +77,7 @@ class ClientRunner:
             yield update
 
     def train_round(
-        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
+        self, round_: Round, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State]
     ) -> list[ClientUpdate]:
         """A round's planned clients' updates, all of them (`stream_round`'s)."""
         return list(self.stream_round(round_, plans, start_of))

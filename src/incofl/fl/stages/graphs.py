@@ -29,9 +29,9 @@ from torch.func import grad_and_value, vmap
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, ClientUpdate, State
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.batched import Batch, BatchedTrainer, Bucket, _by_size
-from incofl.fl.stages.local import Objective, make_optimizer
+from incofl.fl.stages.local import ClientObjective, make_optimizer
 from incofl.fl.stages.trainer import Parts, SerialTrainer, last_gradients, set_trainable
 
 WARMUP = 3  # eager steps on a side stream before a capture (PyTorch's recipe: cuDNN's autotuning, lazy allocations)
@@ -130,14 +130,14 @@ class GraphStep:
 
 class GraphTrainer(SerialTrainer):
     """The serial trainer with each client's full batches replayed from a graph (module docstring).
-    Its objectives train plain cross-entropy (`Objective.capturable`)."""
+    Its objectives train plain cross-entropy (`ClientObjective.capturable`)."""
 
     def __init__(self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: Parts, autocast: bool):
         super().__init__(cfg, models, data, parts, autocast)
         self.capture = data.x.device.type == "cuda"
         self.steps: dict[tuple, GraphStep] = {}
 
-    def train_client(self, round_: int, plan: ClientPlan, start: State, objective: Objective) -> ClientUpdate:
+    def train_client(self, round_: Round, plan: ClientPlan, start: State, objective: ClientObjective) -> ClientUpdate:
         cfg, model = self.cfg, self.models[plan.group]
         model.load_state_dict(start)
         params = set_trainable(model, plan.trainable)
@@ -215,7 +215,7 @@ class GraphBatchedTrainer(BatchedTrainer):
         self.capture = data.x.device.type == "cuda"
         self.buckets: dict[tuple, GraphBucket] = {}
 
-    def bucket(self, plans: list[ClientPlan], starts: list[State], objective: Objective) -> GraphBucket:
+    def bucket(self, plans: list[ClientPlan], starts: list[State], objective: ClientObjective) -> GraphBucket:
         key = (plans[0].group, plans[0].trainable, len(plans))
         if key not in self.buckets:
             self.buckets[key] = GraphBucket(self, plans, starts, objective)

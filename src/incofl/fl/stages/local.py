@@ -1,22 +1,23 @@
 """Local training, parameterised by a local objective.
 
-An `Objective` holds what a method keeps across rounds (SCAFFOLD's control variates; per
-client, SCAFFOLD's c_i and MOON's previous models, in the run's `ClientStore`) and opens one
-`Session` per client and round: the session holds what one client's training needs (its
-anchors, its corrections, its frozen models), so two clients can train side by side.
-FedAvg is the base pair (plain cross-entropy); a method overrides a hook or two. The methods
-live in `incofl.fl.methods`, one module or folder per family.
+An objective has two halves, each built on its own side of the run (fl/engine/server.py,
+fl/engine/clients.py), in the simulator as in a federation: the server half (`Objective`) holds
+what the method keeps on the server (SCAFFOLD's control variates), says what its clients read of
+it besides the weights (`broadcast(federation)`) and folds in what they send back (`server_add`
+as each update is aggregated, in client order: what the round's end needs, SCAFFOLD's sum of
+increments, never the update itself; `server_round_end` once the round is applied). The client
+half (`ClientObjective`) takes a copy of each broadcast (`receive(federation, state)`, before
+training: fl/engine/exchange.py), keeps per client what the method keeps there (SCAFFOLD's c_i,
+MOON's previous models, in the run's `ClientStore`) and opens one `Session` per client and
+round: the session holds what one client's training needs (its anchors, its corrections, its
+frozen models), so two clients can train side by side, and reaches the server's state only
+through what was delivered. FedAvg is the base pair (plain cross-entropy); a method overrides a
+hook or two. The methods live in `incofl.fl.methods`, one module or folder per family.
 
 Order for one client: `objective.session(ctx)`, then per step `loss`, `after_backward` and
-`after_step`, then `end(update)`; on the server, `objective.server_add(update)` as each update
-is aggregated (in client order: fold what the round's end needs, SCAFFOLD's sum of increments,
-never the update itself) and `objective.server_round_end()` once the round is applied. Server
-and clients hold separate objective objects, in the simulator as in a real federation: the server sends each client
-`objective.broadcast(federation)` with its start weights (what a client reads of the server's
-objective state: SCAFFOLD's c) and the clients' objective takes a copy of it with
-`receive(federation, state)` before training (fl/engine/exchange.py); a session reaches the server's
-state only through what was delivered.
-The objective's state across rounds is its `state_dict` (fl/stages/component.py).
+`after_step`, then `end(update)`. Each half's state across rounds is its `state_dict`
+(fl/stages/component.py); the server half names its client half (`client`), and a method's
+registry entry names the server half.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from incofl.params import Params
 class Session:
     """One client's local training under FedAvg's objective: plain cross-entropy."""
 
-    def __init__(self, objective: Objective, ctx: ClientContext):
+    def __init__(self, objective: ClientObjective, ctx: ClientContext):
         self.objective, self.ctx = objective, ctx
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -56,9 +57,10 @@ class Session:
         return update
 
 
-class Objective(Stateful):
-    """FedAvg. `session_type` is the per-client part; `model_args` name the parameters that
-    configure the model rather than the loss (MOON's projection head, for `build_model`)."""
+class ClientObjective(Stateful):
+    """FedAvg's client half. `session_type` is the per-client part; `model_args` name the
+    parameters that configure the model rather than the loss (MOON's projection head, for
+    `build_model`)."""
 
     session_type: ClassVar[type[Session]] = Session
     model_args: ClassVar[tuple[str, ...]] = ()
@@ -68,24 +70,13 @@ class Objective(Stateful):
         self.store = setup.store or ClientStore()  # what each client keeps across rounds
 
     def begin(self, initial: dict[str, torch.Tensor]) -> None:
-        """Once before training (again on resume): the server model's initial weights (read-only)."""
-
-    def broadcast(self, federation: int) -> State:
-        """Server side: what a client of `federation` reads of this objective's server state
-        besides the weights (module docstring); none for FedAvg."""
-        return {}
+        """Once before training: the models' initial weights (read-only)."""
 
     def receive(self, federation: int, state: State) -> None:
-        """Client side: take what `broadcast(federation)` sent, before the client trains."""
+        """Take what the server half's `broadcast(federation)` sent, before the client trains."""
 
     def session(self, ctx: ClientContext) -> Session:
         return self.session_type(self, ctx)
-
-    def server_add(self, update: ClientUpdate) -> None:
-        """Server side, as each of the round's updates is aggregated (in client order)."""
-
-    def server_round_end(self) -> None:
-        """After the round's aggregation is applied (server-side method state)."""
 
     def batched_correction(self, weights: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> dict:
         """The batched trainer's form of a session whose one hook adds a correction to the
@@ -95,7 +86,7 @@ class Objective(Stateful):
 
     @classmethod
     def corrects(cls) -> bool:
-        return cls.batched_correction is not Objective.batched_correction
+        return cls.batched_correction is not ClientObjective.batched_correction
 
     @classmethod
     def capturable(cls) -> bool:
@@ -107,6 +98,29 @@ class Objective(Stateful):
         """The batched trainer can train it: plain cross-entropy sessions, or a gradient
         correction it also gives in batched form, and no `end` of its own."""
         return cls.session_type.end is Session.end and (cls.session_type is Session or cls.corrects())
+
+
+class Objective(Stateful):
+    """FedAvg's server half: nothing to broadcast or fold in. `client`: its client half."""
+
+    client: ClassVar[type[ClientObjective]] = ClientObjective
+
+    def __init__(self, hp: Params, setup: Setup):
+        self.hp = hp
+
+    def begin(self, initial: dict[str, torch.Tensor]) -> None:
+        """Once before training (again on resume): the server model's initial weights (read-only)."""
+
+    def broadcast(self, federation: int) -> State:
+        """What a client of `federation` reads of this half's state besides the weights (module
+        docstring); none for FedAvg."""
+        return {}
+
+    def server_add(self, update: ClientUpdate) -> None:
+        """As each of the round's updates is aggregated (in client order)."""
+
+    def server_round_end(self) -> None:
+        """After the round's aggregation is applied (server-side method state)."""
 
 
 def make_optimizer(

@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from incofl.config import RunConfig
-from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, Setup
 from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.sampling import group_of
 
@@ -48,16 +48,16 @@ class FullPlanner(Stateful):
         self.sizes = Counter(self.federation_of(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients))
         self.keep = [bn_statistics(m) if local_statistics(cfg) else frozenset() for m in setup.models]
 
-    def plan(self, round_: int, client: int) -> ClientPlan:
+    def plan(self, round_: Round, client: int) -> ClientPlan:
         group = group_of(client, self.num_clients, self.groups)
         federation = self.federation_of(group)
         return ClientPlan(client, group, federation, self.sizes[federation], keep=self.keep[group])
 
-    def observe(self, round_: int, update: ClientUpdate) -> None:
+    def observe(self, round_: Round, update: ClientUpdate) -> None:
         """Each of the round's updates as it arrives (in client order, before the pre transforms):
         what later plans may depend on (FedLAG's conflict signals)."""
 
-    def round_end(self, round_: int) -> None:
+    def round_end(self, round_: Round) -> None:
         """After the round's last update was observed (FedLAG's conflict scores)."""
 
     def summary(self) -> dict[str, Any]:

@@ -18,8 +18,8 @@ from torch import nn
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientContext, ClientPlan, ClientUpdate, State
-from incofl.fl.stages.local import Objective, client_batches, local_train, make_optimizer
+from incofl.fl.contracts import ClientContext, ClientPlan, ClientUpdate, Round, State
+from incofl.fl.stages.local import ClientObjective, client_batches, local_train, make_optimizer
 from incofl.fl.stages.sampling import client_seed
 
 Parts = Sequence[np.ndarray] | Mapping[int, np.ndarray]  # client -> its training indices (a node: its own only)
@@ -63,9 +63,9 @@ class Trainer:
             self.held[client] = held_classes(self.data, self.parts[client])
         return self.held[client]
 
-    def batches(self, round_: int, client: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, round_: Round, client: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.cfg
-        gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_, client))
+        gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_.index, client))
         return client_batches(self.data, self.parts[client], cfg.local_epochs, cfg.batch_size, gen, cfg.drop_last)
 
     def assemble(
@@ -102,14 +102,18 @@ class Trainer:
 
 class SerialTrainer(Trainer):
     def train(
-        self, round_: int, plans: list[ClientPlan], start_of: Callable[[ClientPlan], State], objective: Objective
+        self,
+        round_: Round,
+        plans: list[ClientPlan],
+        start_of: Callable[[ClientPlan], State],
+        objective: ClientObjective,
     ) -> Iterator[ClientUpdate]:
         """Each planned client's update as soon as it is trained, in the plans' order (the
         server folds it in before the next client trains: fl/engine/fold.py)."""
         for plan in plans:
             yield self.train_client(round_, plan, start_of(plan), objective)
 
-    def train_client(self, round_: int, plan: ClientPlan, start: State, objective: Objective) -> ClientUpdate:
+    def train_client(self, round_: Round, plan: ClientPlan, start: State, objective: ClientObjective) -> ClientUpdate:
         cfg, model = self.cfg, self.models[plan.group]
         model.load_state_dict(start)  # copies: `start` stays the untouched global weights
         params = set_trainable(model, plan.trainable)

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from incofl.fl.contracts import Average, ClientUpdate, RoundContext, Setup
+from incofl.fl.contracts import Average, ClientUpdate, Round, RoundContext, Setup
 from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.sampling import noise_seed
 
@@ -36,13 +36,13 @@ class UpdateTransform(Stateful):
     def __init__(self, hp: Any, setup: Setup):
         self.hp = hp
 
-    def see(self, round_: int, update: ClientUpdate) -> None:
+    def see(self, round_: Round, update: ClientUpdate) -> None:
         """A `whole_round` transform's first look at each update of the round, in client order."""
 
-    def seen_all(self, round_: int) -> None:
+    def seen_all(self, round_: Round) -> None:
         """A `whole_round` transform: every update of the round was seen; the calls follow."""
 
-    def __call__(self, round_: int, update: ClientUpdate) -> ClientUpdate:
+    def __call__(self, round_: Round, update: ClientUpdate) -> ClientUpdate:
         return update
 
 
@@ -56,8 +56,8 @@ class UpdateNoise(UpdateTransform):
         super().__init__(hp, setup)
         self.scale, self.seed = setup.cfg.update_noise, setup.cfg.seed
 
-    def __call__(self, round_: int, update: ClientUpdate) -> ClientUpdate:
-        gen = torch.Generator().manual_seed(noise_seed(self.seed, round_, update.client))
+    def __call__(self, round_: Round, update: ClientUpdate) -> ClientUpdate:
+        gen = torch.Generator().manual_seed(noise_seed(self.seed, round_.index, update.client))
         for delta in update.delta.values():
             if delta.numel() > 1:
                 noise = torch.randn(delta.shape, generator=gen, dtype=delta.dtype)

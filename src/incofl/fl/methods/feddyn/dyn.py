@@ -23,7 +23,7 @@ import torch
 
 from incofl.fl.contracts import Average, ClientContext, ClientUpdate, RoundContext, Setup, State
 from incofl.fl.methods.feddyn.spec import DynParams
-from incofl.fl.stages.local import Objective, Session
+from incofl.fl.stages.local import ClientObjective, Objective, Session
 from incofl.fl.stages.plan import FullPlanner
 from incofl.fl.stages.transforms import AverageTransform
 
@@ -31,9 +31,9 @@ SPACE = "feddyn"  # the client store's space of the clients' g_k
 
 
 class DynSession(Session):
-    objective: DynObjective
+    objective: DynClient
 
-    def __init__(self, objective: DynObjective, ctx: ClientContext):
+    def __init__(self, objective: DynClient, ctx: ClientContext):
         super().__init__(objective, ctx)
         g = objective.store.get(SPACE, ctx.client) or {}  # absent: zero (never trained)
         self.terms = [
@@ -66,11 +66,17 @@ class DynSession(Session):
         return update
 
 
-class DynObjective(Objective):
-    """The client side; its state is the clients' g_k, in the client store."""
+class DynClient(ClientObjective):
+    """The clients' half; its state is the clients' g_k, in the client store."""
 
     session_type = DynSession
     hp: DynParams
+
+
+class DynObjective(Objective):
+    """The objective's server half: FedAvg's (the server's h is DynCorrection's)."""
+
+    client = DynClient
 
 
 class DynCorrection(AverageTransform):

@@ -1,6 +1,6 @@
 """FedDyn's parameters and methods (Acar et al., ICLR 2021, Algorithm 1): the client's dynamic
-regulariser (DynObjective) and the server's correction (DynCorrection), both in dyn.py; and
-InCoDyn, the InCo step after that correction."""
+regulariser (DynClient; DynObjective is its server half) and the server's correction
+(DynCorrection), both in dyn.py; and InCoDyn, the InCo step after that correction."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from incofl.fl.contracts import ClientUpdate, Setup
+from incofl.fl.contracts import ClientUpdate, Round, Setup
 from incofl.fl.stages.transforms import UpdateTransform
 
 
@@ -46,15 +46,15 @@ class NovaNormalize(UpdateTransform):
         self.seen: dict[int, list[tuple[int, float]]] = {}  # federation -> (n_i, a_i) in client order
         self.tau_eff: dict[int, float] = {}
 
-    def see(self, round_: int, update: ClientUpdate) -> None:
+    def see(self, round_: Round, update: ClientUpdate) -> None:
         self.seen.setdefault(update.federation, []).append((update.num_samples, normalizer(update.steps, self.rho)))
 
-    def seen_all(self, round_: int) -> None:
+    def seen_all(self, round_: Round) -> None:
         # sum(n_i * a_i) / sum(n_i) rather than sum(p_i * a_i): exact when all a_i are equal
         self.tau_eff = {f: sum(n * a for n, a in seen) / sum(n for n, _ in seen) for f, seen in self.seen.items()}
         self.seen = {}
 
-    def __call__(self, round_: int, update: ClientUpdate) -> ClientUpdate:
+    def __call__(self, round_: Round, update: ClientUpdate) -> ClientUpdate:
         a = normalizer(update.steps, self.rho)
         scale = self.tau_eff[update.federation] / a if a > 0 else 0.0  # a_i = 0: no step, zero update
         for delta in update.delta.values():

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from incofl.fl.contracts import ClientPlan, Setup
+from incofl.fl.contracts import ClientPlan, Round, Setup
 from incofl.fl.stages.plan import FullPlanner
 from incofl.models.family import check_nested
 from incofl.models.groups import counterpart, layer_groups
@@ -48,19 +48,19 @@ class PartPlanner(FullPlanner):
             return generator(self.seed, Stream.PART_ORDER, pass_).permutation(groups).tolist()
         return list(range(groups))[:: -1 if self.hp.order == "reverse" else 1]
 
-    def layer(self, round_: int) -> int | None:
-        """The server's layer group trained in a round (0-based), None in a full round."""
+    def layer(self, round_: Round) -> int | None:
+        """The server's layer group trained in a round, None in a full round."""
         warmup, per_group, groups = self.hp.warmup, self.hp.rounds_per_group, len(self.keys)
         if self.hp.schedule == "cycles":
-            cycle, position = divmod(round_, warmup + per_group * groups)
+            cycle, position = divmod(round_.index, warmup + per_group * groups)
         else:
-            cycle, position = 0, round_
+            cycle, position = 0, round_.index
         if position < warmup:
             return None
         pass_, slot = divmod((position - warmup) // per_group, groups)  # pass_ > 0 only under `once`
         return self.order(cycle + pass_)[slot]
 
-    def plan(self, round_: int, client: int) -> ClientPlan:
+    def plan(self, round_: Round, client: int) -> ClientPlan:
         full = super().plan(round_, client)
         layer = self.layer(round_)
         if layer is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from incofl.fl.contracts import ClientContext
-from incofl.fl.stages.local import Objective, Session
+from incofl.fl.stages.local import ClientObjective, Objective, Session
 
 
 class ProxSession(Session):
@@ -17,7 +17,7 @@ class ProxSession(Session):
     backward (as FL-bench does): no autograd graph over every weight, and with mu = 0 the
     step is bit-identical to FedAvg's. Over the trainable parameters, like NIID-Bench."""
 
-    def __init__(self, objective: FedProx, ctx: ClientContext):
+    def __init__(self, objective: ProxClient, ctx: ClientContext):
         super().__init__(objective, ctx)
         # (trainable weight, its global value) of this client
         anchor = objective.initial if objective.hp.anchor == "initial" else ctx.global_state
@@ -32,7 +32,7 @@ class ProxSession(Session):
                 p.grad.add_(p.detach() - anchor, alpha=mu)
 
 
-class FedProx(Objective):
+class ProxClient(ClientObjective):
     session_type = ProxSession
     initial: dict[str, torch.Tensor]
 
@@ -44,3 +44,9 @@ class FedProx(Objective):
     def begin(self, initial: dict[str, torch.Tensor]) -> None:
         if self.hp.anchor == "initial":  # a copy: the server's state moves on
             self.initial = {k: v.detach().clone() for k, v in initial.items()}
+
+
+class FedProx(Objective):
+    """FedProx's server half: FedAvg's (the proximal term is the clients' alone)."""
+
+    client = ProxClient

@@ -35,7 +35,7 @@ from torch import nn
 
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
 from incofl.fl.methods.objectives.spec import MoonParams
-from incofl.fl.stages.local import Objective, Session
+from incofl.fl.stages.local import ClientObjective, Objective, Session
 
 SPACE = "moon"  # the client store's space of the clients' previous models
 
@@ -69,9 +69,9 @@ def moon_loss(
 
 
 class MoonSession(Session):
-    objective: Moon
+    objective: MoonClient
 
-    def __init__(self, objective: Moon, ctx: ClientContext):
+    def __init__(self, objective: MoonClient, ctx: ClientContext):
         super().__init__(objective, ctx)
         self.frozen = objective.borrow(ctx)
         self.previous = previous = unpack(objective.store.get(SPACE, ctx.client) or {})
@@ -100,7 +100,7 @@ class MoonSession(Session):
         return update
 
 
-class Moon(Objective):
+class MoonClient(ClientObjective):
     session_type = MoonSession
     model_args = ("projection_dim",)
     scratch = ("spare",)  # frozen model copies lent to sessions: reused, never state
@@ -115,3 +115,9 @@ class Moon(Objective):
         if spare:
             return spare.pop()
         return [copy.deepcopy(ctx.model).eval().requires_grad_(False) for _ in range(1 + int(self.hp.pool_size))]
+
+
+class Moon(Objective):
+    """MOON's server half: FedAvg's (the contrastive term and the previous models are the clients')."""
+
+    client = MoonClient

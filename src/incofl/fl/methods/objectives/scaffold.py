@@ -36,7 +36,7 @@ import torch
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
 from incofl.fl.methods.objectives.spec import ScaffoldParams
 from incofl.fl.stages.component import Sent
-from incofl.fl.stages.local import Objective, Session
+from incofl.fl.stages.local import ClientObjective, Objective, Session
 
 Variates = dict[str, torch.Tensor]
 SPACE = "scaffold"  # the client store's space of the clients' c_i
@@ -47,9 +47,9 @@ def _trainable(ctx: ClientContext) -> list[tuple[str, torch.Tensor]]:
 
 
 class ScaffoldSession(Session):
-    objective: Scaffold
+    objective: ScaffoldClient
 
-    def __init__(self, objective: Scaffold, ctx: ClientContext):
+    def __init__(self, objective: ScaffoldClient, ctx: ClientContext):
         super().__init__(objective, ctx)
         c = objective.c.setdefault(ctx.federation, {})
         self.c_i = c_i = objective.store.get(SPACE, ctx.client) or {}  # absent: zero (never trained)
@@ -88,9 +88,25 @@ class ScaffoldSession(Session):
         return update
 
 
-class Scaffold(Objective):
+class ScaffoldClient(ClientObjective):
+    """The clients' half: c as received (the c_i are in the client store)."""
+
     session_type = ScaffoldSession
-    state = ("c",)  # the c_i are in the client store
+    scratch = ("c",)  # the server's, received anew every round
+
+    def __init__(self, hp: ScaffoldParams, setup: Setup):
+        super().__init__(hp, setup)
+        self.c: dict[int, Variates] = {}  # server variate per federation, as received, on the training device
+
+    def receive(self, federation: int, state: State) -> None:
+        self.c[federation] = dict(state)
+
+
+class Scaffold(Objective):
+    """The server's half: c, updated from the clients' increments."""
+
+    client = ScaffoldClient
+    state = ("c",)
     scratch = ("totals",)  # within a round only
     sends = (Sent("scaffold_increment", stepped_only=True),)
 
@@ -102,9 +118,6 @@ class Scaffold(Objective):
     def broadcast(self, federation: int) -> State:
         """The federation's c (empty before its first client trains: zero)."""
         return dict(self.c.get(federation, {}))
-
-    def receive(self, federation: int, state: State) -> None:
-        self.c[federation] = dict(state)
 
     def server_add(self, update: ClientUpdate) -> None:
         """One update's increment into the round's sum (in the round's client order)."""

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from incofl.fl.contracts import ClientPlan, ClientUpdate, Setup, State
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, Setup, State
 from incofl.fl.methods.personal.spec import LagParams
 from incofl.fl.stages.component import Sent
 from incofl.fl.stages.plan import FullPlanner
@@ -39,7 +39,7 @@ class KeepPlanner(FullPlanner):
     def personal(self, model: nn.Module) -> list[str]:
         raise NotImplementedError
 
-    def plan(self, round_: int, client: int) -> ClientPlan:
+    def plan(self, round_: Round, client: int) -> ClientPlan:
         full = super().plan(round_, client)
         return replace(full, keep=full.keep | self.own[full.group])
 
@@ -92,28 +92,28 @@ class LagPlanner(FullPlanner):
         self.personal: list[str] = []
         self.signals: list[State] = []  # the warm-up round's so far, in client order
 
-    def plan(self, round_: int, client: int) -> ClientPlan:
+    def plan(self, round_: Round, client: int) -> ClientPlan:
         full = super().plan(round_, client)
-        if round_ < self.warmup:
+        if round_.number <= self.warmup:
             return replace(full, last_grad=self.hp.signal == "last_grad")
         names = self.names[full.group]
         own = names & frozenset(self.personal) if self.hp.broadcast else names
         return replace(full, keep=full.keep | own)
 
-    def observe(self, round_: int, update: ClientUpdate) -> None:
+    def observe(self, round_: Round, update: ClientUpdate) -> None:
         """A warm-up round's update: its signal's parameters, copied (pairwise cosines need every
         client's; a pre transform may change the update's own tensors in place)."""
-        if round_ >= self.warmup:
+        if round_.number > self.warmup:
             return
         signal = update.extra["last_grad"] if self.hp.signal == "last_grad" else update.delta
         self.signals.append({name: signal[name].clone() for name in self.entries if name in signal})
 
-    def round_end(self, round_: int) -> None:
-        if round_ >= self.warmup:
+    def round_end(self, round_: Round) -> None:
+        if round_.number > self.warmup:
             return
         signals, self.signals = self.signals, []
         self.scores += conflict_counts(signals, self.entries, self.hp.xi)
-        if round_ == self.warmup - 1:
+        if round_.number == self.warmup:
             ranked = sorted(range(len(self.entries)), key=lambda i: (-self.scores[i], i))
             self.personal = [self.entries[i] for i in ranked[: self.hp.top_k]]
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from incofl.fl.contracts import ClientContext
-from incofl.fl.stages.local import Objective, Session
+from incofl.fl.stages.local import ClientObjective, Objective, Session
 
 
 def exit_loss(
@@ -41,16 +41,22 @@ def exit_loss(
 
 
 class ExitSession(Session):
-    objective: ExitLoss
+    objective: ExitClient
 
-    def __init__(self, objective: ExitLoss, ctx: ClientContext):
+    def __init__(self, objective: ExitClient, ctx: ClientContext):
         super().__init__(objective, ctx)
-        self.distilling = ctx.round >= objective.hp.distill_from * ctx.rounds
+        self.distilling = ctx.round.index >= objective.hp.distill_from * ctx.rounds
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         hp = self.objective.hp
         return exit_loss(self.ctx.model(x), y, float(hp.gamma), float(hp.temperature), hp.distill, self.distilling)
 
 
-class ExitLoss(Objective):
+class ExitClient(ClientObjective):
     session_type = ExitSession
+
+
+class ExitLoss(Objective):
+    """The exits' loss's server half: FedAvg's."""
+
+    client = ExitClient

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, Setup, State, View
+from incofl.fl.contracts import ClientPlan, Round, Setup, State, View
 from incofl.fl.methods.width.slicing import extract, index_map
 from incofl.fl.stages.evaluation import score
 from incofl.fl.stages.layout import ClientScores, Layout, LayoutInputs, SubState
@@ -71,16 +71,16 @@ class WidthPlanner(FullPlanner):
         self.widths, self.rolling, self.seed = setup.layout.widths, hp.rolling, setup.cfg.seed
         self.dynamic = setup.cfg.rate_assignment == "dynamic"
 
-    def group_of(self, round_: int, client: int, fixed: int) -> int:
+    def group_of(self, round_: Round, client: int, fixed: int) -> int:
         """The client's group (its width level) this round: its `fixed` one, or a fresh draw (dynamic)."""
         if not self.dynamic:
             return fixed
-        return int(generator(self.seed, Stream.WIDTH_LEVEL, round_, client).integers(self.groups))
+        return int(generator(self.seed, Stream.WIDTH_LEVEL, round_.index, client).integers(self.groups))
 
-    def plan(self, round_: int, client: int) -> ClientPlan:
+    def plan(self, round_: Round, client: int) -> ClientPlan:
         full = super().plan(round_, client)
         group = self.group_of(round_, client, full.group)
-        view = self.widths.view(group, round_ if self.rolling else 0)
+        view = self.widths.view(group, round_.index if self.rolling else 0)
         return ClientPlan(client, group, full.federation, full.federation_size, view=view)
 
 

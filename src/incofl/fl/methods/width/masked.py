@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from incofl.fl.contracts import ClientContext
-from incofl.fl.stages.local import Objective, Session
+from incofl.fl.stages.local import ClientObjective, Objective, Session
 
 
 def masked_logits(logits: torch.Tensor, classes: torch.Tensor | None) -> torch.Tensor:
@@ -27,9 +27,9 @@ def masked_logits(logits: torch.Tensor, classes: torch.Tensor | None) -> torch.T
 
 
 class MaskedSession(Session):
-    objective: MaskedCE
+    objective: MaskedClient
 
-    def __init__(self, objective: MaskedCE, ctx: ClientContext):
+    def __init__(self, objective: MaskedClient, ctx: ClientContext):
         super().__init__(objective, ctx)
         self.classes = ctx.classes if objective.hp.mask_classes else None
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
@@ -42,5 +42,11 @@ class MaskedSession(Session):
         torch.nn.utils.clip_grad_norm_(self.params, float(self.objective.hp.grad_clip))
 
 
-class MaskedCE(Objective):
+class MaskedClient(ClientObjective):
     session_type = MaskedSession
+
+
+class MaskedCE(Objective):
+    """The masked cross-entropy's server half: FedAvg's."""
+
+    client = MaskedClient
