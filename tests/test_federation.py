@@ -346,7 +346,7 @@ def test_a_node_without_the_test_split_its_model_is_scored_on_is_refused_before_
     nodes = export_sites(cfg, tmp_path)
     data = dataset_for(cfg)
     export_client(cfg, data, partition_for(cfg, data), 0, nodes[0]["data-path"])  # without the test split
-    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0)
+    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, server_key=_server(tmp_path))
     with pytest.raises(ConfigError, match=r"\(client 0\): its data file lacks the test split .* export it with --test"):
         serve(InProcessGrid(nodes), settings)
     assert not (tmp_path / "federation" / "metrics.csv").exists()
@@ -375,6 +375,11 @@ def test_a_site_file_drawn_with_another_partition_setting_is_refused(tmp_path, k
     other = RunConfig(**{**cfg.model_dump(), key: value})
     with pytest.raises(ConfigError, match=f"exported with {key}={getattr(cfg, key)}, the run has {key}={value}"):
         load_site(nodes[0]["data-path"], other, 0)
+
+
+def _server(folder: Path) -> Path:
+    """The server's key export_sites made in `folder` (the facts file beside it)."""
+    return folder / "keys" / "server"
 
 
 def _scheduled(round_: int) -> list[int]:
@@ -455,7 +460,7 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
     cfg = load_run_config(config)
     nodes = export_sites(cfg, tmp_path)
     settings = AppSettings(
-        str(config), {}, tmp_path / "federation", join_timeout=5.0, round_timeout=1.0
+        str(config), {}, tmp_path / "federation", join_timeout=5.0, round_timeout=1.0, server_key=_server(tmp_path)
     )  # the lost node: missing after 1 s
     with pytest.raises(MissingClients, match=f"round 2: no accepted reply from client\\(s\\) {lost} "):
         serve(InProcessGrid(nodes, apps={_node_of(lost): _silent_from(2)}), settings)
@@ -492,7 +497,7 @@ def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from
             shutil.rmtree(tmp_path / f"site{wiped}.state")
         return reply
 
-    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0)
+    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, server_key=_server(tmp_path))
     with pytest.raises(MissingClients, match=f"client\\(s\\) {wiped} .*is not the one it reported"):
         serve(InProcessGrid(nodes, apps={_node_of(wiped): forgetful}), settings)
 
@@ -631,7 +636,9 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
     bad = _scheduled(0)[0]
     config = write_config(tmp_path, rounds=1)
     nodes = export_sites(load_run_config(config), tmp_path)
-    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, allow_missing=True)
+    settings = AppSettings(
+        str(config), {}, tmp_path / "federation", join_timeout=5.0, allow_missing=True, server_key=_server(tmp_path)
+    )
     serve(InProcessGrid(nodes, apps={_node_of(bad): _corrupting(change)}), settings)
     assert f"node {_node_of(bad)}, client {bad}: refused: " in caplog.text and why in caplog.text
     rounds = pd.read_csv(tmp_path / "federation" / "rounds.csv", dtype={"missing": str})
@@ -742,7 +749,7 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
     assert f"identify: node {impostor}: refused: node {impostor}'s key is no site's" in caplog.text
     assert f"identify: node {stranger}: the node's ClientApp failed: RuntimeError: no data here" in caplog.text
     assert json.loads((tmp_path / "federation" / "federation.json").read_text())["nodes"]["0"] == impostor + 1
-    Identity.load(grid, None, None, len(sites), 1)
+    Identity.load(grid, None, tmp_path / "keys" / "server", len(sites), 1)
     assert "no node-keys: any node may claim any client" in caplog.text
 
 

@@ -43,8 +43,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from incofl.atomic import write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
-from incofl.data.sources import dataset_for
 from incofl.deploy.inbox import Inbox, Pulled
+from incofl.deploy.serverdata import FACTS, load_facts
 from incofl.deploy.signing import SERVER
 from incofl.deploy.sitedata import test_sha256
 from incofl.deploy.transport import POLL, FlowerTransport, Identity, no_content
@@ -73,6 +73,7 @@ class AppSettings:
     allow_missing: bool = False
     node_keys: Path | None = None
     server_key: Path | None = None  # None: `node-keys`' `server`, if node-keys is set
+    facts: Path | None = None  # None: `facts.npz` beside the server's key
 
     @classmethod
     def of(cls, run_config: dict[str, Any]) -> AppSettings:
@@ -80,6 +81,7 @@ class AppSettings:
             raise ConfigError("run config: out: set the run directory")
         overrides = parse_overrides(shlex.split(str(run_config.get("set", ""))))
         keys, server = str(run_config.get("node-keys", "")), str(run_config.get("server-key", ""))
+        facts = str(run_config.get("facts", ""))
         if not keys and run_config.get("insecure") is not True:  # binding clients to keys is the default
             raise ConfigError(
                 "run config: node-keys: set the folder of the sites' public keys (nodeK.pub for client K), "
@@ -94,11 +96,19 @@ class AppSettings:
             bool(run_config.get("allow-missing", cls.allow_missing)),
             Path(keys) if keys else None,
             Path(server) if server else None,
+            Path(facts) if facts else None,
         )
 
-    def server_key_path(self) -> Path | None:
-        """The server's private key: `server-key`, else `<node-keys>/server`; None without either."""
-        return self.server_key or (self.node_keys / SERVER if self.node_keys else None)
+    def server_key_path(self) -> Path:
+        """The server's private key: `server-key`, else `<node-keys>/server`; refused in one line without either."""
+        key = self.server_key or (self.node_keys / SERVER if self.node_keys else None)
+        if key is None:  # it signs every instruction and checks the facts file's signature
+            raise ConfigError("run config: server-key: set the server's private key (incofl federation export's keys/server)")
+        return key
+
+    def facts_path(self) -> Path:
+        """The server's facts file (serverdata.py): `facts`, else `facts.npz` beside the server's key."""
+        return self.facts or self.server_key_path().parent / FACTS
 
 
 IDENTIFY = "query.identify"
@@ -205,9 +215,9 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     """One federated run (module docstring); its summary."""
     cfg = load_run_config(settings.config, settings.overrides)
     check_federated(cfg)
-    data = dataset_for(cfg)
-    server = Server(build_assembly(cfg, data))
     identity = Identity.load(grid, settings.node_keys, settings.server_key_path(), cfg.clients, grid.run.run_id)
+    data, facts = load_facts(settings.facts_path(), cfg, identity.server.public_key())
+    server = Server(build_assembly(cfg, data, facts))
     test = {client: test_sha256(data) for client in tested_on_clients(cfg)}
     inbox = Inbox(grid)
     nodes = identify(inbox, cfg, settings.join_timeout, test, identity)
