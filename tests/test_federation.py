@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -19,7 +20,17 @@ import torch
 if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from federation_helpers import TINY, WIDTH, export_sites, metrics, run_both, signed_sites, write_config  # noqa: E402
+from federation_helpers import (  # noqa: E402
+    TINY,
+    WIDTH,
+    export_sites,
+    metrics,
+    no_data_set,
+    run_both,
+    server_facts,
+    signed_sites,
+    write_config,
+)
 
 from incofl.config import ConfigError, RunConfig, load_run_config  # noqa: E402
 from incofl.data.partition import partition_for  # noqa: E402
@@ -350,6 +361,57 @@ def test_a_node_without_the_test_split_its_model_is_scored_on_is_refused_before_
     with pytest.raises(ConfigError, match=r"\(client 0\): its data file lacks the test split .* export it with --test"):
         serve(InProcessGrid(nodes), settings)
     assert not (tmp_path / "federation" / "metrics.csv").exists()
+
+
+def test_the_server_holds_the_facts_and_the_test_split_and_reads_no_data_set(tmp_path):
+    """The facts file export writes is the simulator's facts (one rule), with the test split and no
+    training image; with it, a server that may read no data set builds its side (run_both runs
+    every equality test so); a run that partitions otherwise is refused naming the setting."""
+    from incofl.data.facts import shares
+    from incofl.deploy.serverdata import FACTS, load_facts
+    from incofl.deploy.signing import private_key
+    from incofl.fl.engine.run import build_assembly
+
+    cfg = load_run_config(write_config(tmp_path, methods=["FedPer"], holdout=0.2))
+    public = private_key(server_facts(cfg, tmp_path)).public_key()
+    data = dataset_for(cfg)
+    with no_data_set():
+        with pytest.raises(PermissionError, match="may not read a data set"):
+            dataset_for(cfg)
+        held, facts = load_facts(tmp_path / "keys" / FACTS, cfg, public)
+        server = build_assembly(cfg, held, facts)
+    assert facts == shares(data, partition_for(cfg, data), cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
+    assert len(held.x_train) == 0 and (held.x_test == data.x_test).all() and held.num_classes == data.num_classes
+    assert server.facts == facts and len(server.test_data) == len(data.y_test) and facts.held_out_clients()
+    other = RunConfig(**{**cfg.model_dump(), "alpha": 0.1})
+    with pytest.raises(ConfigError, match=r"^facts .*facts.npz: exported with alpha=0.5, the run has alpha=0.1$"):
+        load_facts(tmp_path / "keys" / FACTS, other, public)
+
+
+def test_a_facts_file_not_signed_by_the_servers_key_or_changed_is_refused(tmp_path):
+    """The ServerApp checks the facts file's signature with its own key before it reads a fact:
+    a file signed with another key, or one fact changed after signing, is refused in one line."""
+    from incofl.deploy.credentials import node_key
+    from incofl.deploy.serverapp import AppSettings
+    from incofl.deploy.serverdata import FACTS, load_facts
+    from incofl.deploy.signing import private_key
+
+    cfg = load_run_config(write_config(tmp_path))
+    public = private_key(server_facts(cfg, tmp_path)).public_key()
+    path = tmp_path / "keys" / FACTS
+    with np.load(path) as f:
+        saved = {k: f[k] for k in f.files}
+    changed = str(saved["facts"]).replace('"clients": [[', '"clients": [[1', 1)  # client 0's samples, 1 before
+    np.savez(path, **{**saved, "facts": np.str_(changed)})
+    with pytest.raises(ConfigError, match=r"^facts .*: not the server's facts file \(its signature is not the server"):
+        load_facts(path, cfg, public)
+    other = tmp_path / "other"
+    server_facts(cfg, other)
+    with pytest.raises(ConfigError, match="its signature is not the server key's"):
+        load_facts(other / "keys" / FACTS, cfg, private_key(node_key(tmp_path / "keys", 0)[0]).public_key())
+    with pytest.raises(ConfigError, match="^run config: server-key: set the server's private key"):
+        AppSettings.of({"out": "run", "insecure": True}).facts_path()
+    assert AppSettings.of({"out": "run", "node-keys": "keys"}).facts_path() == Path("keys") / FACTS
 
 
 def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):

@@ -103,7 +103,9 @@ class AppSettings:
         """The server's private key: `server-key`, else `<node-keys>/server`; refused in one line without either."""
         key = self.server_key or (self.node_keys / SERVER if self.node_keys else None)
         if key is None:  # it signs every instruction and checks the facts file's signature
-            raise ConfigError("run config: server-key: set the server's private key (incofl federation export's keys/server)")
+            raise ConfigError(
+                "run config: server-key: set the server's private key (incofl federation export's keys/server)"
+            )
         return key
 
     def facts_path(self) -> Path:

@@ -28,7 +28,9 @@ FACTS = "facts.npz"  # in the keys folder, beside the server's key
 
 def _statement(text: str, x_test: np.ndarray, y_test: np.ndarray) -> bytes:
     """What is signed: the facts' text and the test split's dtypes, shapes and bytes, by SHA-256."""
-    arrays = [f"{a.dtype}{list(a.shape)}{hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}" for a in (x_test, y_test)]
+    arrays = [
+        f"{a.dtype}{list(a.shape)}{hashlib.sha256(np.ascontiguousarray(a)).hexdigest()}" for a in (x_test, y_test)
+    ]
     return statement("facts", facts=hashlib.sha256(text.encode()).hexdigest(), test=" ".join(arrays))
 
 
@@ -54,7 +56,9 @@ def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tu
         _check_test(x_test, y_test, facts)
     except (OSError, KeyError, TypeError, ValueError) as err:  # SignatureError, a bad zip, JSON or value too
         why = str(err)[:160] if isinstance(err, (SignatureError, ValueError)) else type(err).__name__
-        raise ConfigError(f"facts {path}: not the server's facts file ({why}); make it with incofl federation export") from None
+        raise ConfigError(
+            f"facts {path}: not the server's facts file ({why}); make it with incofl federation export"
+        ) from None
     for setting, value in partition_settings(cfg).items():
         if saved["settings"].get(setting) != value:
             theirs = saved["settings"].get(setting)

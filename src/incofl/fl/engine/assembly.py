@@ -1,8 +1,9 @@
 """What both sides of a run are built on, in one downward pass: the data on the run's device,
 each client's share and the facts of it the server side reads (data/facts.py), the models as the
-run's layout lays them out, and the method's typed parameters. The server side (server.py) and the client side (clients.py) are each built from an
-`Assembly`; the simulator builds one and hands it to both, a federation's server and each of
-its nodes build their own (a node from its client's data alone).
+run's layout lays them out, and the method's typed parameters. The server side (server.py) and
+the client side (clients.py) are each built from an `Assembly`; the simulator builds one and
+hands it to both, a federation's server and each of its nodes build their own (the server from
+the facts and the test split, a node from its client's data alone).
 """
 
 from __future__ import annotations
