@@ -414,6 +414,38 @@ def test_a_facts_file_not_signed_by_the_servers_key_or_changed_is_refused(tmp_pa
     assert AppSettings.of({"out": "run", "node-keys": "keys"}).facts_path() == Path("keys") / FACTS
 
 
+def test_a_node_is_told_its_schedule_and_no_path_or_server_only_setting(tmp_path):
+    """Every message a node receives in a run holds no path of the server's (its config's data,
+    cache and key folders) and, of the run's settings, only the client side's (config.py's
+    Role.CLIENT tags): no server-only setting (the sampling ratio, the evaluation's cadence, ...)."""
+    from incofl.config import Affects, Role, run_settings
+    from incofl.deploy.clientapp import app
+    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
+
+    config = write_config(tmp_path, rounds=1, data_dir=str(tmp_path / "data"), label="told", eval_every=2)
+    cfg = load_run_config(config)
+    received: list[str] = []
+
+    def node(message, context):
+        content = message.content
+        records = [*content.config_records.values(), *content.metric_records.values()]
+        received.extend(f"{key}={value}" for record in records for key, value in record.items())
+        return app(message, context)
+
+    nodes = export_sites(cfg, tmp_path)
+    grid = InProcessGrid(nodes, apps={FIRST_NODE + c: node for c in range(cfg.clients)})
+    serve(grid, AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, server_key=_server(tmp_path)))
+    assert received and not [entry for entry in received if str(tmp_path) in entry]
+    [schedule] = {entry[len("schedule=") :] for entry in received if entry.startswith("schedule=")}
+    told = set(json.loads(schedule)["config"])
+    paths, every = run_settings(Role.PATH), set(RunConfig.model_fields)
+    server_only = every - run_settings(Role.CLIENT)
+    assert told == every - server_only and not told & paths and not run_settings(Role.CLIENT) & paths
+    assert {"ratio", "eval_every", "label", "analyses", "update_noise"} <= server_only
+    assert run_settings(Affects.NOTHING) & server_only  # the server's budgets and cadence stay there
+
+
 def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):
     from incofl.deploy.sitedata import load_site
 
@@ -650,7 +682,8 @@ def test_a_nodes_disk_holds_what_a_resume_needs_and_no_more(tmp_path):
     (which may still resume) are kept; what is not a run's folder is left alone."""
     import os
 
-    from incofl.deploy.client import SavedStores, SiteClient, run_key
+    from incofl.deploy.client import SavedStores, SiteClient
+    from incofl.deploy.schedule import Schedule, run_key, schedule_of
 
     every5 = SavedStores(tmp_path / "client0", RunConfig(checkpoint_every=5))
     for round_ in range(1, 10):
@@ -670,11 +703,11 @@ def test_a_nodes_disk_holds_what_a_resume_needs_and_no_more(tmp_path):
     (state_dir / ("0" * 16)).write_text("a file of the site's, named like a run's folder")
     runs = [cfg.model_copy(update={"lr": lr}) for lr in (0.1, 0.2, 0.3)]
     for age, run in enumerate(runs):
-        SiteClient(run, 0, nodes[0]["data-path"], state_dir)
+        SiteClient(Schedule.read(schedule_of(run)), 0, nodes[0]["data-path"], state_dir)
         os.utime(state_dir / run_key(run), (age, age))  # used in this order, whatever the clock's resolution
     kept = {"notes", "0" * 16, run_key(runs[1]), run_key(runs[2])}
     assert {p.name for p in state_dir.iterdir()} == kept
-    SiteClient(runs[1], 0, nodes[0]["data-path"], state_dir)  # the run before resumed: nothing else goes
+    SiteClient(Schedule.read(schedule_of(runs[1])), 0, nodes[0]["data-path"], state_dir)  # resumed: nothing goes
     assert {p.name for p in state_dir.iterdir()} == kept
 
 

@@ -33,7 +33,7 @@ class Facts:
 
     clients: tuple[ClientFacts, ...]
     classes: int
-    shape: tuple[int, int, int]  # an image's channels, height, width
+    shape: tuple[int, ...]  # an image's channels, height, width
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
@@ -63,7 +63,7 @@ class Facts:
         rows = data["clients"]
         if not isinstance(rows, list) or len(rows) != clients:
             raise ValueError(f"clients: not one entry for each of the run's {clients} clients")
-        return cls(tuple(_client(row, classes) for row in rows), classes, shape, mean, std)  # type: ignore[arg-type]
+        return cls(tuple(_client(row, classes) for row in rows), classes, shape, mean, std)
 
 
 def shares(
@@ -89,7 +89,7 @@ def derive(data: ImageDataset, parts: list[np.ndarray], held_out: list[np.ndarra
         for client, part in enumerate(parts)
     )
     shape = (data.channels, *data.x_train.shape[2:])
-    return Facts(clients, data.num_classes, shape, tuple(map(float, mean)), tuple(map(float, std)))  # type: ignore[arg-type]
+    return Facts(clients, data.num_classes, shape, tuple(map(float, mean)), tuple(map(float, std)))
 
 
 def _count(value: Any, key: str) -> int:

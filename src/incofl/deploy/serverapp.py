@@ -6,20 +6,24 @@ key=value), `out` (the run directory: metrics.csv, rounds.csv, summary.json, ckp
 `incofl train` writes them, and federation.csv: the bytes each round's training and evaluation
 sent to and received from each client), `round-timeout` (seconds a round waits for its replies),
 `join-timeout` (seconds the run waits for every client's node to join), `allow-missing` (go
-on without clients that did not reply in time or whose reply was refused; rounds.csv names them)
-and `node-keys` (a folder of each site's public key, `node<client>.pub` in OpenSSH format, as
-`incofl federation up` writes them: each client is then bound to its site's key, below).
+on without clients that did not reply in time or whose reply was refused; rounds.csv names them),
+`node-keys` (a folder of each site's public key, `node<client>.pub` in OpenSSH format, as
+`incofl federation up` writes them: each client is then bound to its site's key, below),
+`server-key` (the server's private key; default `<node-keys>/server`) and `facts` (the run's
+facts and the test split, serverdata.py; default `facts.npz` beside the server's key).
 
 The run: the config is validated and refused if it cannot run federated (`check_federated`),
-the run's server side is built as `incofl train` builds it (fl/engine/server.py; the data set's
-test split is scored on the server), every node is asked which client it is (`query.identify`,
-with the run's config), then incofl's `Run` drives the rounds through the same `Engine` as the
-simulator, whose transport is the federation (transport.py): incofl's seeded schedule and
-planner choose the clients, each planned client's job goes to its node, each reply is read and
-checked as it arrives (pulled every `POLL` seconds, not Flower's `send_and_receive`, which pulls
-every 3 s), and the server side aggregates, evaluates and checkpoints exactly as in the
-simulator. No reply can stop the server. Restarted with the same `out`, the run resumes from
-its last checkpoint (and each node from its client's store at that round: client.py).
+the run's server side is built from the facts file, whose signature the server's key checks
+(fl/engine/server.py; it never reads a training image, and scores the global model on the test
+split the file holds), every node is asked which client it is (`query.identify`, with its
+schedule: schedule.py, no path and no server-only setting), then incofl's `Run` drives the
+rounds through the same `Engine` as the simulator, whose transport is the federation
+(transport.py): incofl's seeded schedule and planner choose the clients, each planned client's
+job goes to its node, each reply is read and checked as it arrives (pulled every `POLL` seconds,
+not Flower's `send_and_receive`, which pulls every 3 s), and the server side aggregates,
+evaluates and checkpoints exactly as in the simulator. No reply can stop the server.
+Restarted with the same `out`, the run resumes from its last checkpoint (and each node from its
+client's store at that round: client.py).
 
 Identity: with `node-keys`, a node's claim to be client C at identify is accepted only if the
 key the SuperLink holds for it is site C's (transport.Identity); another is refused and logged,
@@ -30,7 +34,6 @@ default `<node-keys>/server`, made by `incofl federation export`).
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import time
@@ -44,6 +47,7 @@ from flwr.serverapp import Grid, ServerApp
 from incofl.atomic import write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
 from incofl.deploy.inbox import Inbox, Pulled
+from incofl.deploy.schedule import schedule_of
 from incofl.deploy.serverdata import FACTS, load_facts
 from incofl.deploy.signing import SERVER
 from incofl.deploy.sitedata import test_sha256
@@ -118,11 +122,11 @@ IDENTIFY = "query.identify"
 
 def identify(inbox: Inbox, cfg: RunConfig, timeout: float, test: dict[int, str], identity: Identity) -> dict[int, int]:
     """client -> node: every node that joins within `timeout` is asked which client it is (with
-    the run's config, which it checks its data against); a claim `identity` refuses, or a reply
+    the run's schedule, which it checks its data against); a claim `identity` refuses, or a reply
     that is not a claim, is logged and left out (the rightful node may still come). Stops with one
     line naming the clients whose node did not join, the node that failed its check, a second
     claim of one client, or a client whose node lacks the test split `test` asks of it (client -> its hash)."""
-    content = RecordDict({"run": ConfigRecord({"config": json.dumps(cfg.model_dump())})})
+    content = RecordDict({"run": ConfigRecord({"schedule": schedule_of(cfg)})})
     nodes: dict[int, int] = {}
     asked: set[int] = set()
     pending: dict[str, int] = {}  # message -> node
