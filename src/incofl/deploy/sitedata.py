@@ -30,7 +30,7 @@ from incofl.data.partition import Partition
 from incofl.data.tensors import normalisation
 
 # The settings a site file is made with: those its client's share depends on, and the normalisation
-# it holds (a node checks them against the run's config).
+# it holds (a node checks them against those its schedule carries: schedule.py).
 PARTITION_KEYS = tuple(sorted(run_settings(Affects.PARTITION, Role.EXPORTED)))
 
 
