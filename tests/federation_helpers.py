@@ -4,8 +4,11 @@ the same run through `incofl train`'s path and through the in-process Flower fed
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from unittest.mock import patch
 
 import pandas as pd
 import yaml
@@ -42,11 +45,26 @@ def write_config(folder: Path, **settings: Any) -> Path:
     return path
 
 
+def server_facts(cfg: RunConfig, folder: Path) -> Path:
+    """The server's key and facts file in `folder/keys`, as `incofl federation export` writes them; the key's path."""
+    from incofl.data.facts import shares
+    from incofl.deploy.serverdata import FACTS, export_facts
+    from incofl.deploy.signing import private_key, server_key
+
+    key = server_key(folder / "keys")[0]
+    data = dataset_for(cfg)
+    facts = shares(data, partition_for(cfg, data), cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
+    export_facts(cfg, data, facts, folder / "keys" / FACTS, private_key(key))
+    return key
+
+
 def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
-    """Every client's data file (with the test split where the run needs it); the node configs that point at them."""
+    """Every client's data file (with the test split where the run needs it), and the server's
+    facts (`server_facts`); the node configs that point at them."""
     from incofl.deploy.sitedata import export_client
     from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
+    server_facts(cfg, folder)
     data = dataset_for(cfg)
     partition = partition_for(cfg, data)
     nodes = []
@@ -71,6 +89,7 @@ def signed_sites(cfg: RunConfig, folder: Path) -> tuple[list[dict[str, int | str
     from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     keys = folder / "keys"
+    server_facts(cfg, folder)
     server = server_key(keys)[1].read_bytes()
     data, partition = dataset_for(cfg), partition_for(cfg, dataset_for(cfg))
     nodes, pems = [], {}
@@ -84,7 +103,8 @@ def signed_sites(cfg: RunConfig, folder: Path) -> tuple[list[dict[str, int | str
 
 
 def run_both(tmp: Path, grid_apps: dict | None = None, **settings: Any) -> tuple[dict, dict, Path, Path]:
-    """The run of `settings` by the simulator and by the in-process federation: both summaries and folders."""
+    """The run of `settings` by the simulator and by the in-process federation, whose server
+    cannot read the data set (only its facts file; the nodes their site files): both summaries and folders."""
     from incofl.deploy.inprocess import InProcessGrid
     from incofl.deploy.serverapp import AppSettings, serve
 
@@ -93,8 +113,20 @@ def run_both(tmp: Path, grid_apps: dict | None = None, **settings: Any) -> tuple
     sim, fed = tmp / "simulator", tmp / "federation"
     simulated = train(cfg, sim)
     grid = InProcessGrid(export_sites(cfg, tmp), apps=grid_apps)
-    federated = serve(grid, AppSettings(str(config), {}, fed, join_timeout=5.0))
+    with no_data_set():
+        federated = serve(grid, AppSettings(str(config), {}, fed, join_timeout=5.0, server_key=tmp / "keys" / "server"))
     return simulated, federated, sim, fed
+
+
+@contextmanager
+def no_data_set() -> Iterator[None]:
+    """Every data set unreadable in this process (as on a server that holds none): a load raises."""
+
+    def unreadable(name: str, *args: Any, **kwargs: Any) -> NoReturn:
+        raise PermissionError(f"{name}: this process may not read a data set")
+
+    with patch("incofl.data.sources.load_dataset", unreadable):
+        yield
 
 
 def metrics(folder: Path) -> pd.DataFrame:

@@ -36,7 +36,8 @@ NODE_STEPS = {
         "import incofl.deploy.clientapp\n"
         "from incofl.config import load_run_config\n"
         "from incofl.deploy.client import SiteClient\n"
-        "SiteClient(load_run_config({config!r}), 0, {site!r}, {state!r})"
+        "from incofl.deploy.schedule import Schedule, schedule_of\n"
+        "SiteClient(Schedule.read(schedule_of(load_run_config({config!r}))), 0, {site!r}, {state!r})"
     ),
 }
 

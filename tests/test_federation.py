@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -19,7 +20,17 @@ import torch
 if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from federation_helpers import TINY, WIDTH, export_sites, metrics, run_both, signed_sites, write_config  # noqa: E402
+from federation_helpers import (  # noqa: E402
+    TINY,
+    WIDTH,
+    export_sites,
+    metrics,
+    no_data_set,
+    run_both,
+    server_facts,
+    signed_sites,
+    write_config,
+)
 
 from incofl.config import ConfigError, RunConfig, load_run_config  # noqa: E402
 from incofl.data.partition import partition_for  # noqa: E402
@@ -346,10 +357,93 @@ def test_a_node_without_the_test_split_its_model_is_scored_on_is_refused_before_
     nodes = export_sites(cfg, tmp_path)
     data = dataset_for(cfg)
     export_client(cfg, data, partition_for(cfg, data), 0, nodes[0]["data-path"])  # without the test split
-    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0)
+    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, server_key=_server(tmp_path))
     with pytest.raises(ConfigError, match=r"\(client 0\): its data file lacks the test split .* export it with --test"):
         serve(InProcessGrid(nodes), settings)
     assert not (tmp_path / "federation" / "metrics.csv").exists()
+
+
+def test_the_server_holds_the_facts_and_the_test_split_and_reads_no_data_set(tmp_path):
+    """The facts file export writes is the simulator's facts (one rule), with the test split and no
+    training image; with it, a server that may read no data set builds its side (run_both runs
+    every equality test so); a run that partitions otherwise is refused naming the setting."""
+    from incofl.data.facts import shares
+    from incofl.deploy.serverdata import FACTS, load_facts
+    from incofl.deploy.signing import private_key
+    from incofl.fl.engine.run import build_assembly
+
+    cfg = load_run_config(write_config(tmp_path, methods=["FedPer"], holdout=0.2))
+    public = private_key(server_facts(cfg, tmp_path)).public_key()
+    data = dataset_for(cfg)
+    with no_data_set():
+        with pytest.raises(PermissionError, match="may not read a data set"):
+            dataset_for(cfg)
+        held, facts = load_facts(tmp_path / "keys" / FACTS, cfg, public)
+        server = build_assembly(cfg, held, facts)
+    assert facts == shares(data, partition_for(cfg, data), cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
+    assert len(held.x_train) == 0 and (held.x_test == data.x_test).all() and held.num_classes == data.num_classes
+    assert server.facts == facts and len(server.test_data) == len(data.y_test) and facts.held_out_clients()
+    other = RunConfig(**{**cfg.model_dump(), "alpha": 0.1})
+    with pytest.raises(ConfigError, match=r"^facts .*facts.npz: exported with alpha=0.5, the run has alpha=0.1$"):
+        load_facts(tmp_path / "keys" / FACTS, other, public)
+
+
+def test_a_facts_file_not_signed_by_the_servers_key_or_changed_is_refused(tmp_path):
+    """The ServerApp checks the facts file's signature with its own key before it reads a fact:
+    a file signed with another key, or one fact changed after signing, is refused in one line."""
+    from incofl.deploy.credentials import node_key
+    from incofl.deploy.serverapp import AppSettings
+    from incofl.deploy.serverdata import FACTS, load_facts
+    from incofl.deploy.signing import private_key
+
+    cfg = load_run_config(write_config(tmp_path))
+    public = private_key(server_facts(cfg, tmp_path)).public_key()
+    path = tmp_path / "keys" / FACTS
+    with np.load(path) as f:
+        saved = {k: f[k] for k in f.files}
+    changed = str(saved["facts"]).replace('"clients": [[', '"clients": [[1', 1)  # client 0's samples, 1 before
+    np.savez(path, **{**saved, "facts": np.str_(changed)})
+    with pytest.raises(ConfigError, match=r"^facts .*: not the server's facts file \(its signature is not the server"):
+        load_facts(path, cfg, public)
+    other = tmp_path / "other"
+    server_facts(cfg, other)
+    with pytest.raises(ConfigError, match="its signature is not the server key's"):
+        load_facts(other / "keys" / FACTS, cfg, private_key(node_key(tmp_path / "keys", 0)[0]).public_key())
+    with pytest.raises(ConfigError, match="^run config: server-key: set the server's private key"):
+        AppSettings.of({"out": "run", "insecure": True}).facts_path()
+    assert AppSettings.of({"out": "run", "node-keys": "keys"}).facts_path() == Path("keys") / FACTS
+
+
+def test_a_node_is_told_its_schedule_and_no_path_or_server_only_setting(tmp_path):
+    """Every message a node receives in a run holds no path of the server's (its config's data,
+    cache and key folders) and, of the run's settings, only the client side's (config.py's
+    Role.CLIENT tags): no server-only setting (the sampling ratio, the evaluation's cadence, ...)."""
+    from incofl.config import Affects, Role, run_settings
+    from incofl.deploy.clientapp import app
+    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
+
+    config = write_config(tmp_path, rounds=1, data_dir=str(tmp_path / "data"), label="told", eval_every=2)
+    cfg = load_run_config(config)
+    received: list[str] = []
+
+    def node(message, context):
+        content = message.content
+        records = [*content.config_records.values(), *content.metric_records.values()]
+        received.extend(f"{key}={value}" for record in records for key, value in record.items())
+        return app(message, context)
+
+    nodes = export_sites(cfg, tmp_path)
+    grid = InProcessGrid(nodes, apps={FIRST_NODE + c: node for c in range(cfg.clients)})
+    serve(grid, AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, server_key=_server(tmp_path)))
+    assert received and not [entry for entry in received if str(tmp_path) in entry]
+    [schedule] = {entry[len("schedule=") :] for entry in received if entry.startswith("schedule=")}
+    told = set(json.loads(schedule)["config"])
+    paths, every = run_settings(Role.PATH), set(RunConfig.model_fields)
+    server_only = every - run_settings(Role.CLIENT)
+    assert told == every - server_only and not told & paths and not run_settings(Role.CLIENT) & paths
+    assert {"ratio", "eval_every", "label", "analyses", "update_noise"} <= server_only
+    assert run_settings(Affects.NOTHING) & server_only  # the server's budgets and cadence stay there
 
 
 def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):
@@ -375,6 +469,11 @@ def test_a_site_file_drawn_with_another_partition_setting_is_refused(tmp_path, k
     other = RunConfig(**{**cfg.model_dump(), key: value})
     with pytest.raises(ConfigError, match=f"exported with {key}={getattr(cfg, key)}, the run has {key}={value}"):
         load_site(nodes[0]["data-path"], other, 0)
+
+
+def _server(folder: Path) -> Path:
+    """The server's key export_sites made in `folder` (the facts file beside it)."""
+    return folder / "keys" / "server"
 
 
 def _scheduled(round_: int) -> list[int]:
@@ -455,7 +554,7 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
     cfg = load_run_config(config)
     nodes = export_sites(cfg, tmp_path)
     settings = AppSettings(
-        str(config), {}, tmp_path / "federation", join_timeout=5.0, round_timeout=1.0
+        str(config), {}, tmp_path / "federation", join_timeout=5.0, round_timeout=1.0, server_key=_server(tmp_path)
     )  # the lost node: missing after 1 s
     with pytest.raises(MissingClients, match=f"round 2: no accepted reply from client\\(s\\) {lost} "):
         serve(InProcessGrid(nodes, apps={_node_of(lost): _silent_from(2)}), settings)
@@ -492,7 +591,7 @@ def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from
             shutil.rmtree(tmp_path / f"site{wiped}.state")
         return reply
 
-    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0)
+    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, server_key=_server(tmp_path))
     with pytest.raises(MissingClients, match=f"client\\(s\\) {wiped} .*is not the one it reported"):
         serve(InProcessGrid(nodes, apps={_node_of(wiped): forgetful}), settings)
 
@@ -583,7 +682,8 @@ def test_a_nodes_disk_holds_what_a_resume_needs_and_no_more(tmp_path):
     (which may still resume) are kept; what is not a run's folder is left alone."""
     import os
 
-    from incofl.deploy.client import SavedStores, SiteClient, run_key
+    from incofl.deploy.client import SavedStores, SiteClient
+    from incofl.deploy.schedule import Schedule, run_key, schedule_of
 
     every5 = SavedStores(tmp_path / "client0", RunConfig(checkpoint_every=5))
     for round_ in range(1, 10):
@@ -603,11 +703,11 @@ def test_a_nodes_disk_holds_what_a_resume_needs_and_no_more(tmp_path):
     (state_dir / ("0" * 16)).write_text("a file of the site's, named like a run's folder")
     runs = [cfg.model_copy(update={"lr": lr}) for lr in (0.1, 0.2, 0.3)]
     for age, run in enumerate(runs):
-        SiteClient(run, 0, nodes[0]["data-path"], state_dir)
+        SiteClient(Schedule.read(schedule_of(run)), 0, nodes[0]["data-path"], state_dir)
         os.utime(state_dir / run_key(run), (age, age))  # used in this order, whatever the clock's resolution
     kept = {"notes", "0" * 16, run_key(runs[1]), run_key(runs[2])}
     assert {p.name for p in state_dir.iterdir()} == kept
-    SiteClient(runs[1], 0, nodes[0]["data-path"], state_dir)  # the run before resumed: nothing else goes
+    SiteClient(Schedule.read(schedule_of(runs[1])), 0, nodes[0]["data-path"], state_dir)  # resumed: nothing goes
     assert {p.name for p in state_dir.iterdir()} == kept
 
 
@@ -631,7 +731,9 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
     bad = _scheduled(0)[0]
     config = write_config(tmp_path, rounds=1)
     nodes = export_sites(load_run_config(config), tmp_path)
-    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, allow_missing=True)
+    settings = AppSettings(
+        str(config), {}, tmp_path / "federation", join_timeout=5.0, allow_missing=True, server_key=_server(tmp_path)
+    )
     serve(InProcessGrid(nodes, apps={_node_of(bad): _corrupting(change)}), settings)
     assert f"node {_node_of(bad)}, client {bad}: refused: " in caplog.text and why in caplog.text
     rounds = pd.read_csv(tmp_path / "federation" / "rounds.csv", dtype={"missing": str})
@@ -742,7 +844,7 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
     assert f"identify: node {impostor}: refused: node {impostor}'s key is no site's" in caplog.text
     assert f"identify: node {stranger}: the node's ClientApp failed: RuntimeError: no data here" in caplog.text
     assert json.loads((tmp_path / "federation" / "federation.json").read_text())["nodes"]["0"] == impostor + 1
-    Identity.load(grid, None, None, len(sites), 1)
+    Identity.load(grid, None, tmp_path / "keys" / "server", len(sites), 1)
     assert "no node-keys: any node may claim any client" in caplog.text
 
 

@@ -7,6 +7,7 @@ start it (flower-supernode with Flower's own SuperExec; its key registered with
 `flwr supernode register`), so that it can be killed alone. Then:
 
 - a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator,
+  though no process can load the data set while it runs (the server reads export's facts file),
   every file up wrote private, though six registered nodes that speak Flower's protocol
   themselves (federation_rogue.py) answer its identify with replies no incofl node would send
   (four of them announce a reply and never upload it);
@@ -246,6 +247,8 @@ def deployment(tmp_path_factory):
     config = write_config(root, **DEPLOYED)
     sites, elsewhere = root / "sites", root / "elsewhere"
     assert incofl(["federation", "export", "--config", str(config), "--out", str(sites), "--keys"]) == 0
+    (root / "cache").rename(root / "cache.held")  # from now on no process can load the data set (its folder: a file)
+    (root / "cache").write_text("the server's machine holds no data set: the facts file and the test split only")
     elsewhere.mkdir()
     (sites / f"site{ELSEWHERE}.npz").rename(elsewhere / f"site{ELSEWHERE}.npz")
     dep = Deployment(root, config, env, Started())
@@ -302,6 +305,8 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
         for thread in threads:
             thread.join(timeout=30)
     deployed = json.loads((out / "summary.json").read_text())
+    (deployment.root / "cache").unlink()  # the data set back, for the simulator alone
+    (deployment.root / "cache.held").rename(deployment.root / "cache")
     deployment.simulated = simulated = train(load_run_config(deployment.config), tmp_path / "simulator")
     assert deployed["state_sha256"] == simulated["state_sha256"]
     assert deployed["final_acc"] == simulated["final_acc"]
@@ -555,9 +560,10 @@ def test_an_app_that_raises_or_a_push_the_node_refuses_fails_its_task_and_the_wa
     """Once client 1's node is gone (each run ends at identify, join-timeout), three runs in turn
     on up's node, all served by its one warm executor:
 
-    - a run whose config partitions otherwise than the site files: the ClientApp raises at
-      identify, and the executor reports it (before, any exception but one of the app's ended it,
-      and up with it) and serves the next message, the next run's identify;
+    - a run whose config partitions otherwise than the site files (its facts file, which the
+      server checks the config against, exported so too): the ClientApp raises at identify, and
+      the executor reports it (before, any exception but one of the app's ended it, and up with
+      it) and serves the next message, the next run's identify;
     - that run's identify reply claims another run (federation_executor_app.py), which Flower's
       SuperNode refuses (403, raised by Flower's HTTP retry as RunNotRunningException, a
       BaseException): the executor logs it as that task's failure and pushes an error reply in its
@@ -567,11 +573,19 @@ def test_an_app_that_raises_or_a_push_the_node_refuses_fails_its_task_and_the_wa
     (One test, so that the run after the raise is the push that fails: a run fewer, 10 s.)"""
     from federation_executor_app import FAILING
 
+    from incofl.deploy.serverdata import FACTS, export_facts, load_facts
+    from incofl.deploy.signing import private_key
+
     log = deployment.root / "sites" / "logs" / "executor0.log"
     node = deployment.root / "sites" / "logs" / "supernode0.log"
     text = log.read_text()
     raised, failed = text.count("ClientApp raised an exception"), text.count("Failed to push the reply")
-    deployment.flwr_run(deployment.root / "raises", set='"partition_seed=99"', **{"join-timeout": 5})
+    keys, other = deployment.root / "sites" / "keys", deployment.root / "facts-seed99.npz"
+    key = private_key(keys / "server")
+    held, facts = load_facts(keys / FACTS, load_run_config(deployment.config), key.public_key())
+    export_facts(load_run_config(deployment.config, {"partition_seed": 99}), held, facts, other, key)
+    settings = {"join-timeout": 5, "facts": f'"{other}"'}
+    deployment.flwr_run(deployment.root / "raises", set='"partition_seed=99"', **settings)
     deployment.wait_for(log, timeout=120, text="ClientApp raised an exception", count=raised + 1)
     assert "partition_seed" in log.read_text()
     start = len(node.read_text())

@@ -62,7 +62,8 @@ def honest(tmp_path_factory):
 
         transport.accept_update, transport.accept_scores = record_update, record_scores
         try:
-            serverapp.serve(grid, serverapp.AppSettings(str(config), {}, tmp / "federation", join_timeout=5.0))
+            key = tmp / "keys" / "server"
+            serverapp.serve(grid, serverapp.AppSettings(str(config), {}, tmp / "federation", 600, 5.0, server_key=key))
         finally:
             transport.accept_update, transport.accept_scores = accept_update, accept_scores
     return Captured(train, scores)

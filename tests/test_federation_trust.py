@@ -154,6 +154,7 @@ def test_an_instruction_the_server_did_not_sign_is_refused_and_the_node_left_as_
     from flwr.app import ConfigRecord, RecordDict
 
     from incofl.deploy import clientapp
+    from incofl.deploy.schedule import schedule_of
     from incofl.deploy.signing import private_key
 
     clientapp._sites.clear()  # the clients other tests' nodes built in this process
@@ -163,7 +164,7 @@ def test_an_instruction_the_server_did_not_sign_is_refused_and_the_node_left_as_
 
     def identify(**settings):
         changed = cfg.model_copy(update=settings)
-        return RecordDict({"run": ConfigRecord({"config": json.dumps(changed.model_dump())})})
+        return RecordDict({"run": ConfigRecord({"schedule": schedule_of(changed)})})
 
     forged = [
         _instruction(identify(lr=0.5), "query.identify"),
@@ -180,9 +181,9 @@ def test_an_instruction_the_server_did_not_sign_is_refused_and_the_node_left_as_
     assert caplog.text.count("instruction refused") == len(forged)
     signed = _instruction(identify(), "query.identify", key=server)
     assert clientapp.app(signed, context).content.config_records["node"]["client"] == 1
-    with pytest.raises(clientapp.Refused, match="took run 7's config already"):
+    with pytest.raises(clientapp.Refused, match="took run 7's schedule already"):
         clientapp.app(_instruction(identify(lr=0.5), "query.identify", key=server), context)
-    assert json.loads(context.state.config_records["incofl"]["config"])["lr"] == cfg.lr
+    assert json.loads(context.state.config_records["incofl"]["schedule"])["config"]["lr"] == cfg.lr
     assert len(clientapp._sites) == 1
 
 
@@ -228,6 +229,7 @@ def test_a_node_reads_only_the_files_its_own_config_names(tmp_path):
     from flwr.app import ConfigRecord, Context, RecordDict
 
     from incofl.deploy import clientapp
+    from incofl.deploy.schedule import schedule_of
     from incofl.deploy.signing import private_key
     from incofl.models.family import build_model
 
@@ -240,8 +242,8 @@ def test_a_node_reads_only_the_files_its_own_config_names(tmp_path):
         server's pretrained weights at `servers`, with `own` in its node config."""
         clientapp._sites.clear()
         node = Context(7, 102, {**node_config, **own}, RecordDict(), {})
-        run = json.dumps(vit.model_copy(update={"pretrained": servers}).model_dump())
-        message = _instruction(RecordDict({"run": ConfigRecord({"config": run})}), "query.identify", key=server)
+        run = schedule_of(vit.model_copy(update={"pretrained": servers}))
+        message = _instruction(RecordDict({"run": ConfigRecord({"schedule": run})}), "query.identify", key=server)
         got: list = []
         done = threading.Thread(target=lambda: got.append(_reply_or_error(message, node)))
         done.daemon = True  # before: a FIFO's torch.load never returns

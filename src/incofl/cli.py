@@ -11,11 +11,23 @@ import sys
 from collections.abc import Iterable
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from incofl.config import BUILT_IN, ConfigError, ExperimentConfig, load_experiment, load_run_config, parse_overrides
+from incofl.config import (
+    BUILT_IN,
+    ConfigError,
+    ExperimentConfig,
+    RunConfig,
+    load_experiment,
+    load_run_config,
+    parse_overrides,
+)
 from incofl.errors import EXIT_DIVERGED, Diverged
 from incofl.numerics import NumericsError, decide, notice, pin
+
+if TYPE_CHECKING:
+    from incofl.data.dataset import ImageDataset
+    from incofl.data.partition import Partition
 
 # glibc's allocator costs 20-30% system time in CPU training; these must be set before
 # Python starts, so the console script re-executes itself once with them (docs/performance.md).
@@ -125,6 +137,7 @@ def cmd_federation_export(args: argparse.Namespace) -> int:
             f"{out}: client {client} of {cfg.clients} ({cfg.dataset} alpha={cfg.alpha}), {samples} samples"
             f"{', and the test split' if test else ''}{key}"
         )
+    print(f"{_server_facts(cfg, data, partition, keys)}: every client's facts and the test split, for the ServerApp")
     if args.keys:
         _site_certificates(keys.parent / "certificates", clients)
     return 0
@@ -146,6 +159,18 @@ def _server_key(folder: Path) -> Path:
     private, public = server_key(folder)
     print(f"server key {private} (the ServerApp's: node-keys/server, or server-key); {public} in each site file")
     return public
+
+
+def _server_facts(cfg: RunConfig, data: ImageDataset, partition: Partition, keys: Path) -> Path:
+    """The server's facts file in `keys` (deploy/serverdata.py), signed with the server's key there."""
+    from incofl.data.facts import shares
+    from incofl.deploy.serverdata import FACTS, export_facts
+    from incofl.deploy.signing import SERVER, private_key
+
+    out = keys / FACTS
+    facts = shares(data, partition, cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
+    export_facts(cfg, data, facts, out, private_key(keys / SERVER))
+    return out
 
 
 def _node_key(folder: Path, client: int) -> Path:

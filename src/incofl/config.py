@@ -63,6 +63,10 @@ class Role(Enum):
     SHARED = "shared"
     EXPORTED = "exported"  # a site's data file holds what it gives (the normalisation): a node checks it
     REPLICATE = "replicate"  # the runs of one experiment differ in it (the seed)
+    # the client side computes with it: a federation's node is told it (its schedule:
+    # deploy/schedule.py), and no setting without this tag
+    CLIENT = "client"
+    PATH = "path"  # names a file or folder of the server's: never sent to a node, whose own config names its files
 
 
 Rounds = list[Annotated[int, Field(ge=1)]]
@@ -119,14 +123,14 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     # data
-    data_dir: Annotated[str | None, Affects.NOTHING, Role.SHARED] = Field(
+    data_dir: Annotated[str | None, Affects.NOTHING, Role.PATH, Role.SHARED] = Field(
         None,
         description=(
             "the folder holding the data sets (e.g. cifar10-jpeg.tar.xz or torchvision's files); "
             "unset: $INCOFL_DATA_DIR, else ./data"
         ),
     )
-    cache_dir: Annotated[str, Affects.NOTHING, Role.SHARED] = Field(
+    cache_dir: Annotated[str, Affects.NOTHING, Role.PATH, Role.SHARED] = Field(
         "resources/data", description="where each data set is cached, decoded, as `<name>.npz`"
     )
     partition: Annotated[
@@ -146,13 +150,13 @@ class Settings(BaseModel):
     shard_classes: Annotated[int, Affects.PARTITION, Role.SHARED] = Field(
         2, ge=1, description="partition: shards: label shards dealt to each client (HeteroFL: 2)"
     )
-    partition_seed: Annotated[int, Affects.PARTITION] = Field(
+    partition_seed: Annotated[int, Affects.PARTITION, Role.CLIENT] = Field(
         0, ge=0, description="seed of the partition (apart from the run's seed)"
     )
-    partition_file: Annotated[str | None, Affects.NOTHING, Role.SHARED] = Field(
+    partition_file: Annotated[str | None, Affects.NOTHING, Role.PATH, Role.SHARED] = Field(
         None, description="a saved partition artifact (incofl partition); unset: the partition is computed in memory"
     )
-    release_partitions: Annotated[str | None, Affects.PARTITION, Role.SHARED] = Field(
+    release_partitions: Annotated[str | None, Affects.PARTITION, Role.PATH, Role.SHARED] = Field(
         None, description="partition: release: the folder of the release's fix_distribution/*.npy files"
     )
     fmnist_partition: Annotated[Literal["own", "cifar"], Affects.PARTITION, Role.SHARED] = Field(
@@ -165,82 +169,82 @@ class Settings(BaseModel):
         1000, ge=1, description="Dirichlet: draws tried before giving up on min_size"
     )
     # the input pipeline (ours by default, the release's as options)
-    augment: Annotated[Literal["auto", "none", "crop", "crop_flip", "release"], Affects.RESULTS] = Field(
+    augment: Annotated[Literal["auto", "none", "crop", "crop_flip", "release"], Affects.RESULTS, Role.CLIENT] = Field(
         "auto",
         description=(
             "training augmentation: auto = crop+flip for CIFAR-10 and CINIC-10, crop for SVHN, none for digits "
             "and FMNIST; release = the authors' choice per data set, with Cutout"
         ),
     )
-    cutout: Annotated[int | None, Affects.RESULTS] = Field(
+    cutout: Annotated[int | None, Affects.RESULTS, Role.CLIENT] = Field(
         None, ge=0, description="Cutout square side; unset: as augment says (release: 16), 0: off"
     )
-    pad_fill: Annotated[Literal["mean", "black"], Affects.RESULTS] = Field(
+    pad_fill: Annotated[Literal["mean", "black"], Affects.RESULTS, Role.CLIENT] = Field(
         "mean", description="random-crop padding colour (release: black)"
     )
-    normalize: Annotated[Literal["stats", "half", "none"], Affects.RESULTS, Role.EXPORTED] = Field(
+    normalize: Annotated[Literal["stats", "half", "none"], Affects.RESULTS, Role.CLIENT, Role.EXPORTED] = Field(
         "stats", description="training-set channel mean/std, 0.5/0.5, or [0, 1] pixels"
     )
-    resize: Annotated[int | None, Affects.RESULTS] = Field(
+    resize: Annotated[int | None, Affects.RESULTS, Role.CLIENT] = Field(
         None, ge=8, description="ResNets: resize images to this side (release FMNIST: 32)"
     )
-    drop_last: Annotated[bool, Affects.RESULTS] = Field(
+    drop_last: Annotated[bool, Affects.RESULTS, Role.CLIENT] = Field(
         False, description="drop incomplete batches: each client's last, and the test set's tail (release)"
     )
-    holdout: Annotated[float, Affects.RESULTS] = Field(
+    holdout: Annotated[float, Affects.RESULTS, Role.CLIENT] = Field(
         0.0, ge=0.0, lt=1.0, description="each client's share held out for personal evaluation (FedLAG: 0.25)"
     )
     pool_test: Annotated[bool, Affects.PARTITION, Role.SHARED] = Field(
         False, description="pool the train and test sets before partitioning (FedLAG's release); needs holdout"
     )
     # federation
-    clients: Annotated[int, Affects.PARTITION] = Field(100, ge=1, description="number of clients K")
+    clients: Annotated[int, Affects.PARTITION, Role.CLIENT] = Field(100, ge=1, description="number of clients K")
     ratio: Annotated[float, Affects.RESULTS] = Field(
         0.1, gt=0.0, le=1.0, description="share of the clients sampled each round"
     )
-    models: Annotated[list[str], Affects.RESULTS] = Field(
+    models: Annotated[list[str], Affects.RESULTS, Role.CLIENT] = Field(
         default_factory=lambda: list(RESNETS),
         min_length=1,
         description="one model group per model, smallest first, one family; client i is in group i * G // K",
     )
-    stem: Annotated[Literal["imagenet", "cifar"], Affects.RESULTS] = Field(
+    stem: Annotated[Literal["imagenet", "cifar"], Affects.RESULTS, Role.CLIENT] = Field(
         "imagenet",
         description="ResNet stem: the authors' 7x7/2 convolution with max-pool, or cifar's 3x3/1 without pool",
     )
-    pretrained: Annotated[str | None, Affects.RESULTS] = Field(
+    pretrained: Annotated[str | None, Affects.RESULTS, Role.PATH] = Field(
         None, description="ViT: a local state-dict file to start from"
     )
-    rounds: Annotated[int, Affects.RESULTS] = Field(50, ge=1, description="communication rounds")
-    local_epochs: Annotated[int, Affects.RESULTS] = Field(1, ge=1, description="local epochs E per round")
-    batch_size: Annotated[int, Affects.RESULTS] = Field(64, ge=2, description="local batch size")
-    optimizer: Annotated[Literal["adam", "sgd"], Affects.RESULTS] = Field(
+    rounds: Annotated[int, Affects.RESULTS, Role.CLIENT] = Field(50, ge=1, description="communication rounds")
+    local_epochs: Annotated[int, Affects.RESULTS, Role.CLIENT] = Field(1, ge=1, description="local epochs E per round")
+    batch_size: Annotated[int, Affects.RESULTS, Role.CLIENT] = Field(64, ge=2, description="local batch size")
+    optimizer: Annotated[Literal["adam", "sgd"], Affects.RESULTS, Role.CLIENT] = Field(
         "adam", description="local optimizer (fresh each round)"
     )
-    lr: Annotated[float, Affects.RESULTS] = Field(1e-3, gt=0.0, description="local learning rate")
-    momentum: Annotated[float, Affects.RESULTS] = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum")
-    weight_decay: Annotated[float, Affects.RESULTS] = Field(
+    lr: Annotated[float, Affects.RESULTS, Role.CLIENT] = Field(1e-3, gt=0.0, description="local learning rate")
+    momentum: Annotated[float, Affects.RESULTS, Role.CLIENT] = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum")
+    weight_decay: Annotated[float, Affects.RESULTS, Role.CLIENT] = Field(
         0.0, ge=0.0, description="weight decay of the local optimizer"
     )
-    bn_stats: Annotated[Literal["averaged", "local"], Affects.RESULTS] = Field(
+    bn_stats: Annotated[Literal["averaged", "local"], Affects.RESULTS, Role.CLIENT] = Field(
         "averaged",
         description="BatchNorm running statistics averaged like weights, or kept by each client (FedPart's release)",
     )
     # width and depth splitting (HeteroFL, FedRolex, ScaleFL)
-    width_rates: Annotated[list[Annotated[float, Field(gt=0.0, le=1.0)]] | None, Affects.RESULTS] = Field(
+    width_rates: Annotated[list[Annotated[float, Field(gt=0.0, le=1.0)]] | None, Affects.RESULTS, Role.CLIENT] = Field(
         None,
         description=(
             "width models: each rate is a model group; unset: the model's levels (preresnet18: HeteroFL's "
             "1, 1/2, 1/4, 1/8, 1/16; resnet110: ScaleFL's 0.7, 0.7, 0.75, 1)"
         ),
     )
-    exits: Annotated[list[Annotated[int, Field(ge=1, le=EXITS)]] | None, Affects.RESULTS] = Field(
+    exits: Annotated[list[Annotated[int, Field(ge=1, le=EXITS)]] | None, Affects.RESULTS, Role.CLIENT] = Field(
         None, description="resnet110: each group's deepest exit (unset: 1, 2, 3, 4 with the default rates)"
     )
     rate_assignment: Annotated[Literal["fixed", "dynamic"], Affects.RESULTS] = Field(
         "fixed",
         description="fixed: a client keeps its level; dynamic: every sampled client draws its level each round",
     )
-    model_scale: Annotated[float, Affects.RESULTS] = Field(
+    model_scale: Annotated[float, Affects.RESULTS, Role.CLIENT] = Field(
         1.0,
         gt=0.0,
         le=1.0,
@@ -248,7 +252,7 @@ class Settings(BaseModel):
             "width models and ResNets: every layer's channels x this (CPU-sized runs; HeteroFL's hidden_size)"
         ),
     )
-    eval_bn: Annotated[Literal["static", "batch"] | None, Affects.RESULTS] = Field(
+    eval_bn: Annotated[Literal["static", "batch"] | None, Affects.RESULTS, Role.CLIENT] = Field(
         None,
         description=(
             "BN at evaluation of width models: static (HeteroFL: statistics of training data gathered before each "
@@ -275,7 +279,7 @@ class Settings(BaseModel):
             "(release)"
         ),
     )
-    method_args: Annotated[dict[str, Any], Affects.RESULTS] = Field(
+    method_args: Annotated[dict[str, Any], Affects.RESULTS, Role.CLIENT] = Field(
         default_factory=dict,
         description="the method's hyper-parameters (`incofl methods` lists each method's, with defaults)",
     )
@@ -291,12 +295,16 @@ class Settings(BaseModel):
     eval_last: Annotated[int, Affects.RESULTS] = Field(
         10, ge=0, description="also evaluate every one of the last N rounds (last10_acc reads them)"
     )
-    eval_batch_size: Annotated[int, Affects.RESULTS] = Field(1000, ge=1, description="batch size of evaluation")
-    checkpoint_every: Annotated[int, Affects.NOTHING] = Field(5, ge=1, description="write ckpt.pt every N rounds")
+    eval_batch_size: Annotated[int, Affects.RESULTS, Role.CLIENT] = Field(
+        1000, ge=1, description="batch size of evaluation"
+    )
+    checkpoint_every: Annotated[int, Affects.NOTHING, Role.CLIENT] = Field(
+        5, ge=1, description="write ckpt.pt every N rounds"
+    )
     keep_checkpoint: Annotated[bool, Affects.NOTHING] = Field(
         False, description="keep ckpt.pt (final weights) and clientstate/ after a finished run"
     )
-    client_memory_mb: Annotated[int, Affects.NOTHING] = Field(
+    client_memory_mb: Annotated[int, Affects.NOTHING, Role.CLIENT] = Field(
         2048,
         ge=0,
         description=(
@@ -304,10 +312,10 @@ class Settings(BaseModel):
             "in MiB; beyond it the least recently used go to <out>/clientstate/ (0: every one on disk)"
         ),
     )
-    device: Annotated[Literal["auto", "cpu", "cuda"], Affects.BITS] = Field(
+    device: Annotated[Literal["auto", "cpu", "cuda"], Affects.BITS, Role.CLIENT] = Field(
         "auto", description="auto: cuda where there is one; cuda without a GPU is refused before any job"
     )
-    numerics: Annotated[Literal["auto", "native", "portable"], Affects.BITS] = Field(
+    numerics: Annotated[Literal["auto", "native", "portable"], Affects.BITS, Role.CLIENT] = Field(
         "native",
         description=(
             "CPU kernels: native (the fastest for this CPU; bits differ between CPU kinds), portable (the same "
@@ -315,7 +323,7 @@ class Settings(BaseModel):
             "auto (portable where it can hold, else native, saying why in one line; a run records which)"
         ),
     )
-    threads: Annotated[int | None, Affects.BITS] = Field(
+    threads: Annotated[int | None, Affects.BITS, Role.CLIENT] = Field(
         None,
         ge=1,
         description=(
@@ -323,12 +331,14 @@ class Settings(BaseModel):
             "default in incofl train, 1 in the workflow)"
         ),
     )
-    channels_last: Annotated[bool, Affects.RESULTS] = Field(False, description="channels-last memory format (GPU)")
-    bf16: Annotated[bool, Affects.RESULTS] = Field(False, description="bf16 autocast (GPU)")
-    trainer: Annotated[Literal["serial", "batched"], Affects.RESULTS] = Field(
+    channels_last: Annotated[bool, Affects.RESULTS, Role.CLIENT] = Field(
+        False, description="channels-last memory format (GPU)"
+    )
+    bf16: Annotated[bool, Affects.RESULTS, Role.CLIENT] = Field(False, description="bf16 autocast (GPU)")
+    trainer: Annotated[Literal["serial", "batched"], Affects.RESULTS, Role.CLIENT] = Field(
         "serial", description="batched: a model group's clients side by side (torch.func.vmap)"
     )
-    cuda_graphs: Annotated[bool, Affects.RESULTS] = Field(
+    cuda_graphs: Annotated[bool, Affects.RESULTS, Role.CLIENT] = Field(
         False,
         description=(
             "a client's full-batch local steps replayed as one CUDA graph (with trainer: batched, the model "
@@ -513,12 +523,12 @@ class Resources(TypedDict, total=False):
 class RunConfig(Settings):
     """One training run: a grid point plus its settings."""
 
-    dataset: Annotated[str, Affects.PARTITION] = Field("digits", description="the run's data set")
+    dataset: Annotated[str, Affects.PARTITION, Role.CLIENT] = Field("digits", description="the run's data set")
     alpha: Annotated[float, Affects.PARTITION] = Field(0.5, gt=0.0, description="the run's Dirichlet alpha")
-    method: Annotated[str, Affects.RESULTS] = Field(
+    method: Annotated[str, Affects.RESULTS, Role.CLIENT] = Field(
         "InCoAvg", description="a registered method (a variant's run: its method, and `label` its name)"
     )
-    seed: Annotated[int, Affects.RESULTS, Role.REPLICATE] = Field(
+    seed: Annotated[int, Affects.RESULTS, Role.CLIENT, Role.REPLICATE] = Field(
         0, ge=0, description="the run's seed: initialisation, client sampling, batches"
     )
 

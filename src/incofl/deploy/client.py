@@ -1,5 +1,5 @@
 """One client of a real federation, without Flower: the run's client side (fl/engine/clients.py)
-built on the node from the config and that client's data alone (sitedata.py).
+built on the node from the schedule it was told (schedule.py) and that client's data alone (sitedata.py).
 
 A job (fl/engine/exchange.py) is answered by the function the simulator's in-process transport
 answers with (`Clients.train`, `Clients.score`): a TrainJob's broadcast (SCAFFOLD's c) is
@@ -23,7 +23,6 @@ job: a node whose restored store is another (its files moved or deleted) refuses
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -34,10 +33,11 @@ import torch
 
 from incofl.atomic import save_tensors
 from incofl.config import RunConfig
+from incofl.deploy.schedule import RUN_FOLDER, Schedule
 from incofl.deploy.sitedata import load_site, test_sha256
 from incofl.fl.contracts import ClientUpdate, Round
 from incofl.fl.engine.assembly import assemble
-from incofl.fl.engine.checkpoint import last_checkpoint, semantic_config
+from incofl.fl.engine.checkpoint import last_checkpoint
 from incofl.fl.engine.clients import Clients
 from incofl.fl.engine.device import run_device
 from incofl.fl.engine.exchange import EvalJob, TrainJob
@@ -88,19 +88,7 @@ class SavedStores:
                 self.path(r).unlink(missing_ok=True)
 
 
-# The run settings that name a file or folder. A node reads none as the server names it (a signed
-# config could otherwise point it at any file of the site's, hang it on a FIFO, and learn from its
-# error what is there): its data are its data file's, its pretrained weights the file its own node
-# config names (`own_files`).
-PATH_SETTINGS = ("data_dir", "cache_dir", "partition_file", "pretrained")
-RUN_FOLDER = re.compile(r"[0-9a-f]{16}")  # run_key's names
 KEEP_RUNS = 2  # run folders a node keeps: the current run's and the last before it (which may resume)
-
-
-def own_files(cfg: RunConfig, pretrained: str | None) -> RunConfig:
-    """`cfg` with no file of the server's naming: its path settings unset, its pretrained weights
-    `pretrained` (the node's own file, the same weights; None where the run starts from none)."""
-    return cfg.model_copy(update={**dict.fromkeys(PATH_SETTINGS), "pretrained": pretrained})
 
 
 def keep_recent_runs(state_dir: Path, current: str) -> None:
@@ -116,13 +104,6 @@ def keep_recent_runs(state_dir: Path, current: str) -> None:
         shutil.rmtree(old)
 
 
-def run_key(cfg: RunConfig) -> str:
-    """The folder name of a run's node states: the hash of its config's settings that change the
-    numbers (a resumed run's, whose threads or progress may differ, is the same)."""
-    semantic = semantic_config(cfg.model_dump())
-    return hashlib.sha256(json.dumps(semantic, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def store_sha256(state: dict[str, Any]) -> str:
     """SHA-256 of a client store's `state_dict` (its states in memory: a node spills none), by key."""
     digest = hashlib.sha256()
@@ -136,25 +117,25 @@ class StaleState(RuntimeError):
 
 
 class SiteClient:
-    """Client `client` of the run `cfg`, with its data file and the folder its stores are saved
-    in (module docstring): the run's client side, on the node's data alone."""
+    """Client `client` of the run whose schedule the node was told, with its data file and the
+    folder its stores are saved in (module docstring): the run's client side, on the node's data alone."""
 
     def __init__(
-        self, cfg: RunConfig, client: int, data_path: str | Path, state_dir: str | Path, pretrained: str | None = None
+        self, told: Schedule, client: int, data_path: str | Path, state_dir: str | Path, pretrained: str | None = None
     ):
-        key = run_key(cfg)  # of the server's config: a run's folder is the same whatever the node's paths
-        cfg = own_files(cfg, pretrained)
+        # its pretrained weights: the node's own file (None where the run starts from none); no path came with the run
+        cfg = told.cfg.model_copy(update={"pretrained": pretrained})
         self.cfg, self.client = cfg, client
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        data, partition = load_site(data_path, cfg, client)
+        data, partition = load_site(data_path, cfg, client, told.partition)
         self.test_sha256 = test_sha256(data)
         self.device = run_device(cfg)
         # the assembly seeds the models' initialisation: the caller's random stream is left as it was
         with torch.random.fork_rng(devices=[]):
             self.clients = Clients(assemble(cfg, data, partition, self.device))
-        keep_recent_runs(Path(state_dir), key)
-        self.saved = SavedStores(Path(state_dir) / key / f"client{client}", cfg)
+        keep_recent_runs(Path(state_dir), told.run)
+        self.saved = SavedStores(Path(state_dir) / told.run / f"client{client}", cfg)
         self.fresh = self.clients.store.state_dict()  # a client before its first round: it keeps nothing
 
     def restore(self, round_: int, expected: str) -> None:

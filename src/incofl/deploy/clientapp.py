@@ -6,22 +6,22 @@ samples, and optionally `state-dir`, where the client's states are saved after e
 trains (client.py; default: beside the data file, `site3.state/`), and `pretrained`, the file of
 the pretrained weights a run may start from (the server's, copied to the site). Every file a node
 reads is one its node config names, a regular file (a FIFO or a device is refused in one line: it
-would hang the node's reader): the run's config names none the node reads (client.py,
-`own_files`), and a run that starts from pretrained weights is refused in one line where the
+would hang the node's reader): no path comes with the run (its schedule, schedule.py), and a
+run that starts from pretrained weights is refused in one line where the
 node config names none. A failure reaches the server in the node's terms (`NodeError`): an
 incofl refusal's line with the node's files named by their node config keys, else only that the
 node failed; never a path or an exception type of the site's (its log has them). Messages:
 
-- `query.identify`: the server's first message, with the run's config; the node answers
+- `query.identify`: the server's first message, with the run's schedule; the node answers
   with its client id (the ServerApp cannot read node config) and the hash of its test split
-  (if its file holds one) after checking its data file against the config;
+  (if its file holds one) after checking its data file against the schedule;
 - `train`: one planned round (codec.py); the reply is the client's update;
 - `evaluate`: the client's model scored on its held-out share or the test split; the reply is the scores.
 
 Signed both ways (signing.py): where the node's data file carries the server's public key
 (`incofl federation export` puts it there), the node acts only on an instruction the server
 signed for this run, this node and this type; any other is refused and logged before the node
-reads or changes anything (its state, its config, its saved client states). A run's config is
+reads or changes anything (its state, its schedule, its saved client states). A run's schedule is
 taken once: a second, different one for the same run is refused. With `node-key` in the node
 config (the site's private key, `keys/node<client>`, as `incofl federation up` passes it), every
 reply is signed with it, bound to the run, the round, the client and the instruction it answers.
@@ -29,7 +29,6 @@ reply is signed with it, bound to the run, the round, the client and the instruc
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from incofl.config import ConfigError, RunConfig
+from incofl.config import ConfigError
 from incofl.deploy.client import SiteClient, StaleState
 from incofl.deploy.codec import (
     SIGNATURE,
@@ -52,12 +51,13 @@ from incofl.deploy.codec import (
     unsigned,
     update_content,
 )
+from incofl.deploy.schedule import Schedule
 from incofl.deploy.signing import SignatureError, private_key, public_key
 from incofl.deploy.sitedata import site_server_key
 from incofl.fl.engine.exchange import EvalJob, TrainJob
 
 log = logging.getLogger("incofl.deploy")
-STATE = "incofl"  # the node's Context.state record: the run's config
+STATE = "incofl"  # the node's Context.state record: the run's schedule (schedule.py)
 app = ClientApp()
 # (run, node, config, data) -> its client, built once; a node's executor (executor.py) keeps it between messages
 _sites: dict[tuple[int, int, str, str], SiteClient] = {}
@@ -162,20 +162,20 @@ def state_dir(context: Context) -> Path:
 
 def site(context: Context) -> SiteClient:
     """This node's client for the run (its config from the identify query, kept in Context.state)."""
-    config = str(context.state.config_records[STATE]["config"])
+    config = str(context.state.config_records[STATE]["schedule"])
     data = node_file(context, "data-path")
     key = (context.run_id, context.node_id, config, data)
     if key not in _sites:
         for old in [k for k in _sites if k[0] != context.run_id]:  # a long-lived process keeps the latest run's only
             del _sites[old]
-        cfg = RunConfig(**json.loads(config))
-        _sites[key] = SiteClient(cfg, node_client(context), data, state_dir(context), pretrained(cfg, context))
+        told = Schedule.read(config)
+        _sites[key] = SiteClient(told, node_client(context), data, state_dir(context), pretrained(told, context))
     return _sites[key]
 
 
-def pretrained(cfg: RunConfig, context: Context) -> str | None:
+def pretrained(told: Schedule, context: Context) -> str | None:
     """The node's own file of the pretrained weights the run starts from (None: it starts from none)."""
-    if not cfg.pretrained:
+    if not told.pretrained:
         return None
     if "pretrained" not in context.node_config:
         raise ConfigError(
@@ -189,13 +189,13 @@ def pretrained(cfg: RunConfig, context: Context) -> str | None:
 @told
 def identify(message: Message, context: Context) -> Message:
     content, signed_round = instruction(message, context)
-    config = str(content.config_records["run"]["config"])
+    config = str(content.config_records["run"]["schedule"])
     taken = context.state.config_records.get(STATE)
-    if taken is not None and str(taken["config"]) != config:  # one config a run: a client's numbers stay its own
-        log.warning("node %d: a second config for run %d refused", context.node_id, context.run_id)
-        raise Refused(f"node {context.node_id} took run {context.run_id}'s config already; another one refused")
-    context.state[STATE] = ConfigRecord({"config": config})
-    client = site(context)  # the data file checked against the run's config now, before any round
+    if taken is not None and str(taken["schedule"]) != config:  # one schedule a run: a client's numbers stay its own
+        log.warning("node %d: a second schedule for run %d refused", context.node_id, context.run_id)
+        raise Refused(f"node {context.node_id} took run {context.run_id}'s schedule already; another one refused")
+    context.state[STATE] = ConfigRecord({"schedule": config})
+    client = site(context)  # the data file checked against the run's schedule now, before any round
     reply = ConfigRecord({"client": node_client(context), "test_sha256": client.test_sha256})
     return answer(message, context, RecordDict({"node": reply}), signed_round)
 

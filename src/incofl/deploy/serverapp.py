@@ -6,20 +6,24 @@ key=value), `out` (the run directory: metrics.csv, rounds.csv, summary.json, ckp
 `incofl train` writes them, and federation.csv: the bytes each round's training and evaluation
 sent to and received from each client), `round-timeout` (seconds a round waits for its replies),
 `join-timeout` (seconds the run waits for every client's node to join), `allow-missing` (go
-on without clients that did not reply in time or whose reply was refused; rounds.csv names them)
-and `node-keys` (a folder of each site's public key, `node<client>.pub` in OpenSSH format, as
-`incofl federation up` writes them: each client is then bound to its site's key, below).
+on without clients that did not reply in time or whose reply was refused; rounds.csv names them),
+`node-keys` (a folder of each site's public key, `node<client>.pub` in OpenSSH format, as
+`incofl federation up` writes them: each client is then bound to its site's key, below),
+`server-key` (the server's private key; default `<node-keys>/server`) and `facts` (the run's
+facts and the test split, serverdata.py; default `facts.npz` beside the server's key).
 
 The run: the config is validated and refused if it cannot run federated (`check_federated`),
-the run's server side is built as `incofl train` builds it (fl/engine/server.py; the data set's
-test split is scored on the server), every node is asked which client it is (`query.identify`,
-with the run's config), then incofl's `Run` drives the rounds through the same `Engine` as the
-simulator, whose transport is the federation (transport.py): incofl's seeded schedule and
-planner choose the clients, each planned client's job goes to its node, each reply is read and
-checked as it arrives (pulled every `POLL` seconds, not Flower's `send_and_receive`, which pulls
-every 3 s), and the server side aggregates, evaluates and checkpoints exactly as in the
-simulator. No reply can stop the server. Restarted with the same `out`, the run resumes from
-its last checkpoint (and each node from its client's store at that round: client.py).
+the run's server side is built from the facts file, whose signature the server's key checks
+(fl/engine/server.py; it never reads a training image, and scores the global model on the test
+split the file holds), every node is asked which client it is (`query.identify`, with its
+schedule: schedule.py, no path and no server-only setting), then incofl's `Run` drives the
+rounds through the same `Engine` as the simulator, whose transport is the federation
+(transport.py): incofl's seeded schedule and planner choose the clients, each planned client's
+job goes to its node, each reply is read and checked as it arrives (pulled every `POLL` seconds,
+not Flower's `send_and_receive`, which pulls every 3 s), and the server side aggregates,
+evaluates and checkpoints exactly as in the simulator. No reply can stop the server.
+Restarted with the same `out`, the run resumes from its last checkpoint (and each node from its
+client's store at that round: client.py).
 
 Identity: with `node-keys`, a node's claim to be client C at identify is accepted only if the
 key the SuperLink holds for it is site C's (transport.Identity); another is refused and logged,
@@ -30,7 +34,6 @@ default `<node-keys>/server`, made by `incofl federation export`).
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import time
@@ -43,8 +46,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from incofl.atomic import write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
-from incofl.data.sources import dataset_for
 from incofl.deploy.inbox import Inbox, Pulled
+from incofl.deploy.schedule import schedule_of
+from incofl.deploy.serverdata import FACTS, load_facts
 from incofl.deploy.signing import SERVER
 from incofl.deploy.sitedata import test_sha256
 from incofl.deploy.transport import POLL, FlowerTransport, Identity, no_content
@@ -73,6 +77,7 @@ class AppSettings:
     allow_missing: bool = False
     node_keys: Path | None = None
     server_key: Path | None = None  # None: `node-keys`' `server`, if node-keys is set
+    facts: Path | None = None  # None: `facts.npz` beside the server's key
 
     @classmethod
     def of(cls, run_config: dict[str, Any]) -> AppSettings:
@@ -80,6 +85,7 @@ class AppSettings:
             raise ConfigError("run config: out: set the run directory")
         overrides = parse_overrides(shlex.split(str(run_config.get("set", ""))))
         keys, server = str(run_config.get("node-keys", "")), str(run_config.get("server-key", ""))
+        facts = str(run_config.get("facts", ""))
         if not keys and run_config.get("insecure") is not True:  # binding clients to keys is the default
             raise ConfigError(
                 "run config: node-keys: set the folder of the sites' public keys (nodeK.pub for client K), "
@@ -94,11 +100,21 @@ class AppSettings:
             bool(run_config.get("allow-missing", cls.allow_missing)),
             Path(keys) if keys else None,
             Path(server) if server else None,
+            Path(facts) if facts else None,
         )
 
-    def server_key_path(self) -> Path | None:
-        """The server's private key: `server-key`, else `<node-keys>/server`; None without either."""
-        return self.server_key or (self.node_keys / SERVER if self.node_keys else None)
+    def server_key_path(self) -> Path:
+        """The server's private key: `server-key`, else `<node-keys>/server`; refused in one line without either."""
+        key = self.server_key or (self.node_keys / SERVER if self.node_keys else None)
+        if key is None:  # it signs every instruction and checks the facts file's signature
+            raise ConfigError(
+                "run config: server-key: set the server's private key (incofl federation export's keys/server)"
+            )
+        return key
+
+    def facts_path(self) -> Path:
+        """The server's facts file (serverdata.py): `facts`, else `facts.npz` beside the server's key."""
+        return self.facts or self.server_key_path().parent / FACTS
 
 
 IDENTIFY = "query.identify"
@@ -106,11 +122,11 @@ IDENTIFY = "query.identify"
 
 def identify(inbox: Inbox, cfg: RunConfig, timeout: float, test: dict[int, str], identity: Identity) -> dict[int, int]:
     """client -> node: every node that joins within `timeout` is asked which client it is (with
-    the run's config, which it checks its data against); a claim `identity` refuses, or a reply
+    the run's schedule, which it checks its data against); a claim `identity` refuses, or a reply
     that is not a claim, is logged and left out (the rightful node may still come). Stops with one
     line naming the clients whose node did not join, the node that failed its check, a second
     claim of one client, or a client whose node lacks the test split `test` asks of it (client -> its hash)."""
-    content = RecordDict({"run": ConfigRecord({"config": json.dumps(cfg.model_dump())})})
+    content = RecordDict({"run": ConfigRecord({"schedule": schedule_of(cfg)})})
     nodes: dict[int, int] = {}
     asked: set[int] = set()
     pending: dict[str, int] = {}  # message -> node
@@ -205,9 +221,9 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     """One federated run (module docstring); its summary."""
     cfg = load_run_config(settings.config, settings.overrides)
     check_federated(cfg)
-    data = dataset_for(cfg)
-    server = Server(build_assembly(cfg, data))
     identity = Identity.load(grid, settings.node_keys, settings.server_key_path(), cfg.clients, grid.run.run_id)
+    data, facts = load_facts(settings.facts_path(), cfg, identity.server.public_key())
+    server = Server(build_assembly(cfg, data, facts))
     test = {client: test_sha256(data) for client in tested_on_clients(cfg)}
     inbox = Inbox(grid)
     nodes = identify(inbox, cfg, settings.join_timeout, test, identity)

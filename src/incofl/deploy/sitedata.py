@@ -30,7 +30,7 @@ from incofl.data.partition import Partition
 from incofl.data.tensors import normalisation
 
 # The settings a site file is made with: those its client's share depends on, and the normalisation
-# it holds (a node checks them against the run's config).
+# it holds (a node checks them against those its schedule carries: schedule.py).
 PARTITION_KEYS = tuple(sorted(run_settings(Affects.PARTITION, Role.EXPORTED)))
 
 
@@ -108,10 +108,13 @@ def site_server_key(path: str | Path) -> bytes:
         raise ConfigError(f"data-path {path}: {why}; make one with incofl federation export") from None
 
 
-def load_site(path: str | Path, cfg: RunConfig, client: int) -> tuple[SiteDataset, Partition]:
+def load_site(
+    path: str | Path, cfg: RunConfig, client: int, settings: dict[str, object] | None = None
+) -> tuple[SiteDataset, Partition]:
     """A node's data for `client` under `cfg`: its dataset and a partition in which only it
-    holds samples. A file of another client or drawn with other settings, or that group or others
-    may read, is refused in one line."""
+    holds samples. A file of another client or drawn with other partition `settings` than the
+    run's (those a node was told; None: `cfg`'s own, where the whole config is known), or that
+    group or others may read, is refused in one line."""
     from incofl.deploy.credentials import check_private
 
     if Path(path).exists():
@@ -126,7 +129,7 @@ def load_site(path: str | Path, cfg: RunConfig, client: int) -> tuple[SiteDatase
     if int(site["client"]) != client:
         raise ConfigError(f"data-path {path}: holds client {int(site['client'])}'s data, this node is client {client}")
     saved = json.loads(str(site["settings"]))
-    for key, value in partition_settings(cfg).items():
+    for key, value in (partition_settings(cfg) if settings is None else settings).items():
         if saved.get(key) != value:
             raise ConfigError(f"data-path {path}: exported with {key}={saved.get(key)!r}, the run has {key}={value!r}")
     data = SiteDataset(

@@ -94,23 +94,21 @@ class Identity:
     any node (module docstring). The server's key signs every instruction of run `run`."""
 
     grid: Grid
+    server: Any  # the server's private key
     keys: dict[int, bytes] | None = None
     node_keys: dict[int, bytes] = field(default_factory=dict)  # node -> its key (the SuperLink's)
     run: int = 0
-    server: Any = None  # the server's private key (None: instructions go unsigned)
 
     @classmethod
-    def load(cls, grid: Grid, node_keys: Path | None, server_path: Path | None, clients: int, run: int) -> Identity:
+    def load(cls, grid: Grid, node_keys: Path | None, server_path: Path, clients: int, run: int) -> Identity:
         """The sites' keys in `node_keys` (`node<client>.pub`), each client's, and the server's
         private key at `server_path`; refused in one line naming a missing or unreadable file."""
-        if server_path is not None and not server_path.is_file():
+        if not server_path.is_file():
             raise ConfigError(f"server-key: no {server_path}; make it with incofl federation export")
-        server = private_key(server_path) if server_path is not None else None
-        if server is None:
-            log.warning("no server key: the nodes cannot tell this server's messages from another's")
+        server = private_key(server_path)
         if node_keys is None:
             log.warning("no node-keys: any node may claim any client (each client is bound to its node's word)")
-            return cls(grid, run=run, server=server)
+            return cls(grid, server, run=run)
         keys = {}
         for client in range(clients):
             path = node_keys / f"node{client}.pub"
@@ -119,12 +117,11 @@ class Identity:
                 raise ConfigError(f"node-keys: {path}: no OpenSSH public key of client {client}'s site")
             keys[client] = key
         log.info("node keys from %s: each client is bound to its site's key", node_keys)
-        return cls(grid, keys, run=run, server=server)
+        return cls(grid, server, keys, run=run)
 
     def instruction(self, content: RecordDict, node: int, kind: str, round_: int, group: str = "") -> Message:
-        """A message to `node`, signed with the server's key where there is one."""
-        if self.server is not None:
-            content = sign_instruction(RecordDict(dict(content.items())), self.server, self.run, node, kind, round_)
+        """A message to `node`, signed with the server's key."""
+        content = sign_instruction(RecordDict(dict(content.items())), self.server, self.run, node, kind, round_)
         return Message(content, node, kind, group_id=group)
 
     def opened(self, reply: Message, client: int | None, answers: str, kind: str, round_: int) -> RecordDict:

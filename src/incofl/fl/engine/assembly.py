@@ -1,8 +1,9 @@
 """What both sides of a run are built on, in one downward pass: the data on the run's device,
-each client's share, the models as the run's layout lays them out, and the method's typed
-parameters. The server side (server.py) and the client side (clients.py) are each built from an
-`Assembly`; the simulator builds one and hands it to both, a federation's server and each of
-its nodes build their own (a node from its client's data alone).
+each client's share and the facts of it the server side reads (data/facts.py), the models as the
+run's layout lays them out, and the method's typed parameters. The server side (server.py) and
+the client side (clients.py) are each built from an `Assembly`; the simulator builds one and
+hands it to both, a federation's server and each of its nodes build their own (the server from
+the facts and the test split, a node from its client's data alone).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from torch import nn
 from incofl.config import RunConfig
 from incofl.data.augment import resolve_augment
 from incofl.data.dataset import ImageDataset
-from incofl.data.partition import Partition, holdout_split
+from incofl.data.facts import Facts, shares
+from incofl.data.partition import Partition
 from incofl.data.tensors import TensorSplit, to_device
 from incofl.fl.contracts import Setup
 from incofl.fl.stages.clientstore import ClientStore
@@ -36,6 +38,7 @@ class Assembly:
     device: torch.device
     parts: list[np.ndarray]  # each client's training indices (with `holdout`, less its held-out share)
     held_out: list[np.ndarray] | None  # each client's held-out indices (holdout > 0)
+    facts: Facts  # all the server side reads of the data (data/facts.py)
     train_data: TensorSplit
     test_data: TensorSplit
     layout: Layout
@@ -53,15 +56,17 @@ class Assembly:
         return Setup(self.cfg, server, self.layout, self.models, aggregator.federation, store)
 
 
-def assemble(cfg: RunConfig, data: ImageDataset, partition: Partition, device: torch.device) -> Assembly:
-    """The data (each client's share, the splits on the device in the models' input size, with the
-    augmentation they train with), then the models, seeded by the run's seed (laid out as the run's
-    model asks: fl/stages/layout.py), then the method's parameters."""
-    parts, held_out = partition.parts, None
-    if len(parts) != cfg.clients:
-        raise ValueError(f"partition has {len(parts)} clients, config has clients={cfg.clients}")
-    if cfg.holdout:
-        parts, held_out = holdout_split(parts, data.y_train, cfg.holdout, cfg.partition_seed)
+def assemble(
+    cfg: RunConfig, data: ImageDataset, partition: Partition, device: torch.device, facts: Facts | None = None
+) -> Assembly:
+    """The data (each client's share and its facts, the splits on the device in the models' input
+    size, with the augmentation they train with), then the models, seeded by the run's seed (laid
+    out as the run's model asks: fl/stages/layout.py), then the method's parameters. `facts`: the
+    run's, where `data` holds no training sample (a federation's server); else derived here."""
+    if len(partition.parts) != cfg.clients:
+        raise ValueError(f"partition has {len(partition.parts)} clients, config has clients={cfg.clients}")
+    parts, held_out, derived = shares(data, partition, cfg.holdout, cfg.partition_seed, cfg.normalize)
+    facts = facts or derived
     size = input_size(cfg.models[0], cfg.resize or data.image_size)
     aug = resolve_augment(cfg.augment, cfg.dataset, model=cfg.models[0], cutout=cfg.cutout, pad_fill=cfg.pad_fill)
     train_data, test_data = to_device(data, device, size, aug, cfg.normalize)
@@ -85,6 +90,6 @@ def assemble(cfg: RunConfig, data: ImageDataset, partition: Partition, device: t
 
     torch.manual_seed(cfg.seed)  # the models' initialisation
     groups = [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)]
-    inputs = LayoutInputs(cfg, build, size, train_data, test_data, parts, held_out, groups, keeps(cfg))
+    inputs = LayoutInputs(cfg, build, size, train_data, test_data, parts, held_out, groups, facts, keeps(cfg))
     layout = layout_of(cfg).cls(inputs)
-    return Assembly(cfg, device, parts, held_out, train_data, test_data, layout, method, hp)
+    return Assembly(cfg, device, parts, held_out, facts, train_data, test_data, layout, method, hp)

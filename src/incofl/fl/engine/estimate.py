@@ -34,12 +34,12 @@ class Work:
     """The training work of rounds `start` to the end of a run."""
 
     def __init__(self, server: Server, start: int):
-        cfg, data = server.cfg, server.assembly.train_data
+        cfg, data, facts = server.cfg, server.assembly.test_data, server.assembly.facts  # no training sample read
         gen = torch.Generator().manual_seed(PROBE_INPUT_SEED)  # its own generator: the run's draws stay untouched
         x = torch.rand((2, data.x.shape[1], data.input_size, data.input_size), generator=gen).to(data.x.device)
         y = torch.zeros(2, dtype=torch.long, device=data.x.device)
         per_sample = [training_flops(copy.deepcopy(m).eval(), x, y) for m in server.models]  # eval: no dropout draws
-        sizes = [len(p) * cfg.local_epochs for p in server.assembly.parts]
+        sizes = [c.samples * cfg.local_epochs for c in facts.clients]
         rounds = [[int(c) for c in server.schedule[t]] for t in range(start, cfg.rounds)]
         self.round_passes = [sum(sizes[c] for c in clients) for clients in rounds]
         self.flops = sum(sizes[c] * per_sample[group_of(c, cfg.clients, cfg.groups)] for r in rounds for c in r)

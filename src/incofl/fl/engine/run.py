@@ -24,7 +24,8 @@ from tqdm import tqdm
 from incofl.atomic import atomic_path, write_json
 from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
-from incofl.data.partition import partition_for
+from incofl.data.facts import Facts
+from incofl.data.partition import Partition, partition_for
 from incofl.errors import Diverged
 from incofl.fl.contracts import Round
 from incofl.fl.engine import checkpoint
@@ -242,16 +243,20 @@ class Run:
         }
 
 
-def build_assembly(cfg: RunConfig, data: ImageDataset | None = None) -> Assembly:
+def build_assembly(cfg: RunConfig, data: ImageDataset | None = None, facts: Facts | None = None) -> Assembly:
     """What a run's server side is built on, as every entry point builds it (`incofl train`, a
     federation's server): the config's threads, its data set (unless given), its partition and
-    device; every input is checked before an output is touched."""
+    device; every input is checked before an output is touched. With `facts` (a federation's
+    server, whose `data` holds the test split alone), no partition is drawn: the facts tell it."""
     from incofl.data.sources import dataset_for
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = data or dataset_for(cfg)
-    return assemble(cfg, data, partition_for(cfg, data), run_device(cfg))
+    if facts is None:
+        return assemble(cfg, data, partition_for(cfg, data), run_device(cfg))
+    none = Partition([np.zeros(0, np.int64)] * cfg.clients, np.zeros((cfg.clients, 0)), {"kind": "facts"})
+    return assemble(cfg, data, none, run_device(cfg), facts)
 
 
 def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:

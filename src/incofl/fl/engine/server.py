@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, RoundReport, State, Trained
 from incofl.fl.engine.assembly import Assembly
 from incofl.fl.engine.checkpoint import CheckpointMismatch
@@ -28,7 +30,6 @@ from incofl.fl.stages.local import local_steps
 from incofl.fl.stages.observers import CostLog
 from incofl.fl.stages.probes import analyses_for
 from incofl.fl.stages.sampling import sample_schedule
-from incofl.fl.stages.trainer import held_classes
 from incofl.fl.stages.transforms import EpochScale, UpdateNoise
 from incofl.models.family import exit_count
 
@@ -117,11 +118,11 @@ class Server:
 
     def expect(self, plan: ClientPlan, start: State) -> ExpectedUpdate:
         """What the server accepts from a planned client that trains from `start` (ExpectedUpdate):
-        the trainer's rules (the plan's uploads, the partition's share, the batches of its
-        schedule), the components' declarations of what their clients send."""
-        cfg, a = self.cfg, self.assembly
+        the trainer's rules (the plan's uploads, the client's facts: its share and the classes it
+        holds, the batches of its schedule), the components' declarations of what their clients send."""
+        cfg, facts = self.cfg, self.assembly.facts.clients[plan.client]
         params = [name for name, _ in self.models[plan.group].named_parameters()]
-        samples = len(a.parts[plan.client])
+        samples = facts.samples
         steps = local_steps(samples, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
         return ExpectedUpdate(
             plan,
@@ -130,16 +131,16 @@ class Server:
             samples,
             steps,
             plan.upload_params(start, params),
-            held_classes(a.train_data, a.parts[plan.client]).cpu(),
+            torch.tensor(facts.classes, dtype=torch.int64),
         )
 
     def expect_scores(self, client: int, group: int, splits: tuple[str, ...]) -> ExpectedScores:
         """The samples each split scores (the held-out share, the test set as the evaluator batches
         it) and the exits of the client's model."""
-        cfg, held_out = self.cfg, self.assembly.held_out
+        cfg, held_out = self.cfg, self.assembly.facts.clients[client].held_out
         samples = tuple(
-            len(held_out[client])
-            if split == HELD_OUT and held_out is not None
+            held_out
+            if split == HELD_OUT
             else scored_samples(len(self.assembly.test_data), cfg.eval_batch_size, cfg.drop_last)
             for split in splits
         )

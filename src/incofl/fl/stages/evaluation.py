@@ -116,10 +116,6 @@ class PersonalEvaluator:
     ):
         self.models, self.data, self.held_out, self.groups, self.batch_size = models, data, held_out, groups, batch_size
 
-    def scored(self) -> list[int]:
-        """The clients scored: those that hold data out."""
-        return [client for client, indices in enumerate(self.held_out) if len(indices)]
-
     def score_client(self, client: int, state: State) -> Scores:
         """Client `client`'s model with `state` on its held-out samples."""
         model = self.models[self.groups[client]]

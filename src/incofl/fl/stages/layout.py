@@ -23,6 +23,7 @@ import numpy as np
 from torch import nn
 
 from incofl.config import RunConfig
+from incofl.data.facts import Facts
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, State
 from incofl.fl.stages.component import Stateful
@@ -77,7 +78,8 @@ ClientScores = Callable[[list[ClientEval]], list[Scores]]
 class LayoutInputs:
     """What a layout is built from: the config, `build(name, **model_args)` (a model on the
     run's device), the models' input size, the splits on the device, each client's training and
-    held-out indices, each client's model group, and whether clients keep entries (`keeps`)."""
+    held-out indices, each client's model group, the run's facts (which clients hold samples out)
+    and whether clients keep entries (`keeps`)."""
 
     cfg: RunConfig
     build: Callable[..., nn.Module]
@@ -87,6 +89,7 @@ class LayoutInputs:
     parts: list[np.ndarray]
     held_out: list[np.ndarray] | None
     groups: list[int]
+    facts: Facts
     keeps: bool = False
 
 
@@ -137,6 +140,7 @@ class GroupLayout(Layout):
         self.evaluator = GroupEvaluator(self.models, inputs.test, cfg.eval_batch_size, cfg.drop_last)
         self.groups = inputs.groups
         self.first = first_clients(inputs.groups)
+        self.held_out = inputs.facts.held_out_clients()  # the facts: a federation's server has no held-out indices
         self.personal = (
             None
             if inputs.held_out is None
@@ -147,7 +151,7 @@ class GroupLayout(Layout):
     def client_evals(self) -> list[ClientEval]:
         """With `holdout`, every client's model that holds data out on it; without `pool_test`,
         each model group's first client's model on the test set."""
-        personal = [] if self.personal is None else self.personal.scored()
+        personal = [] if self.personal is None else self.held_out
         jobs = [ClientEval(client, self.groups[client], HELD_OUT) for client in personal]
         if not self.pooled:
             jobs += [ClientEval(client, group, TEST) for group, client in enumerate(self.first)]

@@ -1,0 +1,113 @@
+"""The facts of a run's data that its server side reads, and nothing else of the data: per client
+the size of its training share, of its held-out share and the classes its training share holds;
+of the data set its class count, an image's shape and the normalisation its splits are served
+with. One rule derives them from the partition (`derive`): the simulator derives them in
+process, `incofl federation export` writes them for a federation's server (deploy/serverdata.py),
+which never reads a training image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from incofl.data.dataset import ImageDataset
+from incofl.data.partition import Partition, holdout_split
+from incofl.data.tensors import normalisation
+
+
+@dataclass(frozen=True)
+class ClientFacts:
+    """One client's share: its training samples, its held-out samples, the classes it trains on."""
+
+    samples: int
+    held_out: int
+    classes: tuple[int, ...]  # sorted
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Every client's facts, in client order, and the data set's (module docstring)."""
+
+    clients: tuple[ClientFacts, ...]
+    classes: int
+    shape: tuple[int, ...]  # an image's channels, height, width
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def held_out_clients(self) -> list[int]:
+        """The clients that hold samples out (scored on them where they are: the personal accuracy)."""
+        return [client for client, facts in enumerate(self.clients) if facts.held_out]
+
+    def normalisation(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.array(self.mean), np.array(self.std)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "clients": [[c.samples, c.held_out, list(c.classes)] for c in self.clients],
+            "classes": self.classes,
+            "shape": list(self.shape),
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], clients: int) -> Facts:
+        """Facts read back (`to_json`), every value checked: a ValueError names the first that is wrong."""
+        classes, shape = _count(data["classes"], "classes"), tuple(_count(n, "shape") for n in data["shape"])
+        mean, std = tuple(_number(v, "mean") for v in data["mean"]), tuple(_number(v, "std") for v in data["std"])
+        if len(shape) != 3 or len(mean) != shape[0] or len(std) != shape[0]:
+            raise ValueError("shape, mean, std: not one image shape and one mean and std per channel")
+        rows = data["clients"]
+        if not isinstance(rows, list) or len(rows) != clients:
+            raise ValueError(f"clients: not one entry for each of the run's {clients} clients")
+        return cls(tuple(_client(row, classes) for row in rows), classes, shape, mean, std)
+
+
+def shares(
+    data: ImageDataset, partition: Partition, holdout: float, seed: int, normalize: str
+) -> tuple[list[np.ndarray], list[np.ndarray] | None, Facts]:
+    """Each client's training share (with `holdout`, less its held-out share), its held-out share
+    (None without `holdout`) and the run's facts: the one rule that both sides' inputs follow."""
+    parts, held_out = partition.parts, None
+    if holdout:
+        parts, held_out = holdout_split(parts, data.y_train, holdout, seed)
+    return parts, held_out, derive(data, parts, held_out, normalize)
+
+
+def derive(data: ImageDataset, parts: list[np.ndarray], held_out: list[np.ndarray] | None, normalize: str) -> Facts:
+    """The facts of `data` split into each client's training `parts` and `held_out` shares."""
+    mean, std = normalisation(data, normalize)
+    clients = tuple(
+        ClientFacts(
+            len(part),
+            0 if held_out is None else len(held_out[client]),
+            tuple(int(c) for c in np.unique(data.y_train[part])),
+        )
+        for client, part in enumerate(parts)
+    )
+    shape = (data.channels, *data.x_train.shape[2:])
+    return Facts(clients, data.num_classes, shape, tuple(map(float, mean)), tuple(map(float, std)))
+
+
+def _count(value: Any, key: str) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{key}: {str(value)[:20]} is not a count")
+    return value
+
+
+def _number(value: Any, key: str) -> float:
+    if type(value) not in (int, float) or not np.isfinite(value):
+        raise ValueError(f"{key}: {str(value)[:20]} is not a finite number")
+    return float(value)
+
+
+def _client(row: Any, classes: int) -> ClientFacts:
+    if not isinstance(row, list) or len(row) != 3 or not isinstance(row[2], list):
+        raise ValueError("clients: an entry is not [samples, held_out, classes]")
+    held = tuple(_count(c, "clients.classes") for c in row[2])
+    if list(held) != sorted(set(held)) or any(c >= classes for c in held):
+        raise ValueError("clients.classes: not sorted distinct classes of the data set")
+    return ClientFacts(_count(row[0], "clients.samples"), _count(row[1], "clients.held_out"), held)

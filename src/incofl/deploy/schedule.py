@@ -1,0 +1,67 @@
+"""What a federation's node is told of a run (its schedule), and nothing else of the experiment:
+the settings the client side computes with (config.py's `Role.CLIENT` tags: epochs, batch size,
+optimiser and its settings, the method and its parameters, the models, the seed, ...), the
+partition settings its data file must have been exported with (less any path), whether the run
+starts from pretrained weights (the node's own file holds them), and the name of the run's folder
+of saved states (`run_key`, of the server's whole config). No path and no setting only the server
+computes with travels: the node's files are those its own node config names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from incofl.config import Role, RunConfig, run_settings
+from incofl.deploy.sitedata import PARTITION_KEYS, partition_settings
+from incofl.fl.engine.checkpoint import semantic_config
+
+CLIENT_SETTINGS = run_settings(Role.CLIENT)
+PATHS = run_settings(Role.PATH)
+CHECKED = frozenset(PARTITION_KEYS) - PATHS  # the partition settings a node checks its file against
+RUN_FOLDER = re.compile(r"[0-9a-f]{16}")  # run_key's names
+
+
+def run_key(cfg: RunConfig) -> str:
+    """The folder name of a run's node states: the hash of its config's settings that change the
+    numbers (a resumed run's, whose threads or progress may differ, is the same)."""
+    semantic = semantic_config(cfg.model_dump())
+    return hashlib.sha256(json.dumps(semantic, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def schedule_of(cfg: RunConfig) -> str:
+    """The schedule the server tells every node (module docstring), as JSON."""
+    dump = cfg.model_dump(mode="json")
+    settings = {key: value for key, value in partition_settings(cfg).items() if key in CHECKED}
+    client = {key: dump[key] for key in sorted(CLIENT_SETTINGS)}
+    told = {"config": client, "partition": settings, "pretrained": bool(cfg.pretrained), "run": run_key(cfg)}
+    return json.dumps(told)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A node's schedule, read back: its client side's config (every other setting its default),
+    the partition settings to check its file against, whether it needs pretrained weights, its run."""
+
+    cfg: RunConfig
+    partition: dict[str, Any]
+    pretrained: bool
+    run: str
+
+    @classmethod
+    def read(cls, text: str) -> Schedule:
+        """`schedule_of`'s text, checked: a ValueError names the first entry that is not a schedule's."""
+        data = json.loads(text)
+        if not isinstance(data, dict) or set(data) != {"config", "partition", "pretrained", "run"}:
+            raise ValueError("schedule: not config, partition, pretrained and run")
+        config, partition, run = data["config"], data["partition"], data["run"]
+        if not isinstance(config, dict) or not set(config) <= CLIENT_SETTINGS:
+            raise ValueError("schedule: config: settings no client computes with ")
+        if not isinstance(partition, dict) or not set(partition) <= CHECKED:
+            raise ValueError("schedule: partition: not the partition's settings")
+        if type(data["pretrained"]) is not bool or not isinstance(run, str) or not RUN_FOLDER.fullmatch(run):
+            raise ValueError("schedule: pretrained or run: not a flag and a run's folder name")  # run names a folder
+        return cls(RunConfig(**config), partition, data["pretrained"], run)

@@ -1,0 +1,76 @@
+"""What a federation's server holds of the data: the run's facts (data/facts.py: each client's
+share size, held-out size and classes; the data set's class count, image shape and
+normalisation), the settings its partition was drawn with, and the data set's test split, on
+which it scores the global model; never a training image. `incofl federation export` writes it
+(`keys/facts.npz`, beside the server's key) from the partition, signed with the server's key;
+the ServerApp checks the signature (with its own key's public half), then every value, before it
+reads a fact, and refuses a run whose config would partition otherwise, in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from incofl.atomic import atomic_path
+from incofl.config import ConfigError, RunConfig
+from incofl.data.dataset import ImageDataset
+from incofl.data.facts import Facts
+from incofl.deploy.signing import SignatureError, sign, statement, verify
+from incofl.deploy.sitedata import SiteDataset, partition_settings
+
+FACTS = "facts.npz"  # in the keys folder, beside the server's key
+
+
+def _statement(text: str, x_test: np.ndarray, y_test: np.ndarray) -> bytes:
+    """What is signed: the facts' text and the test split's dtypes, shapes and bytes, by SHA-256."""
+    arrays = [
+        f"{a.dtype}{list(a.shape)}{hashlib.sha256(np.ascontiguousarray(a)).hexdigest()}" for a in (x_test, y_test)
+    ]
+    return statement("facts", facts=hashlib.sha256(text.encode()).hexdigest(), test=" ".join(arrays))
+
+
+def export_facts(cfg: RunConfig, data: ImageDataset, facts: Facts, out: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    """Write the server's file (module docstring) to `out` (0600, atomically), signed with `key`."""
+    text = json.dumps({"settings": partition_settings(cfg), "facts": facts.to_json()})
+    signature = sign(key, _statement(text, data.x_test, data.y_test))
+    with atomic_path(out, mode=0o600) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, facts=np.str_(text), x_test=data.x_test, y_test=data.y_test, signature=np.bytes_(signature))
+
+
+def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tuple[SiteDataset, Facts]:
+    """The run's facts and a data set of the test split alone (no training image, the facts'
+    class count and normalisation), once `key` has signed them and they fit `cfg`; refused in one
+    line naming the file otherwise."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            text, x_test, y_test = str(f["facts"]), f["x_test"], f["y_test"]
+            signature = bytes(f["signature"].item())
+        verify(key, _statement(text, x_test, y_test), signature, "the server key")
+        saved = json.loads(text)
+        facts = Facts.from_json(saved["facts"], cfg.clients)
+        _check_test(x_test, y_test, facts)
+    except (OSError, KeyError, TypeError, ValueError) as err:  # SignatureError, a bad zip, JSON or value too
+        why = str(err)[:160] if isinstance(err, (SignatureError, ValueError)) else type(err).__name__
+        raise ConfigError(
+            f"facts {path}: not the server's facts file ({why}); make it with incofl federation export"
+        ) from None
+    for setting, value in partition_settings(cfg).items():
+        if saved["settings"].get(setting) != value:
+            theirs = saved["settings"].get(setting)
+            raise ConfigError(f"facts {path}: exported with {setting}={theirs!r}, the run has {setting}={value!r}")
+    empty = np.zeros((0, *facts.shape), dtype=np.uint8)
+    mean, std = facts.normalisation()
+    data = SiteDataset(cfg.dataset, empty, np.zeros(0, np.int64), x_test, y_test, "unknown", facts.classes, mean, std)
+    return data, facts
+
+
+def _check_test(x_test: np.ndarray, y_test: np.ndarray, facts: Facts) -> None:
+    if x_test.dtype != np.uint8 or x_test.shape[1:] != facts.shape or y_test.shape != (len(x_test),):
+        raise ValueError("x_test, y_test: not uint8 images of the facts' shape, one label each")
+    if y_test.dtype.kind not in "iu" or (len(y_test) and not 0 <= y_test.min() <= y_test.max() < facts.classes):
+        raise ValueError("y_test: labels outside the data set's classes")
