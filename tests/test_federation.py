@@ -414,6 +414,22 @@ def test_a_facts_file_not_signed_by_the_servers_key_or_changed_is_refused(tmp_pa
     assert AppSettings.of({"out": "run", "node-keys": "keys"}).facts_path() == Path("keys") / FACTS
 
 
+def test_a_facts_file_whose_signature_ends_in_a_nul_byte_is_read(tmp_path, monkeypatch):
+    """One DER signature in 256 ends in 0x00, which numpy's fixed-width bytes drop: the file
+    stored its signature so once, and one equality run in a few hundred failed on it."""
+    from incofl.deploy import serverdata
+    from incofl.deploy.signing import private_key
+
+    def ending_in_nul(key, statement: bytes) -> bytes:
+        return next(s for s in iter(lambda: sign(key, statement), None) if s.endswith(b"\0"))
+
+    sign = serverdata.sign
+    monkeypatch.setattr(serverdata, "sign", ending_in_nul)
+    cfg = load_run_config(write_config(tmp_path))
+    public = private_key(server_facts(cfg, tmp_path)).public_key()
+    serverdata.load_facts(tmp_path / "keys" / serverdata.FACTS, cfg, public)
+
+
 def test_a_node_is_told_its_schedule_and_no_path_or_server_only_setting(tmp_path):
     """Every message a node receives in a run holds no path of the server's (its config's data,
     cache and key folders) and, of the run's settings, only the client side's (config.py's

@@ -39,7 +39,9 @@ def export_facts(cfg: RunConfig, data: ImageDataset, facts: Facts, out: Path, ke
     text = json.dumps({"settings": partition_settings(cfg), "facts": facts.to_json()})
     signature = sign(key, _statement(text, data.x_test, data.y_test))
     with atomic_path(out, mode=0o600) as tmp, open(tmp, "wb") as fh:
-        np.savez(fh, facts=np.str_(text), x_test=data.x_test, y_test=data.y_test, signature=np.bytes_(signature))
+        # as uint8: numpy's fixed-width bytes drop trailing NULs, and a DER signature can end in one
+        raw = np.frombuffer(signature, dtype=np.uint8)
+        np.savez(fh, facts=np.str_(text), x_test=data.x_test, y_test=data.y_test, signature=raw)
 
 
 def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tuple[SiteDataset, Facts]:
@@ -49,7 +51,7 @@ def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tu
     try:
         with np.load(path, allow_pickle=False) as f:
             text, x_test, y_test = str(f["facts"]), f["x_test"], f["y_test"]
-            signature = bytes(f["signature"].item())
+            signature = f["signature"].astype(np.uint8, casting="no").tobytes()
         verify(key, _statement(text, x_test, y_test), signature, "the server key")
         saved = json.loads(text)
         facts = Facts.from_json(saved["facts"], cfg.clients)
