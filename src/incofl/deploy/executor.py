@@ -11,6 +11,11 @@ context), with incofl's own ClientApp (`incofl.deploy.clientapp.app`): no app bu
 or loaded, so this node runs incofl's code only, whatever app a `flwr run` names. Its imports and
 the client built for a run (`clientapp._sites`) stay between messages: a message pays its
 training, not a fresh process's torch import and engine build (docs/performance.md, Flower).
+Its node hands out a message's task before it has pulled the message's objects from the SuperLink,
+so the executor's first asks for them find none; Flower asks again after 1 s, 2 s, 4 s ... (its
+`pull_objects`), and a round's message waited here 1-2 s after its node had it (docs/performance.md,
+Flower). This executor asks its node again after 0.05 s doubling to 0.2 s (LOOPBACK_PULL: plain HTTP
+on 127.0.0.1, a few cheap requests more), within Flower's own time bound for a message.
 A task that fails in any way (its app raising, even SystemExit; a reply that cannot be pushed,
 even when Flower's HTTP retry turns the refusal into its RunNotRunningException, a BaseException)
 fails that task only, logged, and the next is served; a reply the node refused is replaced by an
@@ -36,6 +41,7 @@ import importlib.util
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from logging import ERROR
 from pathlib import Path
 
@@ -63,6 +69,7 @@ from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.run import RunNotRunningException
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.superexec.run_superexec import _get_task_poll_interval
+from flwr.supernode.runtime import run_clientapp
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
 from incofl.deploy.clientapp import app
@@ -74,6 +81,15 @@ TEST_APP = "INCOFL_EXECUTOR_TEST_APP"  # tests only: the module docstring
 # raises RunNotRunningException (a BaseException) on a 403, e.g. a reply the node refuses.
 FAILURES = (Exception, SystemExit, RunNotRunningException)
 ClientAppFn = Callable[..., Message]
+# a message's objects asked of the node again after 0.05 s doubling to 0.2 s (module docstring), with
+# no cap on tries but Flower's time bound for the whole message (PULL_MAX_TIME, 7200 s)
+LOOPBACK_PULL = {"initial_backoff": 0.05, "backoff_cap": 0.2, "max_tries_per_object": None}
+
+
+def pull_quickly() -> None:
+    """`pull_task_input`'s pull of a message's objects from the node, with LOOPBACK_PULL's backoff."""
+    pull = run_clientapp.pull_and_inflate_object_from_tree
+    run_clientapp.pull_and_inflate_object_from_tree = partial(pull, **LOOPBACK_PULL)
 
 
 def load_app(ref: str | None) -> ClientAppFn:
@@ -193,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError) as err:  # missing, unreadable, empty or readable by others: one line
         parser.error(f"--superexec-auth-secret-file: {err}")
     client_app = load_app(os.environ.get(TEST_APP))
+    pull_quickly()
     start_parent_process_monitor(args.parent_pid)  # SIGINT to this process once the node is gone
     try:
         serve(args.runtime_api_address, secret, poll, client_app)
