@@ -4,7 +4,9 @@ Node config (`flower-supernode --node-config "client=3 data-path=/site/site3.npz
 client the node is, its data file (`incofl federation export`), which holds only that client's
 samples, and optionally `state-dir`, where the client's states are saved after each round it
 trains (client.py; default: beside the data file, `site3.state/`), and `pretrained`, the file of
-the pretrained weights a run may start from (the server's, copied to the site). Every file a node
+the pretrained weights a run may start from (the server's, copied to the site). A site serving its
+own data names it by `data-folder` or `data-npz` in place of `data-path` (owndata.py), and the
+server's public key by `server-key` (an exported file carries it). Every file a node
 reads is one its node config names, a regular file (a FIFO or a device is refused in one line: it
 would hang the node's reader): no path comes with the run (its schedule, schedule.py), and a
 run that starts from pretrained weights is refused in one line where the
@@ -14,7 +16,9 @@ node failed; never a path or an exception type of the site's (its log has them).
 
 - `query.identify`: the server's first message, with the run's schedule; the node answers
   with its client id (the ServerApp cannot read node config) and the hash of its test split
-  (if its file holds one) after checking its data file against the schedule;
+  (if its file holds one) after checking its data against the schedule, and, serving its own
+  data, its facts (`declared`: samples, held out, classes), which the server takes in place of
+  its facts file's row;
 - `train`: one planned round (codec.py); the reply is the client's update;
 - `evaluate`: the client's model scored on its held-out share or the test split; the reply is the scores.
 
