@@ -108,3 +108,49 @@ def test_unfit_data_and_an_unsigned_declaration_are_refused_before_any_round(tmp
     assert str(tmp_path) not in why
     assert "identify: node 103: refused: its signature is not client 2's site's" in caplog.text
     assert not (tmp_path / "federation" / "metrics.csv").exists()
+
+
+def test_a_declaration_is_taken_only_signed_and_within_the_data_sets_classes():
+    """The server's reading of a declaration (already opened: its signature held): refused without
+    node-keys, with a class outside the data set, unsorted classes or no samples; else its facts."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from incofl.data.facts import ClientFacts, Facts
+    from incofl.deploy.serverapp import declared_facts
+
+    facts = Facts((), 10, (1, 8, 8), (0.5,), (0.25,))
+
+    def declaration(samples: int = 40, held_out: int = 0, classes: list[int] | None = None) -> RecordDict:
+        record = {"samples": samples, "held_out": held_out, "classes": [1, 3] if classes is None else classes}
+        return RecordDict({"declared": ConfigRecord(record)})
+
+    assert declared_facts(declaration(), facts, signed=True) == ClientFacts(40, 0, (1, 3))
+    assert declared_facts(RecordDict({}), facts, signed=False) is None  # an exported share declares nothing
+    for content, signed, why in [
+        (declaration(), False, "only a run with node-keys"),
+        (declaration(classes=[3, 10]), True, "not sorted distinct classes"),
+        (declaration(classes=[3, 1]), True, "not sorted distinct classes"),
+        (declaration(samples=0), True, "0 samples"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            declared_facts(content, facts, signed)
+
+
+def test_a_folder_names_its_classes_by_index_and_a_node_names_its_data_once(tmp_path):
+    """A class folder named other than by a class index is refused naming it; a node config naming
+    two data sources, or none, is refused in one line."""
+    from flwr.app import Context, RecordDict
+
+    from incofl.data.facts import Facts
+    from incofl.deploy.clientapp import node_data
+    from incofl.deploy.owndata import load_own
+
+    write_folder(tmp_path / "own", np.zeros((2, 1, 8, 8), np.uint8), np.zeros(2, np.int64))
+    (tmp_path / "own" / "0").rename(tmp_path / "own" / "cat")
+    cfg = load_run_config(write_config(tmp_path))
+    facts = Facts((), 10, (1, 8, 8), (0.5,), (0.25,))
+    with pytest.raises(ConfigError, match=r"^data-folder .*own: not data of this run \(class folder 'cat' is not"):
+        load_own("data-folder", str(tmp_path / "own"), cfg, 0, facts)
+    for config in [{"data-folder": str(tmp_path / "own"), "data-npz": str(tmp_path / "x.npz")}, {}]:
+        with pytest.raises(ConfigError, match="name the node's data by one of data-path, data-folder, data-npz"):
+            node_data(Context(1, 101, {"client": 0, **config}, RecordDict(), {}))
