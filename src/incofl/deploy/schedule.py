@@ -43,8 +43,7 @@ def schedule_of(cfg: RunConfig, facts: Facts | None = None) -> str:
     client = {key: dump[key] for key in sorted(CLIENT_SETTINGS)}
     data = None if facts is None else {**facts.to_json(), "clients": []}  # no client's facts: not the node's to know
     told = {"config": client, "partition": settings, "pretrained": bool(cfg.pretrained), "run": run_key(cfg)}
-    told["data"] = data
-    return json.dumps(told)
+    return json.dumps({**told, "data": data})
 
 
 @dataclass(frozen=True)
