@@ -63,7 +63,7 @@ class Facts:
         rows = data["clients"]
         if not isinstance(rows, list) or len(rows) != clients:
             raise ValueError(f"clients: not one entry for each of the run's {clients} clients")
-        return cls(tuple(_client(row, classes) for row in rows), classes, shape, mean, std)
+        return cls(tuple(client_facts(row, classes) for row in rows), classes, shape, mean, std)
 
 
 def shares(
@@ -104,7 +104,8 @@ def _number(value: Any, key: str) -> float:
     return float(value)
 
 
-def _client(row: Any, classes: int) -> ClientFacts:
+def client_facts(row: Any, classes: int) -> ClientFacts:
+    """A client's facts read back from [samples, held_out, classes], checked (a ValueError names the first wrong)."""
     if not isinstance(row, list) or len(row) != 3 or not isinstance(row[2], list):
         raise ValueError("clients: an entry is not [samples, held_out, classes]")
     held = tuple(_count(c, "clients.classes") for c in row[2])

@@ -33,6 +33,7 @@ import torch
 
 from incofl.atomic import save_tensors
 from incofl.config import RunConfig
+from incofl.deploy.owndata import load_own
 from incofl.deploy.schedule import RUN_FOLDER, Schedule
 from incofl.deploy.sitedata import load_site, test_sha256
 from incofl.fl.contracts import ClientUpdate, Round
@@ -117,23 +118,36 @@ class StaleState(RuntimeError):
 
 
 class SiteClient:
-    """Client `client` of the run whose schedule the node was told, with its data file and the
-    folder its stores are saved in (module docstring): the run's client side, on the node's data alone."""
+    """Client `client` of the run whose schedule the node was told, with its data file (an exported
+    share; with `own`, the node config key of the site's own data: owndata.py) and the folder its
+    stores are saved in (module docstring): the run's client side, on the node's data alone."""
 
     def __init__(
-        self, told: Schedule, client: int, data_path: str | Path, state_dir: str | Path, pretrained: str | None = None
+        self,
+        told: Schedule,
+        client: int,
+        data_path: str | Path,
+        state_dir: str | Path,
+        pretrained: str | None = None,
+        own: str = "",
     ):
         # its pretrained weights: the node's own file (None where the run starts from none); no path came with the run
         cfg = told.cfg.model_copy(update={"pretrained": pretrained})
         self.cfg, self.client = cfg, client
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        data, partition = load_site(data_path, cfg, client, told.partition)
+        if own:  # the site's own data under node config key `own` (owndata.py)
+            data, partition = load_own(own, str(data_path), cfg, client, told.data)
+        else:
+            data, partition = load_site(data_path, cfg, client, told.partition)
         self.test_sha256 = test_sha256(data)
         self.device = run_device(cfg)
         # the assembly seeds the models' initialisation: the caller's random stream is left as it was
         with torch.random.fork_rng(devices=[]):
-            self.clients = Clients(assemble(cfg, data, partition, self.device))
+            assembly = assemble(cfg, data, partition, self.device)
+            self.clients = Clients(assembly)
+        # what a site serving its own data declares at identify (an exported share's facts are the server's)
+        self.declared = assembly.facts.clients[client] if own else None
         keep_recent_runs(Path(state_dir), told.run)
         self.saved = SavedStores(Path(state_dir) / told.run / f"client{client}", cfg)
         self.fresh = self.clients.store.state_dict()  # a client before its first round: it keeps nothing

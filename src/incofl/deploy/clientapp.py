@@ -4,7 +4,9 @@ Node config (`flower-supernode --node-config "client=3 data-path=/site/site3.npz
 client the node is, its data file (`incofl federation export`), which holds only that client's
 samples, and optionally `state-dir`, where the client's states are saved after each round it
 trains (client.py; default: beside the data file, `site3.state/`), and `pretrained`, the file of
-the pretrained weights a run may start from (the server's, copied to the site). Every file a node
+the pretrained weights a run may start from (the server's, copied to the site). A site serving its
+own data names it by `data-folder` or `data-npz` in place of `data-path` (owndata.py), and the
+server's public key by `server-key` (an exported file carries it). Every file a node
 reads is one its node config names, a regular file (a FIFO or a device is refused in one line: it
 would hang the node's reader): no path comes with the run (its schedule, schedule.py), and a
 run that starts from pretrained weights is refused in one line where the
@@ -14,7 +16,9 @@ node failed; never a path or an exception type of the site's (its log has them).
 
 - `query.identify`: the server's first message, with the run's schedule; the node answers
   with its client id (the ServerApp cannot read node config) and the hash of its test split
-  (if its file holds one) after checking its data file against the schedule;
+  (if its file holds one) after checking its data against the schedule, and, serving its own
+  data, its facts (`declared`: samples, held out, classes), which the server takes in place of
+  its facts file's row;
 - `train`: one planned round (codec.py); the reply is the client's update;
 - `evaluate`: the client's model scored on its held-out share or the test split; the reply is the scores.
 
@@ -51,6 +55,7 @@ from incofl.deploy.codec import (
     unsigned,
     update_content,
 )
+from incofl.deploy.owndata import OWN
 from incofl.deploy.schedule import Schedule
 from incofl.deploy.signing import SignatureError, private_key, public_key
 from incofl.deploy.sitedata import site_server_key
@@ -61,7 +66,8 @@ STATE = "incofl"  # the node's Context.state record: the run's schedule (schedul
 app = ClientApp()
 # (run, node, config, data) -> its client, built once; a node's executor (executor.py) keeps it between messages
 _sites: dict[tuple[int, int, str, str], SiteClient] = {}
-FILES = ("data-path", "state-dir", "node-key", "pretrained")  # the node config's keys that name files
+DATA = ("data-path", *OWN)  # the node config's keys of a node's data: one of them names it
+FILES = (*DATA, "state-dir", "node-key", "pretrained", "server-key")  # the node config's keys that name files
 PATH = re.compile(r"(?<![\w.-])(?:~|\.{0,2})/[^\s'\",;:)]*")  # a path left in a failure's text (said: <a path>)
 Handler = Callable[[Message, Context], Message]
 
@@ -81,7 +87,7 @@ def in_node_terms(err: Exception, context: Context) -> str:
         return "failed on the node (its log says why)"
     text = (str(err).strip().splitlines() or [""])[0]
     named = {key: str(context.node_config[key]) for key in FILES if key in context.node_config}
-    if "data-path" in named:
+    if any(key in named for key in DATA):
         named["state-dir"] = str(state_dir(context))  # its default too
     for key, path in sorted(named.items(), key=lambda item: -len(item[1])):  # a folder's files before the folder
         text = text.replace(path, f"<{key}>")
@@ -113,11 +119,34 @@ def node_file(context: Context, key: str) -> str:
     return path
 
 
+def node_data(context: Context) -> tuple[str, str]:
+    """The node config's key of the node's data (exactly one of DATA) and the file or folder it names."""
+    named = [key for key in DATA if key in context.node_config]
+    if len(named) != 1:
+        raise ConfigError(f"node config: name the node's data by one of {', '.join(DATA)} ({len(named)} named)")
+    key = named[0]
+    if key != "data-folder":
+        return key, node_file(context, key)
+    folder = str(context.node_config[key])
+    if not Path(folder).is_dir():
+        raise ConfigError(f"{key} {folder}: not a folder")
+    return key, folder
+
+
+def server_public(context: Context) -> ec.EllipticCurvePublicKey | None:
+    """The server's public key: the one an exported data file carries, or for a site's own data the
+    file `server-key` names (OpenSSH: keys/server.pub); None where there is none."""
+    key, path = node_data(context)
+    if key == "data-path":
+        return server_key(key, path)
+    return server_key("server-key", node_file(context, "server-key")) if "server-key" in context.node_config else None
+
+
 @cache
-def server_key(data_path: str) -> ec.EllipticCurvePublicKey | None:
-    """The server's public key the site's data file carries (None: the file has none)."""
-    key = site_server_key(data_path)
-    return public_key(key, f"data-path {data_path}: server_key") if key else None
+def server_key(key: str, path: str) -> ec.EllipticCurvePublicKey | None:
+    """The server's public key in the file the node config names under `key` (None: a data file without one)."""
+    raw = site_server_key(path) if key == "data-path" else Path(path).read_bytes()
+    return public_key(raw, f"{key} {path}: server key") if raw else None
 
 
 @cache
@@ -129,7 +158,7 @@ def instruction(message: Message, context: Context) -> tuple[RecordDict, int]:
     """The instruction's content and round, if the server signed it for this run and node
     (module docstring); refused (logged, raised) otherwise, before anything is read or changed."""
     kind, node = message.metadata.message_type, context.node_id
-    key = server_key(node_file(context, "data-path"))
+    key = server_public(context)
     try:
         if key is None:  # a file exported without the server's key: the node takes the SuperLink's word
             round_ = signature_of(message.content)[0] if SIGNATURE in message.content else 0
@@ -156,20 +185,21 @@ def node_client(context: Context) -> int:
 
 
 def state_dir(context: Context) -> Path:
-    data = Path(str(context.node_config["data-path"]))
+    data = Path(next(str(context.node_config[key]) for key in DATA if key in context.node_config))
     return Path(str(context.node_config.get("state-dir", data.with_suffix(".state"))))
 
 
 def site(context: Context) -> SiteClient:
     """This node's client for the run (its config from the identify query, kept in Context.state)."""
     config = str(context.state.config_records[STATE]["schedule"])
-    data = node_file(context, "data-path")
+    kind, data = node_data(context)
     key = (context.run_id, context.node_id, config, data)
     if key not in _sites:
         for old in [k for k in _sites if k[0] != context.run_id]:  # a long-lived process keeps the latest run's only
             del _sites[old]
         told = Schedule.read(config)
-        _sites[key] = SiteClient(told, node_client(context), data, state_dir(context), pretrained(told, context))
+        own = "" if kind == "data-path" else kind
+        _sites[key] = SiteClient(told, node_client(context), data, state_dir(context), pretrained(told, context), own)
     return _sites[key]
 
 
@@ -196,8 +226,13 @@ def identify(message: Message, context: Context) -> Message:
         raise Refused(f"node {context.node_id} took run {context.run_id}'s schedule already; another one refused")
     context.state[STATE] = ConfigRecord({"schedule": config})
     client = site(context)  # the data file checked against the run's schedule now, before any round
-    reply = ConfigRecord({"client": node_client(context), "test_sha256": client.test_sha256})
-    return answer(message, context, RecordDict({"node": reply}), signed_round)
+    reply = RecordDict({"node": ConfigRecord({"client": node_client(context), "test_sha256": client.test_sha256})})
+    if client.declared is not None:  # its own data: its facts, signed with the reply (the server has no row of them)
+        facts = client.declared
+        reply["declared"] = ConfigRecord(
+            {"samples": facts.samples, "held_out": facts.held_out, "classes": list(facts.classes)}
+        )
+    return answer(message, context, reply, signed_round)
 
 
 @app.train()

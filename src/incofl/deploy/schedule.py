@@ -2,8 +2,10 @@
 the settings the client side computes with (config.py's `Role.CLIENT` tags: epochs, batch size,
 optimiser and its settings, the method and its parameters, the models, the seed, ...), the
 partition settings its data file must have been exported with (less any path), whether the run
-starts from pretrained weights (the node's own file holds them), and the name of the run's folder
-of saved states (`run_key`, of the server's whole config). No path and no setting only the server
+starts from pretrained weights (the node's own file holds them), the name of the run's folder
+of saved states (`run_key`, of the server's whole config) and the data set's facts (class count,
+image shape, normalisation: data/facts.py), which a site serving its own data checks it against
+and normalises with (owndata.py). No path and no setting only the server
 computes with travels: the node's files are those its own node config names.
 """
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from incofl.config import Role, RunConfig, run_settings
+from incofl.data.facts import Facts
 from incofl.deploy.sitedata import PARTITION_KEYS, partition_settings
 from incofl.fl.engine.checkpoint import semantic_config
 
@@ -32,31 +35,35 @@ def run_key(cfg: RunConfig) -> str:
     return hashlib.sha256(json.dumps(semantic, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def schedule_of(cfg: RunConfig) -> str:
-    """The schedule the server tells every node (module docstring), as JSON."""
+def schedule_of(cfg: RunConfig, facts: Facts | None = None) -> str:
+    """The schedule the server tells every node (module docstring), as JSON; the data set's
+    facts from `facts` (None: none told, as to a node that reads an exported share)."""
     dump = cfg.model_dump(mode="json")
     settings = {key: value for key, value in partition_settings(cfg).items() if key in CHECKED}
     client = {key: dump[key] for key in sorted(CLIENT_SETTINGS)}
+    data = None if facts is None else {**facts.to_json(), "clients": []}  # no client's facts: not the node's to know
     told = {"config": client, "partition": settings, "pretrained": bool(cfg.pretrained), "run": run_key(cfg)}
-    return json.dumps(told)
+    return json.dumps({**told, "data": data})
 
 
 @dataclass(frozen=True)
 class Schedule:
     """A node's schedule, read back: its client side's config (every other setting its default),
-    the partition settings to check its file against, whether it needs pretrained weights, its run."""
+    the partition settings to check its file against, whether it needs pretrained weights, its run,
+    the data set's facts (no client's; None if not told)."""
 
     cfg: RunConfig
     partition: dict[str, Any]
     pretrained: bool
     run: str
+    data: Facts | None = None
 
     @classmethod
     def read(cls, text: str) -> Schedule:
         """`schedule_of`'s text, checked: a ValueError names the first entry that is not a schedule's."""
         data = json.loads(text)
-        if not isinstance(data, dict) or set(data) != {"config", "partition", "pretrained", "run"}:
-            raise ValueError("schedule: not config, partition, pretrained and run")
+        if not isinstance(data, dict) or set(data) != {"config", "partition", "pretrained", "run", "data"}:
+            raise ValueError("schedule: not config, partition, pretrained, run and data")
         config, partition, run = data["config"], data["partition"], data["run"]
         if not isinstance(config, dict) or not set(config) <= CLIENT_SETTINGS:
             raise ValueError("schedule: config: settings no client computes with ")
@@ -64,4 +71,7 @@ class Schedule:
             raise ValueError("schedule: partition: not the partition's settings")
         if type(data["pretrained"]) is not bool or not isinstance(run, str) or not RUN_FOLDER.fullmatch(run):
             raise ValueError("schedule: pretrained or run: not a flag and a run's folder name")  # run names a folder
-        return cls(RunConfig(**config), partition, data["pretrained"], run)
+        if data["data"] is not None and not isinstance(data["data"], dict):
+            raise ValueError("schedule: data: not the data set's facts")
+        facts = None if data["data"] is None else Facts.from_json(data["data"], 0)  # a ValueError names the entry
+        return cls(RunConfig(**config), partition, data["pretrained"], run, facts)

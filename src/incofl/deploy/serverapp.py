@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from incofl.atomic import write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
+from incofl.data.facts import ClientFacts, Facts, client_facts
 from incofl.deploy.inbox import Inbox, Pulled
 from incofl.deploy.schedule import schedule_of
 from incofl.deploy.serverdata import FACTS, load_facts
@@ -62,6 +63,7 @@ from incofl.spec import WIDTH_LAYOUT
 
 log = logging.getLogger("incofl.deploy")
 app = ServerApp()
+MAX_SAMPLES = 2**31 - 1  # a declared count past it is no site's (and would overflow a weight's int32)
 
 
 @dataclass(frozen=True)
@@ -120,14 +122,18 @@ class AppSettings:
 IDENTIFY = "query.identify"
 
 
-def identify(inbox: Inbox, cfg: RunConfig, timeout: float, test: dict[int, str], identity: Identity) -> dict[int, int]:
-    """client -> node: every node that joins within `timeout` is asked which client it is (with
-    the run's schedule, which it checks its data against); a claim `identity` refuses, or a reply
+def identify(
+    inbox: Inbox, cfg: RunConfig, facts: Facts, timeout: float, test: dict[int, str], identity: Identity
+) -> tuple[dict[int, int], dict[int, ClientFacts]]:
+    """client -> node, and client -> the facts its site declared (one serving its own data): every
+    node that joins within `timeout` is asked which client it is (with the run's schedule, which it
+    checks its data against, and the data set's `facts`); a claim `identity` refuses, or a reply
     that is not a claim, is logged and left out (the rightful node may still come). Stops with one
     line naming the clients whose node did not join, the node that failed its check, a second
     claim of one client, or a client whose node lacks the test split `test` asks of it (client -> its hash)."""
-    content = RecordDict({"run": ConfigRecord({"schedule": schedule_of(cfg)})})
+    content = RecordDict({"run": ConfigRecord({"schedule": schedule_of(cfg, facts)})})
     nodes: dict[int, int] = {}
+    declared: dict[int, ClientFacts] = {}
     asked: set[int] = set()
     pending: dict[str, int] = {}  # message -> node
     refusals: dict[int, str] = {}  # node -> why it refused the run (with site keys: no error stops it)
@@ -142,7 +148,7 @@ def identify(inbox: Inbox, cfg: RunConfig, timeout: float, test: dict[int, str],
             if got.message is None:
                 log.warning("identify: node %d: refused: %s", node, got.why)
             else:
-                claim(cfg, node, got, nodes, test, identity, refusals)
+                claim(cfg, facts, node, got, (nodes, declared), test, identity, refusals)
         if len(nodes) < cfg.clients:
             time.sleep(POLL)
     inbox.forget(pending)
@@ -152,14 +158,15 @@ def identify(inbox: Inbox, cfg: RunConfig, timeout: float, test: dict[int, str],
         raise ConfigError(
             f"no node joined for client(s) {', '.join(map(str, missing))} within {timeout:.0f} s (join-timeout){why}"
         )
-    return nodes
+    return nodes, declared
 
 
 def claim(
     cfg: RunConfig,
+    facts: Facts,
     node: int,
     got: Pulled,
-    nodes: dict[int, int],
+    joined: tuple[dict[int, int], dict[int, ClientFacts]],
     test: dict[int, str],
     identity: Identity,
     refusals: dict[int, str],
@@ -168,7 +175,9 @@ def claim(
     identify). With site keys, the client is the one whose site's key the SuperLink holds for the
     node, and nothing of the reply is read before that site's signature on it holds; an error reply
     (which no one signs) cannot stop the run: it is logged, and named if the run ends for want of
-    that client."""
+    that client. A site's declaration of its facts (`declared`) is taken only so signed, and checked
+    against the data set's `facts`."""
+    nodes, declared = joined
     reply = got.message
     assert reply is not None
     if reply.has_error():
@@ -186,6 +195,7 @@ def claim(
             raise ValueError(f"not a claim of a client (client {str(client)[:20]}: the run has 0..{cfg.clients - 1})")
         if identity.keys is not None and client != site:
             raise ValueError(f"it says it is client {client}, signed as client {site}'s site")
+        declaration = declared_facts(content, facts, identity.keys is not None)
     except (KeyError, TypeError, ValueError) as err:  # SignatureError too
         log.warning("identify: node %d: refused: %s", node, str(err)[:160])
         return
@@ -198,6 +208,43 @@ def claim(
             f"{', bn_stats: local' if cfg.bn_stats == 'local' else ''}); export it with --test"
         )
     nodes[client] = node
+    if declaration is not None:
+        declared[client] = declaration
+
+
+def declared_facts(content: RecordDict, facts: Facts, signed: bool) -> ClientFacts | None:
+    """The facts a site serving its own data declares in its (opened) identify reply, checked
+    (None: it declares none); a ValueError says why one is refused: unsigned (no site keys), or
+    not a share of the data set's classes of a count a weight can hold."""
+    record = content.config_records.get("declared")
+    if record is None:
+        return None
+    if not signed:  # no site key to check it against: the SuperLink's word is no site's declaration
+        raise ValueError("it declares its facts, which only a run with node-keys takes")
+    row = [record.get("samples"), record.get("held_out"), record.get("classes")]
+    declaration = client_facts(row, facts.classes)
+    if not 0 < declaration.samples <= MAX_SAMPLES or declaration.held_out > MAX_SAMPLES:
+        raise ValueError(f"declared: {declaration.samples} samples, {declaration.held_out} held out: not a share's")
+    return declaration
+
+
+def with_declared(facts: Facts, declared: dict[int, ClientFacts]) -> Facts:
+    """`facts` with each declaring site's facts in place of its row (logged where they differ)."""
+    for client, ours in sorted(declared.items()):
+        row = facts.clients[client]
+        if ours != row:
+            log.info(
+                "client %d serves its own data: its declaration (%d samples, %d held out, %d classes) "
+                "in place of the facts file's (%d, %d, %d)",
+                client,
+                ours.samples,
+                ours.held_out,
+                len(ours.classes),
+                row.samples,
+                row.held_out,
+                len(row.classes),
+            )
+    return replace(facts, clients=tuple(declared.get(c, row) for c, row in enumerate(facts.clients)))
 
 
 def refusal(cfg: RunConfig) -> str:
@@ -223,10 +270,10 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     check_federated(cfg)
     identity = Identity.load(grid, settings.node_keys, settings.server_key_path(), cfg.clients, grid.run.run_id)
     data, facts = load_facts(settings.facts_path(), cfg, identity.server.public_key())
-    server = Server(build_assembly(cfg, data, facts))
     test = {client: test_sha256(data) for client in tested_on_clients(cfg)}
     inbox = Inbox(grid)
-    nodes = identify(inbox, cfg, settings.join_timeout, test, identity)
+    nodes, declared = identify(inbox, cfg, facts, settings.join_timeout, test, identity)
+    server = Server(build_assembly(cfg, data, with_declared(facts, declared)))  # replies checked against these
     transport = FlowerTransport(server, inbox, nodes, settings.round_timeout, settings.out, identity)
     log.info("incofl federation: %d clients on nodes %s", len(nodes), nodes)
     with claimed(settings.out):

@@ -143,8 +143,13 @@ def load_site(
         mean=site["mean"],
         std=site["std"],
     )
+    return data, site_partition(cfg, data, client, site["part"].astype(np.int64))
+
+
+def site_partition(cfg: RunConfig, data: SiteDataset, client: int, part: np.ndarray) -> Partition:
+    """A partition of `cfg`'s clients in which only `client` holds samples: `part` of `data`."""
     parts = [np.zeros(0, dtype=np.int64) for _ in range(cfg.clients)]
-    parts[client] = site["part"].astype(np.int64)
+    parts[client] = part
     histogram = np.zeros((cfg.clients, data.num_classes), dtype=np.int64)
     histogram[client] = np.bincount(data.y_train, minlength=data.num_classes)
-    return data, Partition(parts, histogram, {"kind": "site", "client": client})
+    return Partition(parts, histogram, {"kind": "site", "client": client})

@@ -1,0 +1,156 @@
+"""Sites serving their own data (deploy/owndata.py, docs/federation.md "A site's own data"): an
+image folder or an .npz named in the node config trains with the simulator's numbers where it
+holds the partition's share in its order; its facts, declared at identify and signed with the
+node key, take the place of the facts file's row; unfit data and an unsigned declaration are
+refused before any round."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
+    pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
+
+from federation_helpers import no_data_set, signed_sites, summary_of, write_config  # noqa: E402
+
+from incofl.config import ConfigError, load_run_config  # noqa: E402
+from incofl.data.partition import partition_for  # noqa: E402
+from incofl.data.sources import dataset_for  # noqa: E402
+from incofl.fl.engine.run import train  # noqa: E402
+
+
+def write_folder(folder: Path, x: np.ndarray, y: np.ndarray) -> None:
+    """Images (N, 1, H, W) as grey PNGs by class, named by their position (the order they train in)."""
+    from PIL import Image
+
+    for i, (image, label) in enumerate(zip(x, y, strict=True)):
+        (folder / str(label)).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image[0]).save(folder / str(label) / f"{i:05d}.png")
+
+
+def own_sites(tmp: Path, cfg, own: dict[int, str], keep: float = 1.0) -> tuple[list[dict], dict[int, bytes]]:
+    """signed_sites' federation in which client c in `own` serves its share (its first `keep` of
+    it), in the partition's order, as its own data: `own[c]` "folder" or "npz" (images N x H x W x C)."""
+    nodes, pems = signed_sites(cfg, tmp)
+    data = dataset_for(cfg)
+    parts = partition_for(cfg, data).parts
+    for client, layout in own.items():
+        part = parts[client][: int(len(parts[client]) * keep)]
+        x, y, node = data.x_train[part], data.y_train[part], nodes[client]
+        del node["data-path"]
+        node["server-key"] = str(tmp / "keys" / "server.pub")
+        if layout == "folder":
+            node["data-folder"] = str(tmp / f"own{client}")
+            write_folder(tmp / f"own{client}", x, y)
+        else:
+            node["data-npz"] = str(tmp / f"own{client}.npz")
+            np.savez(tmp / f"own{client}.npz", x=x.transpose(0, 2, 3, 1), y=y)
+    return nodes, pems
+
+
+def serve_sites(tmp: Path, config: Path, nodes: list[dict], pems: dict[int, bytes], timeout: float = 5.0) -> dict:
+    from incofl.deploy.inprocess import InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
+
+    grid = InProcessGrid(nodes, keys=pems)
+    settings = AppSettings(str(config), {}, tmp / "federation", join_timeout=timeout, node_keys=tmp / "keys")
+    with no_data_set():
+        return serve(grid, settings)
+
+
+def test_sites_serving_their_own_folders_equal_the_simulator(tmp_path):
+    """Clients 0 and 1 read image folders, client 2 an .npz, client 3 its exported share: the
+    federation's weights equal the simulator's, bit for bit."""
+    config = write_config(tmp_path, methods=["FedAvg"])
+    cfg = load_run_config(config)
+    nodes, pems = own_sites(tmp_path, cfg, {0: "folder", 1: "folder", 2: "npz"})
+    federated = serve_sites(tmp_path, config, nodes, pems)
+    simulated = train(cfg, tmp_path / "simulator")
+    assert federated["state_sha256"] == simulated["state_sha256"]
+    assert summary_of(tmp_path / "federation")["state_sha256"] == simulated["state_sha256"]
+
+
+def test_a_sites_declaration_takes_the_place_of_the_facts_files_row(tmp_path, caplog):
+    """Client 0 serves half its share: the server logs that its declaration differs, checks its
+    replies against it (not the facts file's row, which would refuse them) and the run trains."""
+    caplog.set_level(logging.INFO, logger="incofl.deploy")
+    config = write_config(tmp_path, methods=["FedAvg"], ratio=1.0, rounds=1)
+    nodes, pems = own_sites(tmp_path, load_run_config(config), {0: "npz"}, keep=0.5)
+    serve_sites(tmp_path, config, nodes, pems)  # allow-missing off: a refused reply would stop it
+    assert "client 0 serves its own data: its declaration" in caplog.text
+    assert (tmp_path / "federation" / "metrics.csv").exists()
+
+
+def test_unfit_data_and_an_unsigned_declaration_are_refused_before_any_round(tmp_path, caplog):
+    """Client 0's images of another size, client 1's label outside the classes: each node refuses
+    the run in one line naming its node config key, not its path; client 2's declaration signed with
+    client 3's key is refused by the server; no round runs."""
+    config = write_config(tmp_path, methods=["FedAvg"])
+    cfg = load_run_config(config)
+    nodes, pems = own_sites(tmp_path, cfg, {0: "folder", 1: "npz", 2: "npz"})
+    shutil.rmtree(tmp_path / "own0")
+    write_folder(tmp_path / "own0", np.zeros((2, 1, 5, 5), np.uint8), np.zeros(2, np.int64))  # another size
+    with np.load(tmp_path / "own1.npz") as f:
+        np.savez(tmp_path / "own1.npz", x=f["x"], y=np.full_like(f["y"], 10))
+    nodes[2]["node-key"] = nodes[3]["node-key"]
+    with pytest.raises(ConfigError) as refused:
+        serve_sites(tmp_path, config, nodes, pems, timeout=2.0)
+    why = str(refused.value)
+    assert why.startswith("no node joined for client(s) 0, 1, 2 within 2 s") and "\n" not in why
+    assert "data-folder <data-folder>: not data of this run (images uint8 [2, 1, 5, 5], the run's are" in why
+    assert "data-npz <data-npz>: not data of this run (label 10: the run has classes 0..9)" in why
+    assert str(tmp_path) not in why
+    assert "identify: node 103: refused: its signature is not client 2's site's" in caplog.text
+    assert not (tmp_path / "federation" / "metrics.csv").exists()
+
+
+def test_a_declaration_is_taken_only_signed_and_within_the_data_sets_classes():
+    """The server's reading of a declaration (already opened: its signature held): refused without
+    node-keys, with a class outside the data set, unsorted classes or no samples; else its facts."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from incofl.data.facts import ClientFacts, Facts
+    from incofl.deploy.serverapp import declared_facts
+
+    facts = Facts((), 10, (1, 8, 8), (0.5,), (0.25,))
+
+    def declaration(samples: int = 40, held_out: int = 0, classes: list[int] | None = None) -> RecordDict:
+        record = {"samples": samples, "held_out": held_out, "classes": [1, 3] if classes is None else classes}
+        return RecordDict({"declared": ConfigRecord(record)})
+
+    assert declared_facts(declaration(), facts, signed=True) == ClientFacts(40, 0, (1, 3))
+    assert declared_facts(RecordDict({}), facts, signed=False) is None  # an exported share declares nothing
+    for content, signed, why in [
+        (declaration(), False, "only a run with node-keys"),
+        (declaration(classes=[3, 10]), True, "not sorted distinct classes"),
+        (declaration(classes=[3, 1]), True, "not sorted distinct classes"),
+        (declaration(samples=0), True, "0 samples"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            declared_facts(content, facts, signed)
+
+
+def test_a_folder_names_its_classes_by_index_and_a_node_names_its_data_once(tmp_path):
+    """A class folder named other than by a class index is refused naming it; a node config naming
+    two data sources, or none, is refused in one line."""
+    from flwr.app import Context, RecordDict
+
+    from incofl.data.facts import Facts
+    from incofl.deploy.clientapp import node_data
+    from incofl.deploy.owndata import load_own
+
+    write_folder(tmp_path / "own", np.zeros((2, 1, 8, 8), np.uint8), np.zeros(2, np.int64))
+    (tmp_path / "own" / "0").rename(tmp_path / "own" / "cat")
+    cfg = load_run_config(write_config(tmp_path))
+    facts = Facts((), 10, (1, 8, 8), (0.5,), (0.25,))
+    with pytest.raises(ConfigError, match=r"^data-folder .*own: not data of this run \(class folder 'cat' is not"):
+        load_own("data-folder", str(tmp_path / "own"), cfg, 0, facts)
+    for config in [{"data-folder": str(tmp_path / "own"), "data-npz": str(tmp_path / "x.npz")}, {}]:
+        with pytest.raises(ConfigError, match="name the node's data by one of data-path, data-folder, data-npz"):
+            node_data(Context(1, 101, {"client": 0, **config}, RecordDict(), {}))
