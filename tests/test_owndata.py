@@ -154,3 +154,12 @@ def test_a_folder_names_its_classes_by_index_and_a_node_names_its_data_once(tmp_
     for config in [{"data-folder": str(tmp_path / "own"), "data-npz": str(tmp_path / "x.npz")}, {}]:
         with pytest.raises(ConfigError, match="name the node's data by one of data-path, data-folder, data-npz"):
             node_data(Context(1, 101, {"client": 0, **config}, RecordDict(), {}))
+
+
+def test_a_site_serving_its_own_data_where_the_run_scores_on_its_node_is_told_to_serve_an_export(tmp_path):
+    """FedPer scores client 0's model on its node's test split, which a site's own data lacks."""
+    config = write_config(tmp_path, methods=["FedPer"], holdout=0.2)
+    nodes, pems = own_sites(tmp_path, load_run_config(config), {0: "npz"})
+    with pytest.raises(ConfigError, match=r"\(client 0\): its data file lacks the test split .* serve an export$"):
+        serve_sites(tmp_path, config, nodes, pems)
+    assert not (tmp_path / "federation" / "metrics.csv").exists()

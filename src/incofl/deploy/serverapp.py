@@ -202,10 +202,11 @@ def claim(
     if client in nodes:
         raise ConfigError(f"node {node} says it is client {client}, as node {nodes[client]} does")
     if client in test and tested != test[client]:
+        remedy = "export it with --test" if declaration is None else "a site's own data holds none: serve an export"
         raise ConfigError(
             f"node {node} (client {client}): its data file lacks the test split (or holds another), on "
             f"which this run scores client {client}'s model with what it keeps ({cfg.method}"
-            f"{', bn_stats: local' if cfg.bn_stats == 'local' else ''}); export it with --test"
+            f"{', bn_stats: local' if cfg.bn_stats == 'local' else ''}); {remedy}"
         )
     nodes[client] = node
     if declaration is not None:
