@@ -131,6 +131,18 @@ def test_federation_up_starts_its_processes_with_the_pins_and_refuses_an_overrid
         Processes(tmp_path / "c", "portable")
 
 
+def test_federation_up_decides_auto_once_for_every_process(monkeypatch, capsys):
+    """`up --numerics auto`: portable where a pinned process holds them (this machine), native
+    after one line where they cannot (here: an environment that pins ATen below AVX2)."""
+    from incofl.cli import federation_numerics
+
+    assert federation_numerics("auto") == "portable" and capsys.readouterr().err == ""
+    assert federation_numerics("native") == "native"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert federation_numerics("auto") == "native"
+    assert "numerics: auto starts every process native: portable numerics cannot hold here" in capsys.readouterr().err
+
+
 def test_a_pin_in_a_process_that_imported_torch_leaves_its_environment_alone(monkeypatch):
     """An in-process `incofl train` of a portable config (as the CLI tests run it) must not pin
     every process the tests start after it: the variables would pin nothing here anyway."""

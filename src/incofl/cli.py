@@ -179,6 +179,19 @@ def _node_key(folder: Path, client: int) -> Path:
     return node_key(folder, client)[0]
 
 
+def federation_numerics(requested: str) -> str:
+    """The numerics `up` starts its processes with: `auto` decided once, here, for all of them
+    (portable where it can hold, else native after one line saying why)."""
+    numerics, why = decide(requested)
+    if why:
+        print(
+            f"incofl federation up: numerics: auto starts every process native: portable numerics cannot hold "
+            f"here ({why}); a run's numerics must be native then",
+            file=sys.stderr,
+        )
+    return numerics
+
+
 def cmd_federation_up(args: argparse.Namespace) -> int:
     from incofl.deploy.up import LocalFederation, up
 
@@ -189,7 +202,7 @@ def cmd_federation_up(args: argparse.Namespace) -> int:
         Path(args.certificates) if args.certificates else None,
         args.insecure,
         Path(args.logs) if args.logs else None,
-        args.numerics,
+        federation_numerics(args.numerics),
     )
     try:
         return up(fed)
@@ -509,10 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logs", help="the folder of each process's log (default: SITES/logs)")
     p.add_argument(
         "--numerics",
-        choices=("native", "portable"),
+        choices=("native", "portable", "auto"),
         default="native",
         help="the CPU kernels of every process it starts (docs/workflow.md): a run's numerics must be these, "
-        "or its server and nodes refuse it",
+        "or its server and nodes refuse it; auto: portable where they can hold here, else native, said in one line",
     )
     p.set_defaults(func=cmd_federation_up)
     p = sub.add_parser("train", help="run (or resume) one federated training run")
