@@ -97,6 +97,8 @@ class Bucket:
 
     def __init__(self, trainer: BatchedTrainer, plans: list[ClientPlan], weights: State, rest: State, objective):
         self.plans, self.weights, self.rest, self.objective = plans, weights, rest, objective
+        model = trainer.models[plans[0].group]
+        self.step_grad = vmap(grad_and_value(trainer._loss(model)), randomness="different")
         self.anchors = {k: v.clone() for k, v in weights.items()} if objective.corrects() else {}
         self.optimizer = RowOptimizer(trainer.cfg, weights)
         device = next(iter(weights.values())).device
@@ -104,7 +106,12 @@ class Bucket:
         self.last_grads: dict[int, State] = {}
         self.indices: dict[tuple[int, ...], torch.Tensor] = {}  # each subset of rows copied to the device once
 
-    def step_rows(self, step_grad: Callable, size_rows: list[int], drawn: dict[int, Batch], step: int, full: bool):
+    def step(self, drawn: dict[int, Batch], step: int) -> None:
+        """Step t of every client with a t-th batch, one vmap per batch size."""
+        for size_rows in by_size(drawn):
+            self.step_rows(size_rows, drawn, step, full=len(size_rows) == len(self.plans))
+
+    def step_rows(self, size_rows: list[int], drawn: dict[int, Batch], step: int, full: bool) -> None:
         """Step t of the clients in `size_rows` (one batch size); `full`: every row of the bucket."""
         key = tuple(size_rows)
         if key not in self.indices:
@@ -115,7 +122,7 @@ class Bucket:
         r = self.rest if rows is None else {k: v[rows] for k, v in self.rest.items()}
         x = torch.stack([drawn[i][0] for i in size_rows])
         y = torch.stack([drawn[i][1] for i in size_rows])
-        grads, loss = step_grad(w, r, x, y)
+        grads, loss = self.step_grad(w, r, x, y)
         if self.anchors:
             start = self.anchors if rows is None else {k: v[rows] for k, v in self.anchors.items()}
             correction = self.objective.batched_correction(w, start)
@@ -162,10 +169,9 @@ class BatchedTrainer(Trainer):
         model = self.models[plans[0].group]
         model.train()
         bucket = self.bucket(plans, starts, objective)
-        step_grad = vmap(grad_and_value(self._loss(model)), randomness="different")
         batches = [self.batches(round_, plan.client) for plan in plans]
         for step, drawn in enumerate(_steps(batches)):
-            self.step(bucket, step_grad, drawn, step)
+            bucket.step(drawn, step)
         totals = bucket.losses.tolist()  # the bucket's one host sync
         params = {name for name, _ in model.named_parameters()}
         updates = []
@@ -190,11 +196,6 @@ class BatchedTrainer(Trainer):
         params = {name for name, _ in model.named_parameters()}
         weights = {k: stacked.pop(k) for k in list(stacked) if k in params and (trainable is None or k in trainable)}
         return weights, stacked
-
-    def step(self, bucket: Bucket, step_grad: Callable, drawn: dict[int, Batch], step: int) -> None:
-        """Step t of every client with a t-th batch, one vmap per batch size."""
-        for size_rows in _by_size(drawn):
-            bucket.step_rows(step_grad, size_rows, drawn, step, full=len(size_rows) == len(bucket.plans))
 
     def _loss(self, model: nn.Module) -> Callable[[State, State, torch.Tensor, torch.Tensor], torch.Tensor]:
         def loss(w: State, r: State, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -235,7 +236,7 @@ def _steps(batches: list[Iterator[Batch]]) -> Iterator[dict[int, Batch]]:
         yield drawn
 
 
-def _by_size(drawn: dict[int, Batch]) -> list[list[int]]:
+def by_size(drawn: dict[int, Batch]) -> list[list[int]]:
     """The stepping clients grouped by batch size, each group in client order."""
     sizes: dict[int, list[int]] = defaultdict(list)
     for i, (_, y) in drawn.items():

@@ -25,12 +25,11 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import grad_and_value, vmap
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
-from incofl.fl.stages.batched import Batch, BatchedTrainer, Bucket, _by_size
+from incofl.fl.stages.batched import Batch, BatchedTrainer, Bucket, by_size
 from incofl.fl.stages.local import ClientObjective, make_optimizer
 from incofl.fl.stages.trainer import Parts, SerialTrainer, last_gradients, set_trainable
 
@@ -166,8 +165,7 @@ class GraphBucket(Bucket):
         self.x: torch.Tensor | None = None
         self.y: torch.Tensor | None = None
         self.grads: State = {}
-        model = trainer.models[plans[0].group]
-        self.step_grad = vmap(grad_and_value(trainer._loss(model)), randomness="different")
+        self.batch_size = trainer.cfg.batch_size
         self.replay = Captured(self.full_step, trainer.capture)
 
     def refill(self, plans: list[ClientPlan], starts: list[State]) -> None:
@@ -188,6 +186,15 @@ class GraphBucket(Bucket):
         self.optimizer.masked(self.weights, grads, self.mask, self.t)
         self.losses.add_(torch.where(self.mask, loss.detach(), 0))
         self.grads = {k: g.detach() for k, g in grads.items()}
+
+    def step(self, drawn: dict[int, Batch], step: int) -> None:
+        """Step t: the clients with a full batch through the graph, the others' shorter ones eagerly."""
+        full = [i for i, (_, y) in drawn.items() if len(y) == self.batch_size]
+        if full:
+            self.step_full(full, drawn, step)
+        short = {i: batch for i, batch in drawn.items() if i not in full}
+        for size_rows in by_size(short):
+            self.step_rows(size_rows, short, step, full=False)
 
     def step_full(self, rows: list[int], drawn: dict[int, Batch], step: int) -> None:
         """Step t of the clients in `rows`, each with a full batch, through the graph."""
@@ -221,12 +228,3 @@ class GraphBatchedTrainer(BatchedTrainer):
             self.buckets[key] = GraphBucket(self, plans, starts, objective)
         self.buckets[key].refill(plans, starts)
         return self.buckets[key]
-
-    def step(self, bucket: Bucket, step_grad: Callable, drawn: dict[int, Batch], step: int) -> None:
-        assert isinstance(bucket, GraphBucket)
-        full = [i for i, (_, y) in drawn.items() if len(y) == self.cfg.batch_size]
-        if full:
-            bucket.step_full(full, drawn, step)
-        short = {i: batch for i, batch in drawn.items() if i not in full}
-        for size_rows in _by_size(short):
-            bucket.step_rows(step_grad, size_rows, short, step, full=False)
