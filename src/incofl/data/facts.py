@@ -41,6 +41,18 @@ class Facts:
         """The clients that hold samples out (scored on them where they are: the personal accuracy)."""
         return [client for client, facts in enumerate(self.clients) if facts.held_out]
 
+    def check(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Images and labels of this data set: uint8 (N, C, H, W) of its image shape, one integer
+        label an image within its classes; a ValueError says what is not."""
+        if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != self.shape:
+            shape = ", ".join(map(str, self.shape))
+            raise ValueError(f"images {x.dtype} {list(x.shape)}, the run's are uint8 [N, {shape}]")
+        if y.shape != (len(x),) or y.dtype.kind not in "iu":
+            raise ValueError(f"labels {y.dtype} {list(y.shape)}, not one integer label an image")
+        outside = y[(y < 0) | (y >= self.classes)]
+        if len(outside):
+            raise ValueError(f"label {int(outside[0])}: the run has classes 0..{self.classes - 1}")
+
     def normalisation(self) -> tuple[np.ndarray, np.ndarray]:
         return np.array(self.mean), np.array(self.std)
 

@@ -66,13 +66,9 @@ def fitted(x: np.ndarray, y: np.ndarray, data: Facts) -> tuple[np.ndarray, np.nd
         x = x[:, None]
     elif x.ndim == 4 and x.shape[1:] == (height, width, channels):
         x = x.transpose(0, 3, 1, 2)
-    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != data.shape or not len(x):
-        raise ValueError(f"images {x.dtype} {list(x.shape)}, the run's are uint8 [N, {channels}, {height}, {width}]")
-    if y.shape != (len(x),) or y.dtype.kind not in "iu":
-        raise ValueError(f"labels {y.dtype} {list(y.shape)}, not one integer label an image")
-    outside = y[(y < 0) | (y >= data.classes)]
-    if len(outside):
-        raise ValueError(f"label {int(outside[0])}: the run has classes 0..{data.classes - 1}")
+    data.check(x, y)
+    if not len(x):
+        raise ValueError("no image")
     return np.ascontiguousarray(x), y.astype(np.int64)
 
 

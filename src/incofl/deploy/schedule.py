@@ -66,7 +66,7 @@ class Schedule:
             raise ValueError("schedule: not config, partition, pretrained, run and data")
         config, partition, run = data["config"], data["partition"], data["run"]
         if not isinstance(config, dict) or not set(config) <= CLIENT_SETTINGS:
-            raise ValueError("schedule: config: settings no client computes with ")
+            raise ValueError("schedule: config: settings no client computes with")
         if not isinstance(partition, dict) or not set(partition) <= CHECKED:
             raise ValueError("schedule: partition: not the partition's settings")
         if type(data["pretrained"]) is not bool or not isinstance(run, str) or not RUN_FOLDER.fullmatch(run):

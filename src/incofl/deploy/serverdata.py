@@ -55,7 +55,7 @@ def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tu
         verify(key, _statement(text, x_test, y_test), signature, "the server key")
         saved = json.loads(text)
         facts = Facts.from_json(saved["facts"], cfg.clients)
-        _check_test(x_test, y_test, facts)
+        facts.check(x_test, y_test)
     except (OSError, KeyError, TypeError, ValueError) as err:  # SignatureError, a bad zip, JSON or value too
         why = str(err)[:160] if isinstance(err, (SignatureError, ValueError)) else type(err).__name__
         raise ConfigError(
@@ -69,10 +69,3 @@ def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tu
     mean, std = facts.normalisation()
     data = SiteDataset(cfg.dataset, empty, np.zeros(0, np.int64), x_test, y_test, "unknown", facts.classes, mean, std)
     return data, facts
-
-
-def _check_test(x_test: np.ndarray, y_test: np.ndarray, facts: Facts) -> None:
-    if x_test.dtype != np.uint8 or x_test.shape[1:] != facts.shape or y_test.shape != (len(x_test),):
-        raise ValueError("x_test, y_test: not uint8 images of the facts' shape, one label each")
-    if y_test.dtype.kind not in "iu" or (len(y_test) and not 0 <= y_test.min() <= y_test.max() < facts.classes):
-        raise ValueError("y_test: labels outside the data set's classes")
