@@ -17,7 +17,7 @@ import pytest
 if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from federation_helpers import no_data_set, signed_sites, summary_of, write_config  # noqa: E402
+from federation_helpers import metrics, no_data_set, signed_sites, summary_of, write_config  # noqa: E402
 
 from incofl.config import ConfigError, load_run_config  # noqa: E402
 from incofl.data.partition import partition_for  # noqa: E402
@@ -93,7 +93,7 @@ def test_unfit_data_and_an_unsigned_declaration_are_refused_before_any_round(tmp
     client 3's key is refused by the server; no round runs."""
     config = write_config(tmp_path, methods=["FedAvg"])
     cfg = load_run_config(config)
-    nodes, pems = own_sites(tmp_path, cfg, {0: "folder", 1: "npz", 2: "npz"})
+    nodes, pems = own_sites(tmp_path, cfg, {0: "folder", 1: "npz", 2: "npz", 3: "npz"})
     shutil.rmtree(tmp_path / "own0")
     write_folder(tmp_path / "own0", np.zeros((2, 1, 5, 5), np.uint8), np.zeros(2, np.int64))  # another size
     with np.load(tmp_path / "own1.npz") as f:
@@ -163,3 +163,23 @@ def test_a_site_serving_its_own_data_where_the_run_scores_on_its_node_is_told_to
     with pytest.raises(ConfigError, match=r"\(client 0\): its data file lacks the test split .* serve an export$"):
         serve_sites(tmp_path, config, nodes, pems)
     assert not (tmp_path / "federation" / "metrics.csv").exists()
+
+
+def test_sites_serving_their_own_data_with_holdout_equal_the_simulator(tmp_path):
+    """holdout: a site splits its own data as the simulator splits a share (seeded by its client,
+    stratified by its labels, in the order it serves them), declares its held-out count and scores
+    the model on its held-out samples where the run asks. Served in the partition's order, the
+    simulator's split: here a partition artifact whose shares are in index order, the order the
+    simulator trains a split share in. Weights and every metric equal the simulator's, bit for bit."""
+    from incofl.data.partition import Partition
+
+    cfg = load_run_config(write_config(tmp_path, methods=["FedAvg"], holdout=0.2))
+    drawn = partition_for(cfg, dataset_for(cfg))
+    Partition([np.sort(p) for p in drawn.parts], drawn.histogram, drawn.meta).save(tmp_path / "sorted.npz")
+    config = write_config(tmp_path, methods=["FedAvg"], holdout=0.2, partition_file=str(tmp_path / "sorted.npz"))
+    cfg = load_run_config(config)
+    nodes, pems = own_sites(tmp_path, cfg, {0: "folder", 1: "npz", 2: "npz", 3: "npz"})
+    federated = serve_sites(tmp_path, config, nodes, pems)
+    simulated = train(cfg, tmp_path / "simulator")
+    assert federated["state_sha256"] == simulated["state_sha256"]
+    assert metrics(tmp_path / "federation").equals(metrics(tmp_path / "simulator"))

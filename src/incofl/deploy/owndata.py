@@ -69,7 +69,9 @@ def fitted(x: np.ndarray, y: np.ndarray, data: Facts) -> tuple[np.ndarray, np.nd
     data.check(x, y)
     if not len(x):
         raise ValueError("no image")
-    return np.ascontiguousarray(x), y.astype(np.int64)
+    # a fresh C-order copy: a transposed one-channel array passes as contiguous with a channel stride of 1,
+    # which torch takes for channels_last (and convolves with other kernels: other bits than the simulator's)
+    return x.copy(order="C"), y.astype(np.int64)
 
 
 def load_own(key: str, path: str, cfg: RunConfig, client: int, data: Facts | None) -> tuple[SiteDataset, Partition]:
