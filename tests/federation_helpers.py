@@ -4,7 +4,7 @@ the same run through `incofl train`'s path and through the in-process Flower fed
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -127,6 +127,24 @@ def no_data_set() -> Iterator[None]:
 
     with patch("incofl.data.sources.load_dataset", unreadable):
         yield
+
+
+def scheduled(round_: int) -> list[int]:
+    """The clients the tiny run trains in `round_` (0-based): incofl's seeded schedule."""
+    from incofl.fl.stages.sampling import sample_schedule
+
+    return [int(c) for c in sample_schedule(TINY["seeds"][0], TINY["clients"], TINY["ratio"], TINY["rounds"])[round_]]
+
+
+def silent_from(round_: int) -> Callable[[Any, Any], Any]:
+    """A node that dies before replying to its round-`round_` (1-based) training message."""
+    from incofl.deploy.clientapp import app
+
+    def node(message: Any, context: Any) -> Any:
+        dead = message.metadata.message_type == "train" and int(message.metadata.group_id) >= round_
+        return None if dead else app(message, context)
+
+    return node
 
 
 def metrics(folder: Path) -> pd.DataFrame:

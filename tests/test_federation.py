@@ -27,8 +27,10 @@ from federation_helpers import (  # noqa: E402
     metrics,
     no_data_set,
     run_both,
+    scheduled,
     server_facts,
     signed_sites,
+    silent_from,
     write_config,
 )
 
@@ -492,28 +494,10 @@ def _server(folder: Path) -> Path:
     return folder / "keys" / "server"
 
 
-def _scheduled(round_: int) -> list[int]:
-    """The clients the tiny run trains in `round_` (0-based): incofl's seeded schedule."""
-    from incofl.fl.stages.sampling import sample_schedule
-
-    return [int(c) for c in sample_schedule(TINY["seeds"][0], TINY["clients"], TINY["ratio"], TINY["rounds"])[round_]]
-
-
 def _node_of(client: int) -> int:
     from incofl.deploy.inprocess import FIRST_NODE
 
     return FIRST_NODE + client  # export_sites lists the clients in order
-
-
-def _silent_from(round_: int):
-    """A node that dies before replying to its round-`round_` (1-based) training message."""
-    from incofl.deploy.clientapp import app
-
-    def node(message, context):
-        dead = message.metadata.message_type == "train" and int(message.metadata.group_id) >= round_
-        return None if dead else app(message, context)
-
-    return node
 
 
 def _corrupting(change):
@@ -565,7 +549,7 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
     from incofl.deploy.serverapp import AppSettings, serve
     from incofl.fl.engine.exchange import MissingClients
 
-    lost = _scheduled(1)[0]
+    lost = scheduled(1)[0]
     config = write_config(tmp_path, methods=[method], **settings)
     cfg = load_run_config(config)
     nodes = export_sites(cfg, tmp_path)
@@ -573,9 +557,9 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
         str(config), {}, tmp_path / "federation", join_timeout=5.0, round_timeout=1.0, server_key=_server(tmp_path)
     )  # the lost node: missing after 1 s
     with pytest.raises(MissingClients, match=f"round 2: no accepted reply from client\\(s\\) {lost} "):
-        serve(InProcessGrid(nodes, apps={_node_of(lost): _silent_from(2)}), settings)
+        serve(InProcessGrid(nodes, apps={_node_of(lost): silent_from(2)}), settings)
     assert (tmp_path / "federation" / "ckpt.pt").exists() and not (tmp_path / "federation" / "summary.json").exists()
-    ahead = [c for c in _scheduled(1) if c != lost]  # trained round 2 before the stop
+    ahead = [c for c in scheduled(1) if c != lost]  # trained round 2 before the stop
     assert all(list((tmp_path / f"site{c}.state").rglob("after-round-2.pt")) for c in ahead)
     resumed = serve(InProcessGrid(nodes, run_id=2), settings)
     from incofl.fl.engine.run import train
@@ -597,8 +581,8 @@ def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from
     config = write_config(tmp_path, methods=["SCAFFOLD"], rounds=4)
     cfg = load_run_config(config)
     nodes = export_sites(cfg, tmp_path)
-    first = set(_scheduled(0))
-    wiped = next(c for r in range(1, 4) for c in _scheduled(r) if c in first)  # trains in round 1 and again
+    first = set(scheduled(0))
+    wiped = next(c for r in range(1, 4) for c in scheduled(r) if c in first)  # trains in round 1 and again
     from incofl.deploy.clientapp import app
 
     def forgetful(message, context):  # the node's state folder deleted after its first round
@@ -744,7 +728,7 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
     from incofl.deploy.inprocess import InProcessGrid
     from incofl.deploy.serverapp import AppSettings, serve
 
-    bad = _scheduled(0)[0]
+    bad = scheduled(0)[0]
     config = write_config(tmp_path, rounds=1)
     nodes = export_sites(load_run_config(config), tmp_path)
     settings = AppSettings(

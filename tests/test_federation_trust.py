@@ -19,18 +19,12 @@ import torch
 if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from federation_helpers import TINY, signed_sites, write_config  # noqa: E402
+from federation_helpers import scheduled, signed_sites, write_config  # noqa: E402
 
 from incofl.config import load_run_config  # noqa: E402
 from incofl.fl.engine.run import train  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def _scheduled(round_: int) -> list[int]:
-    from incofl.fl.stages.sampling import sample_schedule
-
-    return [int(c) for c in sample_schedule(TINY["seeds"][0], TINY["clients"], TINY["ratio"], TINY["rounds"])[round_]]
 
 
 def _signed_run(tmp_path, apps=None, **settings):
@@ -194,7 +188,7 @@ def test_a_finite_update_that_would_overflow_the_rounds_sums_is_the_nodes_fault(
     from incofl.deploy.codec import from_arrays, to_arrays, unsigned
     from incofl.deploy.inprocess import FIRST_NODE
 
-    bad = _scheduled(0)[0]
+    bad = scheduled(0)[0]
 
     def huge(message, context):
         reply = app(message, context)

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,15 @@ import pytest
 if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fails
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from federation_helpers import metrics, no_data_set, signed_sites, summary_of, write_config  # noqa: E402
+from federation_helpers import (  # noqa: E402
+    metrics,
+    no_data_set,
+    scheduled,
+    signed_sites,
+    silent_from,
+    summary_of,
+    write_config,
+)
 
 from incofl.config import ConfigError, load_run_config  # noqa: E402
 from incofl.data.partition import partition_for  # noqa: E402
@@ -54,14 +63,25 @@ def own_sites(tmp: Path, cfg, own: dict[int, str], keep: float = 1.0) -> tuple[l
     return nodes, pems
 
 
-def serve_sites(tmp: Path, config: Path, nodes: list[dict], pems: dict[int, bytes], timeout: float = 5.0) -> dict:
+def serve_sites(
+    tmp: Path, config: Path, nodes: list[dict], pems: dict[int, bytes], timeout: float = 5.0, **grid: Any
+) -> dict:
+    """The run of `config` on `nodes` through the in-process federation with node-keys; `grid`:
+    InProcessGrid's (apps, run_id), and round_timeout: the server's (a silent node's wait)."""
     from incofl.deploy.inprocess import InProcessGrid
     from incofl.deploy.serverapp import AppSettings, serve
 
-    grid = InProcessGrid(nodes, keys=pems)
-    settings = AppSettings(str(config), {}, tmp / "federation", join_timeout=timeout, node_keys=tmp / "keys")
+    waits = {"join_timeout": timeout, "round_timeout": grid.pop("round_timeout", AppSettings.round_timeout)}
+    settings = AppSettings(str(config), {}, tmp / "federation", node_keys=tmp / "keys", **waits)
     with no_data_set():
-        return serve(grid, settings)
+        return serve(InProcessGrid(nodes, keys=pems, **grid), settings)
+
+
+def export_declared(tmp: Path, config: Path) -> None:
+    """`incofl federation export --declared` into `tmp`: the server's facts file, every row left to a declaration."""
+    from incofl.cli import run
+
+    assert run(["federation", "export", "--config", str(config), "--out", str(tmp), "--declared"]) == 0
 
 
 def test_sites_serving_their_own_folders_equal_the_simulator(tmp_path):
@@ -183,3 +203,49 @@ def test_sites_serving_their_own_data_with_holdout_equal_the_simulator(tmp_path)
     simulated = train(cfg, tmp_path / "simulator")
     assert federated["state_sha256"] == simulated["state_sha256"]
     assert metrics(tmp_path / "federation").equals(metrics(tmp_path / "simulator"))
+
+
+def test_sites_all_serving_their_own_data_need_no_partition_and_resume_on_their_declarations(tmp_path):
+    """export --declared: the server's facts file holds the data set's facts and the test split,
+    no client's row; every site serves its share as its own data and declares it. Round 2's first
+    client never answers: the run stops after round 1's checkpoint. Restarted, the nodes declare
+    again (an undeclared row would refuse the run) and it ends with the simulator's weights and metrics."""
+    from incofl.deploy.inprocess import FIRST_NODE
+    from incofl.fl.engine.exchange import MissingClients
+
+    config = write_config(tmp_path, methods=["SCAFFOLD"])
+    cfg = load_run_config(config)
+    nodes, pems = own_sites(tmp_path, cfg, {0: "folder", 1: "npz", 2: "npz", 3: "npz"})
+    export_declared(tmp_path, config)
+    lost = scheduled(1)[0]
+    silent = {"apps": {FIRST_NODE + lost: silent_from(2)}, "round_timeout": 1.0}
+    with pytest.raises(MissingClients, match=f"round 2: no accepted reply from client\\(s\\) {lost} "):
+        serve_sites(tmp_path, config, nodes, pems, **silent)
+    assert (tmp_path / "federation" / "ckpt.pt").exists()
+    resumed = serve_sites(tmp_path, config, nodes, pems, run_id=2)
+    assert resumed["state_sha256"] == train(cfg, tmp_path / "simulator")["state_sha256"]
+    assert metrics(tmp_path / "federation").equals(metrics(tmp_path / "simulator"))
+
+
+def test_a_row_left_to_a_declaration_is_refused_undeclared_or_without_node_keys(tmp_path, capsys):
+    """With export --declared's facts file, client 3 serving an exported share (which declares
+    nothing) is refused by name in one line before any round; so is the file in a run without
+    node-keys, and export --declared asked for one client's file."""
+    from incofl.cli import run
+    from incofl.deploy.inprocess import InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
+
+    config = write_config(tmp_path, methods=["FedAvg"])
+    nodes, pems = own_sites(tmp_path, load_run_config(config), {0: "folder", 1: "npz", 2: "npz"})
+    export_declared(tmp_path, config)
+    with pytest.raises(ConfigError) as refused:
+        serve_sites(tmp_path, config, nodes, pems)
+    assert str(refused.value).startswith("client(s) 3: the facts file leaves their facts to their sites' declaration")
+    assert "\n" not in str(refused.value)
+    insecure = AppSettings(str(config), {}, tmp_path / "federation", server_key=tmp_path / "keys" / "server")
+    with pytest.raises(ConfigError, match=r"^facts .*facts.npz: leaves .*which only a run with node-keys takes$"):
+        serve(InProcessGrid(nodes), insecure)
+    assert not (tmp_path / "federation" / "metrics.csv").exists()
+    argv = ["federation", "export", "--config", str(config), "--out", str(tmp_path / "x.npz"), "--client", "0"]
+    assert run([*argv, "--declared"]) == 2
+    assert capsys.readouterr().err.endswith("--declared writes no site's data file: drop --client and --test\n")

@@ -27,7 +27,7 @@ from incofl.numerics import NumericsError, decide, notice, pin
 
 if TYPE_CHECKING:
     from incofl.data.dataset import ImageDataset
-    from incofl.data.partition import Partition
+    from incofl.data.facts import Facts
 
 # glibc's allocator costs 20-30% system time in CPU training; these must be set before
 # Python starts, so the console script re-executes itself once with them (docs/performance.md).
@@ -114,20 +114,41 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_federation_export(args: argparse.Namespace) -> int:
-    from incofl.data.partition import partition_for
+    from incofl.data.facts import declared_only
     from incofl.data.sources import dataset_for
-    from incofl.deploy.sitedata import export_client
-    from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
+    if args.declared and (args.client is not None or args.test):
+        raise ConfigError("--declared writes no site's data file: drop --client and --test")
     cfg = load_run_config(args.config, parse_overrides(args.set))
     data = dataset_for(cfg)
-    partition = partition_for(cfg, data)
     clients = range(cfg.clients) if args.client is None else [args.client]
-    tested = set(tested_on_nodes(cfg))  # the clients this config's evaluation scores on the test split
     if args.client is None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     keys = (Path(args.out) if args.client is None else Path(args.out).parent) / "keys"
     server = _server_key(keys)  # every site's file carries its public half: its node acts on nothing else
+    if args.declared:  # no partition drawn: each site declares its own data's facts (docs/federation.md)
+        facts, what = declared_only(data, cfg.clients, cfg.normalize), "each client's facts left to its site to declare"
+        for client in clients if args.keys else []:
+            print(f"client {client} of {cfg.clients}: node key {_node_key(keys, client)}")
+    else:
+        facts, what = _export_sites(args, cfg, data, clients, server), "every client's facts"
+    print(f"{_server_facts(cfg, data, facts, keys)}: {what} and the test split, for the ServerApp")
+    if args.keys:
+        _site_certificates(keys.parent / "certificates", clients)
+    return 0
+
+
+def _export_sites(
+    args: argparse.Namespace, cfg: RunConfig, data: ImageDataset, clients: Iterable[int], server: Path
+) -> Facts:
+    """Each of `clients`' data file (its share of the partition), said in one line each; the run's facts."""
+    from incofl.data.facts import shares
+    from incofl.data.partition import partition_for
+    from incofl.deploy.sitedata import export_client
+    from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
+
+    partition = partition_for(cfg, data)
+    tested = set(tested_on_nodes(cfg))  # the clients this config's evaluation scores on the test split
     for client in clients:
         out = Path(args.out) / f"site{client}.npz" if args.client is None else Path(args.out)
         test = args.test or client in tested
@@ -137,10 +158,7 @@ def cmd_federation_export(args: argparse.Namespace) -> int:
             f"{out}: client {client} of {cfg.clients} ({cfg.dataset} alpha={cfg.alpha}), {samples} samples"
             f"{', and the test split' if test else ''}{key}"
         )
-    print(f"{_server_facts(cfg, data, partition, keys)}: every client's facts and the test split, for the ServerApp")
-    if args.keys:
-        _site_certificates(keys.parent / "certificates", clients)
-    return 0
+    return shares(data, partition, cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
 
 
 def _site_certificates(folder: Path, clients: Iterable[int]) -> None:
@@ -161,14 +179,12 @@ def _server_key(folder: Path) -> Path:
     return public
 
 
-def _server_facts(cfg: RunConfig, data: ImageDataset, partition: Partition, keys: Path) -> Path:
+def _server_facts(cfg: RunConfig, data: ImageDataset, facts: Facts, keys: Path) -> Path:
     """The server's facts file in `keys` (deploy/serverdata.py), signed with the server's key there."""
-    from incofl.data.facts import shares
     from incofl.deploy.serverdata import FACTS, export_facts
     from incofl.deploy.signing import SERVER, private_key
 
     out = keys / FACTS
-    facts = shares(data, partition, cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
     export_facts(cfg, data, facts, out, private_key(keys / SERVER))
     return out
 
@@ -493,6 +509,14 @@ def build_parser() -> argparse.ArgumentParser:
         "once): the private key goes to the site, the public key to the operator (flwr supernode register, "
         "the run's node-keys), and the TLS certificates (certificates/: the CA's ca.pem for every site, and "
         "client K's own nodeK.pem and nodeK.key, without which the sites' port takes no connection)",
+    )
+    p.add_argument(
+        "--declared",
+        action="store_true",
+        help="for a federation whose sites all serve their own data (data-folder, data-npz): write no site's "
+        "file and draw no partition, only the server's key and facts file (the data set's facts and test "
+        "split), each client's facts left to its site's signed declaration; a run with a site that declares "
+        "none is refused before any round",
     )
     p.set_defaults(func=cmd_federation_export)
     p = actions.add_parser(

@@ -3,12 +3,13 @@ the size of its training share, of its held-out share and the classes its traini
 of the data set its class count, an image's shape and the normalisation its splits are served
 with. One rule derives them from the partition (`derive`): the simulator derives them in
 process, `incofl federation export` writes them for a federation's server (deploy/serverdata.py),
-which never reads a training image.
+which never reads a training image; `export --declared` leaves every client's to its site's
+declaration (`declared_only`), for a federation whose sites all serve their own data.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,15 +28,21 @@ class ClientFacts:
     classes: tuple[int, ...]  # sorted
 
 
+UNDECLARED = ClientFacts(0, 0, ())  # the row of a client whose site declares its facts (Facts.to_declare)
+
+
 @dataclass(frozen=True)
 class Facts:
-    """Every client's facts, in client order, and the data set's (module docstring)."""
+    """Every client's facts, in client order, and the data set's (module docstring). A client in
+    `to_declare` has the UNDECLARED row until its site's signed declaration fills it (a federation's
+    server: deploy/serverapp.py, which runs no round before every one is filled)."""
 
     clients: tuple[ClientFacts, ...]
     classes: int
     shape: tuple[int, ...]  # an image's channels, height, width
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    to_declare: tuple[int, ...] = ()
 
     def held_out_clients(self) -> list[int]:
         """The clients that hold samples out (scored on them where they are: the personal accuracy)."""
@@ -58,7 +65,10 @@ class Facts:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "clients": [[c.samples, c.held_out, list(c.classes)] for c in self.clients],
+            "clients": [
+                None if i in self.to_declare else [c.samples, c.held_out, list(c.classes)]
+                for i, c in enumerate(self.clients)
+            ],
             "classes": self.classes,
             "shape": list(self.shape),
             "mean": list(self.mean),
@@ -75,7 +85,8 @@ class Facts:
         rows = data["clients"]
         if not isinstance(rows, list) or len(rows) != clients:
             raise ValueError(f"clients: not one entry for each of the run's {clients} clients")
-        return cls(tuple(client_facts(row, classes) for row in rows), classes, shape, mean, std)
+        told = tuple(UNDECLARED if row is None else client_facts(row, classes) for row in rows)
+        return cls(told, classes, shape, mean, std, tuple(i for i, row in enumerate(rows) if row is None))
 
 
 def shares(
@@ -102,6 +113,13 @@ def derive(data: ImageDataset, parts: list[np.ndarray], held_out: list[np.ndarra
     )
     shape = (data.channels, *data.x_train.shape[2:])
     return Facts(clients, data.num_classes, shape, tuple(map(float, mean)), tuple(map(float, std)))
+
+
+def declared_only(data: ImageDataset, clients: int, normalize: str) -> Facts:
+    """The facts of `data` with each of `clients` clients' left to its site's declaration (a
+    federation whose sites all serve their own data: no partition is drawn)."""
+    facts = derive(data, [], None, normalize)
+    return replace(facts, clients=(UNDECLARED,) * clients, to_declare=tuple(range(clients)))
 
 
 def _count(value: Any, key: str) -> int:

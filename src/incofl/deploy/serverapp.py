@@ -230,10 +230,17 @@ def declared_facts(content: RecordDict, facts: Facts, signed: bool) -> ClientFac
 
 
 def with_declared(facts: Facts, declared: dict[int, ClientFacts]) -> Facts:
-    """`facts` with each declaring site's facts in place of its row (logged where they differ)."""
+    """`facts` with each declaring site's facts in place of its row (logged where they differ);
+    refused in one line where a row left to its site's declaration (`export --declared`) is not filled."""
+    if undeclared := [str(c) for c in facts.to_declare if c not in declared]:
+        raise ConfigError(
+            f"client(s) {', '.join(undeclared)}: the facts file leaves their facts to their sites' declaration "
+            "(export --declared), and their nodes declare none (an exported share?); serve their own data, or "
+            "make the facts file with incofl federation export without --declared"
+        )
     for client, ours in sorted(declared.items()):
         row = facts.clients[client]
-        if ours != row:
+        if ours != row and client not in facts.to_declare:  # a row to declare has nothing to differ from
             log.info(
                 "client %d serves its own data: its declaration (%d samples, %d held out, %d classes) "
                 "in place of the facts file's (%d, %d, %d)",
@@ -245,7 +252,7 @@ def with_declared(facts: Facts, declared: dict[int, ClientFacts]) -> Facts:
                 row.held_out,
                 len(row.classes),
             )
-    return replace(facts, clients=tuple(declared.get(c, row) for c, row in enumerate(facts.clients)))
+    return replace(facts, clients=tuple(declared.get(c, row) for c, row in enumerate(facts.clients)), to_declare=())
 
 
 def refusal(cfg: RunConfig) -> str:
@@ -271,6 +278,11 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     check_federated(cfg)
     identity = Identity.load(grid, settings.node_keys, settings.server_key_path(), cfg.clients, grid.run.run_id)
     data, facts = load_facts(settings.facts_path(), cfg, identity.server.public_key())
+    if facts.to_declare and identity.keys is None:  # no signed declaration to fill its rows: refused now, not at join
+        raise ConfigError(
+            f"facts {settings.facts_path()}: leaves the clients' facts to their sites' declaration "
+            "(export --declared), which only a run with node-keys takes"
+        )
     test = {client: test_sha256(data) for client in tested_on_clients(cfg)}
     inbox = Inbox(grid)
     nodes, declared = identify(inbox, cfg, facts, settings.join_timeout, test, identity)

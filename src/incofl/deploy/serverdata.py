@@ -2,7 +2,8 @@
 share size, held-out size and classes; the data set's class count, image shape and
 normalisation), the settings its partition was drawn with, and the data set's test split, on
 which it scores the global model; never a training image. `incofl federation export` writes it
-(`keys/facts.npz`, beside the server's key) from the partition, signed with the server's key;
+(`keys/facts.npz`, beside the server's key) from the partition (with `--declared`, no partition:
+each client's facts left to its site's signed declaration, data/facts.py), signed with the server's key;
 the ServerApp checks the signature (with its own key's public half), then every value, before it
 reads a fact, and refuses a run whose config would partition otherwise, in one line.
 """
