@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -249,3 +250,70 @@ def test_a_row_left_to_a_declaration_is_refused_undeclared_or_without_node_keys(
     argv = ["federation", "export", "--config", str(config), "--out", str(tmp_path / "x.npz"), "--client", "0"]
     assert run([*argv, "--declared"]) == 2
     assert capsys.readouterr().err.endswith("--declared writes no site's data file: drop --client and --test\n")
+
+
+class Started:
+    """What `up` starts, recorded in place of processes: each command line by its name."""
+
+    def __init__(self) -> None:
+        self.args: dict[str, list[str]] = {}
+
+    def start(self, name: str, args: list[str]) -> SimpleNamespace:
+        self.args[name] = args
+        return SimpleNamespace(pid=0)  # a process as its executor reads it
+
+    def run(self, args: list[str]) -> None:  # flwr supernode register
+        pass
+
+
+def test_up_starts_a_node_on_a_sites_own_data_and_refuses_bad_site_data_in_one_line(tmp_path, capsys):
+    """`up --site-data 0=FOLDER --site-data 2=FILE.npz`: client 0's node is told data-folder, client
+    2's data-npz in place of its exported file, both the server's public key and their node key;
+    client 1's its exported file (as Flower's SuperNode reads --node-config); with no exported file,
+    the own data's nodes alone. Bad values, --insecure
+    and a missing server key are refused in one line (exit 2) before anything starts."""
+    from flwr.common.config import parse_config_args
+
+    from incofl.cli import run
+    from incofl.deploy.signing import server_key
+    from incofl.deploy.up import LocalFederation, site_data, start_nodes
+
+    sites, own = tmp_path / "sites", tmp_path / "own0"
+    sites.mkdir()
+    for client in (1, 2):  # exported files as up reads them (it reads their client only)
+        np.savez(sites / f"site{client}.npz", client=client)
+    for path in sites.iterdir():
+        path.chmod(0o600)
+    own.mkdir(mode=0o700)
+    np.savez(tmp_path / "own2.npz", x=np.zeros((1, 8, 8), np.uint8), y=np.zeros(1, np.int64))
+    (tmp_path / "own2.npz").chmod(0o600)
+    given = ["--site-data", f"0={own}", "--site-data", f"2={tmp_path / 'own2.npz'}"]
+    up = ["federation", "up", "--sites", str(sites)]
+    assert run([*up, *given]) == 2  # no server key yet
+    assert f"--site-data: no {sites.resolve()}/keys/server.pub, the server's public key" in capsys.readouterr().err
+    public = server_key(sites / "keys")[1]
+    fed = LocalFederation(sites, own=site_data(given[1::2]))
+    started = Started()
+    start_nodes(fed, fed.node_data(), None, None, started)  # type: ignore[arg-type]
+    told = {c: parse_config_args([started.args[f"supernode{c}"][-1]]) for c in range(3)}
+    keys = {c: str(sites.resolve() / "keys" / f"node{c}") for c in range(3)}
+    assert told[0] == {"client": 0, "data-folder": str(own), "server-key": str(public.resolve()), "node-key": keys[0]}
+    assert told[1] == {"client": 1, "data-path": str((sites / "site1.npz").resolve()), "node-key": keys[1]}
+    npz = str(tmp_path / "own2.npz")
+    assert told[2] == {"client": 2, "data-npz": npz, "server-key": str(public.resolve()), "node-key": keys[2]}
+    for path in sites.glob("*.npz"):  # sites that all serve their own data: no exported file
+        path.unlink()
+    assert {client: key for client, (key, _) in fed.node_data().items()} == {0: "data-folder", 2: "data-npz"}
+    (tmp_path / "loose.npz").write_bytes(b"")
+    (tmp_path / "loose.npz").chmod(0o644)
+    for bad, why in [
+        (["--site-data", "0"], "--site-data 0: not CLIENT=PATH"),
+        (["--site-data", f"x={own}"], f"--site-data x={own}: not CLIENT=PATH"),
+        (["--site-data", "0=nowhere.png"], "--site-data 0=nowhere.png: nowhere.png is not a folder or an .npz file"),
+        ([*given, "--site-data", f"0={own}"], f"--site-data 0={own}: client 0's data named twice"),
+        ([*given, "--insecure"], "--site-data with --insecure: a site's own data declares its facts"),
+        (["--site-data", f"1={tmp_path / 'loose.npz'}"], f"{tmp_path / 'loose.npz'}: readable by group or others"),
+    ]:
+        assert run([*up, *bad]) == 2
+        err = capsys.readouterr().err
+        assert why in err and err.count("\n") == 1, err

@@ -209,7 +209,7 @@ def federation_numerics(requested: str) -> str:
 
 
 def cmd_federation_up(args: argparse.Namespace) -> int:
-    from incofl.deploy.up import LocalFederation, up
+    from incofl.deploy.up import LocalFederation, site_data, up
 
     fed = LocalFederation(
         Path(args.sites),
@@ -219,6 +219,7 @@ def cmd_federation_up(args: argparse.Namespace) -> int:
         args.insecure,
         Path(args.logs) if args.logs else None,
         federation_numerics(args.numerics),
+        site_data(args.site_data),
     )
     try:
         return up(fed)
@@ -542,6 +543,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no TLS and no node authentication (by default both, with a key pair per node in SITES/keys, "
         "registered): any node may claim any client and traffic is plain; a trusted loopback test only",
+    )
+    p.add_argument(
+        "--site-data",
+        action="append",
+        default=[],
+        metavar="CLIENT=PATH",
+        help="start client CLIENT's node on its site's own data (docs/federation.md), in place of its file in "
+        "SITES if any: PATH a folder of images by class (data-folder) or an .npz of x and y (data-npz); "
+        "repeatable. Its node acts on the server's key in SITES/keys (incofl federation export; --declared "
+        "where every site serves its own data)",
     )
     p.add_argument("--logs", help="the folder of each process's log (default: SITES/logs)")
     p.add_argument(

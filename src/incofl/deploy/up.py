@@ -1,5 +1,7 @@
 """A federation on this machine (`incofl federation up`): a SuperLink on 127.0.0.1 and one
-SuperNode per site data file (`incofl federation export`), each node told its client and file,
+SuperNode per site data file (`incofl federation export`) or site's own data (`--site-data
+CLIENT=PATH`: a folder, its node's `data-folder`, or an .npz, its `data-npz`: deploy/owndata.py,
+in place of that client's exported file, if any), each node told its client and data,
 and a connection in Flower's config (`$FLWR_HOME/config.toml`, `~/.flwr/config.toml` by default)
 for `flwr run`. It runs until interrupted (Ctrl-C or SIGTERM), then stops every process it
 started; one that dies stops the rest, naming it.
@@ -42,8 +44,8 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import IO, TextIO
@@ -76,10 +78,34 @@ class LocalFederation:
     insecure: bool = False
     logs: Path | None = None
     numerics: Numerics = "native"  # the kernels of every process started (incofl.numerics)
+    own: dict[int, Path] = field(default_factory=dict)  # client -> its site's own data (`site_data`)
 
     @property
     def keys(self) -> Path:
         return self.sites.resolve() / "keys"
+
+    @property
+    def server_public(self) -> Path:
+        """The server's public key (`incofl federation export` made it), which a site serving its own data acts on."""
+        from incofl.deploy.signing import SERVER  # cryptography: the flower extra's
+
+        return self.keys / f"{SERVER}.pub"
+
+    def node_data(self) -> dict[int, tuple[str, Path]]:
+        """client -> its node's data, as its node config key and path: the site files', each client
+        in `own` its own data's in place of its file's; refused in one line where a node could not run."""
+        if self.own and self.insecure:
+            raise ConfigError(
+                "--site-data with --insecure: a site's own data declares its facts, which only a run with "
+                "node-keys takes; drop --insecure"
+            )
+        if self.own and not self.server_public.is_file():  # what its node checks the server's instructions with
+            raise ConfigError(
+                f"--site-data: no {self.server_public}, the server's public key that a site serving its own data "
+                "acts on; make it with incofl federation export (--declared where every site serves its own)"
+            )
+        own = {client: (OWN_KEYS[path.is_dir()], check_private(path)) for client, path in self.own.items()}
+        return {client: ("data-path", path) for client, path in self.site_files().items()} | own
 
     def site_files(self) -> dict[int, Path]:
         """client -> its data file, from the files in `sites` (each names its client)."""
@@ -93,9 +119,10 @@ class LocalFederation:
             if client in files:
                 raise ConfigError(f"{path} and {files[client]} both hold client {client}'s data")
             files[client] = check_private(path).resolve()
-        if not files:
+        if not files and not self.own:
             raise ConfigError(
-                f"--sites {self.sites}: no site data files (*.npz); make them with incofl federation export"
+                f"--sites {self.sites}: no site data files (*.npz); make them with incofl federation export, "
+                "or pass --site-data"
             )
         return files
 
@@ -117,6 +144,26 @@ class LocalFederation:
         for client in clients:
             node_certificate(paths[0].parent, client)
         return paths  # type: ignore[return-value]
+
+
+OWN_KEYS = ("data-npz", "data-folder")  # by whether the path is a folder: owndata.py's node config keys
+
+
+def site_data(values: Iterable[str]) -> dict[int, Path]:
+    """client -> its site's own data, from `--site-data CLIENT=PATH` values (PATH a folder or an
+    .npz file); refused in one line naming the first value that is not."""
+    own: dict[int, Path] = {}
+    for value in values:
+        client, _, path = value.partition("=")
+        where = Path(path).resolve()
+        if not client.isdigit() or not path:
+            raise ConfigError(f"--site-data {value}: not CLIENT=PATH (a client index, its data's folder or .npz)")
+        if not (where.is_dir() or (where.is_file() and where.suffix == ".npz")):
+            raise ConfigError(f"--site-data {value}: {path} is not a folder or an .npz file")
+        if int(client) in own:
+            raise ConfigError(f"--site-data {value}: client {int(client)}'s data named twice")
+        own[int(client)] = where
+    return own
 
 
 def flower_home() -> Path:
@@ -261,7 +308,7 @@ def pump(stream: IO[bytes], log: PrivateLog) -> None:
 
 def up(fed: LocalFederation) -> int:
     """Start the federation, wait until interrupted or a process dies, stop everything; the exit code."""
-    sites = fed.site_files()
+    sites = fed.node_data()
     check_ports(fed.port, 2 + len(sites))
     tls = fed.tls(sites)
     procs = Processes(fed.logs or fed.sites / "logs", fed.numerics)
@@ -365,15 +412,16 @@ def start_link(
 
 def start_nodes(
     fed: LocalFederation,
-    sites: dict[int, Path],
+    sites: dict[int, tuple[str, Path]],
     tls: tuple[Path, Path, Path] | None,
     secret: Path | None,
     procs: Processes,
 ) -> None:
-    """One SuperNode per site file (unless insecure, its key registered first) and its executor."""
+    """One SuperNode per client's data (`LocalFederation.node_data`; unless insecure, its key
+    registered first) and its executor."""
     from incofl.deploy.credentials import node_certificate, node_key
 
-    for i, (client, path) in enumerate(sorted(sites.items())):
+    for i, (client, (data, path)) in enumerate(sorted(sites.items())):
         security = ["--insecure"] if tls is None else ["--root-certificates", str(tls[0])]
         if tls is not None:  # the certificate the sites' port asks for (supernode.py)
             cert, key = node_certificate(tls[0].parent, client)
@@ -389,13 +437,19 @@ def start_nodes(
             f"supernode{client}",
             [sys.executable, "-m", "incofl.deploy.supernode", *security, *auth, *isolated(secret)]
             + ["--superlink", f"127.0.0.1:{fed.port}", "--port", str(port)]
-            + ["--node-config", f'client={client} data-path="{path}"{signer}'],
+            + ["--node-config", f'client={client} {data}="{path}"{server_key(fed, data)}{signer}'],
         )
         # a node's runtime API is plain HTTP on 127.0.0.1 (Flower's default): the secret is what guards it
         start_executor(f"executor{client}", f"127.0.0.1:{port}", secret, node.pid, procs)
 
 
-def startup_line(fed: LocalFederation, sites: dict[int, Path], tls: bool, config: Path, logs: Path) -> str:
+def server_key(fed: LocalFederation, data: str) -> str:
+    """The node config entry of the server's public key for a node whose `data` is its site's own
+    (an exported file carries the key)."""
+    return "" if data == "data-path" else f' server-key="{fed.server_public}"'
+
+
+def startup_line(fed: LocalFederation, sites: Collection[int], tls: bool, config: Path, logs: Path) -> str:
     """What is up, who can use it, and the `flwr run` that runs on it."""
     clients = ", ".join(map(str, sorted(sites)))
     if fed.insecure:
