@@ -175,7 +175,10 @@ def _server_key(folder: Path) -> Path:
     from incofl.deploy.signing import server_key
 
     private, public = server_key(folder)
-    print(f"server key {private} (the ServerApp's: node-keys/server, or server-key); {public} in each site file")
+    print(
+        f"server key {private} (the ServerApp's: node-keys/server, or server-key); {public} in each site file "
+        "(a node on its site's own data: its server-key)"
+    )
     return public
 
 
