@@ -54,7 +54,7 @@ class UpdateNoise(UpdateTransform):
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        self.scale, self.seed = setup.cfg.update_noise, setup.cfg.seed
+        self.scale, self.seed = setup.settings.update_noise, setup.settings.seed
 
     def __call__(self, round_: Round, update: ClientUpdate) -> ClientUpdate:
         gen = torch.Generator().manual_seed(noise_seed(self.seed, round_.index, update.client))
@@ -87,7 +87,7 @@ class EpochScale(AverageTransform):
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        self.scale = 1.0 / setup.cfg.local_epochs
+        self.scale = 1.0 / setup.settings.local_epochs
 
     def __call__(self, average: Average, ctx: RoundContext) -> Average:
         for v in average.values():
