@@ -10,9 +10,9 @@ averaged update with its `RoundContext` (round, federation, clients, samples), c
 `post(average, ctx)`, e.g. the InCo step; state it keeps across rounds (a momentum buffer) is
 kept per `ctx.federation` and declared in `state`, which the engine checkpoints
 (fl/stages/component.py). A method lists its transforms in its registry entry; each takes the
-method's typed parameters and a `Setup` (the run's config, the server state's names, the
-layout). Two are the engine's, for every method, when a config asks: update noise (robustness)
-and the release's epoch scale.
+method's typed parameters and a `Setup` (the run settings components read, the server
+state's names, the layout). Two are the engine's, for every method, when a config asks: update
+noise (robustness) and the release's epoch scale.
 """
 
 from __future__ import annotations
