@@ -13,7 +13,7 @@ from torch import nn
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, Round, RoundContext, Setup
+from incofl.fl.contracts import ClientPlan, Round, RoundContext, Setup, StageSettings
 from incofl.fl.methods.feddyn.dyn import SPACE, DynClient, DynCorrection, DynObjective
 from incofl.fl.methods.inco.step import InCoStep
 from incofl.fl.stages.aggregate import GroupWise, Shared, apply_update
@@ -71,7 +71,9 @@ def test_two_rounds_of_two_clients_equal_the_algorithm_by_hand():
     split = TensorSplit(x.numpy(), y.numpy(), np.zeros(3), np.ones(3), torch.device("cpu"), 2)
     parts = [np.arange(4 * k, 4 * k + 4) for k in range(M)]
     store = ClientStore()
-    setup = Setup(cfg, list(model.state_dict()), models=[model], federation=GroupWise.federation, store=store)
+    setup = Setup(
+        StageSettings.of(cfg), list(model.state_dict()), models=[model], federation=GroupWise.federation, store=store
+    )
     hp = METHODS["FedDyn"].parse_args({"alpha": ALPHA})
     objective, aggregator, post = DynClient(hp, setup), GroupWise(hp, setup), DynCorrection(hp, setup)
     runner = ClientRunner(cfg, objective, [model], split, parts, store)

@@ -14,7 +14,7 @@ from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.contracts import Round, Setup
+from incofl.fl.contracts import Round, Setup, StageSettings
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import simulator
 from incofl.fl.methods.fedpart import plan as fedpart_module
@@ -61,7 +61,7 @@ def _planner(models=("resnet8",), seed=0, **args):
     """A FedPart planner over fresh models, two clients a model group."""
     cfg = RunConfig(**{**TINY, "models": list(models), "clients": 2 * len(models), "method": "FedPart", "seed": seed})
     built = [build_model(name, 10, 3) for name in models]
-    return PartPlanner(METHODS["FedPart"].parse_args(args), Setup(cfg, [], models=built)), built
+    return PartPlanner(METHODS["FedPart"].parse_args(args), Setup(StageSettings.of(cfg), [], models=built)), built
 
 
 def _schedule(planner, rounds):

@@ -16,7 +16,7 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientContext, ClientUpdate, Round, Setup
+from incofl.fl.contracts import ClientContext, ClientUpdate, Round, Setup, StageSettings
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import simulator
 from incofl.fl.engine.run import train
@@ -150,7 +150,7 @@ def test_fedprox_gradient_is_that_of_the_proximal_term():
     anchor = {k: v + 0.1 * torch.randn_like(v) for k, v in model.state_dict().items()}
     x, y, mu = torch.randn(8, 4), torch.randint(0, 3, (8,)), 0.3
     ctx = ClientContext(0, 0, Round(1), model, anchor, lr=0.1)
-    session = ProxClient(_hp("FedProx", mu=mu), Setup(RunConfig(), [])).session(ctx)
+    session = ProxClient(_hp("FedProx", mu=mu), Setup(StageSettings.of(RunConfig()), [])).session(ctx)
     F.cross_entropy(model(x), y).backward()
     session.after_backward()
     got = [p.grad.clone() for p in model.parameters()]
@@ -192,7 +192,7 @@ def test_fednova_aggregate_is_tau_eff_times_weighted_normalised_updates():
     ]
     rho = 0.5
     cfg = RunConfig(**{**TINY, "method": "FedNova", "optimizer": "sgd", "momentum": rho})
-    normalize = NovaNormalize(_hp("FedNova"), Setup(cfg, ["w"]))
+    normalize = NovaNormalize(_hp("FedNova"), Setup(StageSettings.of(cfg), ["w"]))
     originals = [u.delta["w"].clone() for u in updates]
     for u in updates:
         normalize.see(Round(1), u)
@@ -272,7 +272,7 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 3))
     x = torch.randint(0, 256, (4, 3, 4, 4), dtype=torch.uint8).numpy()
     split = TensorSplit(x, np.array([0, 1, 2, 0]), np.zeros(3), np.ones(3), torch.device("cpu"), 4)
-    objective = ScaffoldClient(_hp("SCAFFOLD", correction=correction), Setup(RunConfig(), []))
+    objective = ScaffoldClient(_hp("SCAFFOLD", correction=correction), Setup(StageSettings.of(RunConfig()), []))
     names = [k for k, _ in model.named_parameters()]
     objective.c = {0: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
     c_i = {k: torch.randn_like(p) for k, p in model.named_parameters()}
@@ -307,7 +307,7 @@ def test_moon_uses_the_global_model_until_a_client_has_a_previous_one():
     torch.manual_seed(0)
     model = build_model("resnet10", 10, 3, projection_dim=16)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    objective = MoonClient(_hp("MOON", mu=2.0), Setup(RunConfig(), []))
+    objective = MoonClient(_hp("MOON", mu=2.0), Setup(StageSettings.of(RunConfig()), []))
     ctx = ClientContext(3, 0, Round(1), model, {k: v.clone() for k, v in model.state_dict().items()}, lr=1e-3)
     model.eval()  # same BN behaviour as the frozen copies: z equals z_glob
     session = objective.session(ctx)

@@ -24,7 +24,7 @@ from incofl.data.partition import Partition, iid_partition, make_partition, part
 from incofl.data.release import ReleasePartitionError, read_release_partition, release_file
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit, to_device
-from incofl.fl.contracts import Round, RoundContext, Setup
+from incofl.fl.contracts import Round, RoundContext, Setup, StageSettings
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import simulator
 from incofl.fl.methods.inco.step import InCoStep
@@ -374,12 +374,13 @@ def test_vit_epoch_scale_for_every_method_or_inco_only():
     release = ours.model_copy(update={"vit_epoch_scale": "all"})
     assert not ours.scales_epochs and release.scales_epochs
     assert not RunConfig(local_epochs=4, vit_epoch_scale="all").scales_epochs  # ViTs only
-    assert InCoStep(inco, Setup(ours, names)).scale == 0.25  # InCo's official ViT form
-    assert InCoStep(paper, Setup(ours, names)).scale == 1.0  # ours: the paper's variant and baselines unscaled
-    assert EpochScale(hetero, Setup(release, names)).scale == 0.25  # the release: every method
-    assert InCoStep(inco, Setup(release, names)).scale == 1.0  # divided once
+    on_ours, on_release = (Setup(StageSettings.of(cfg), names) for cfg in (ours, release))
+    assert InCoStep(inco, on_ours).scale == 0.25  # InCo's official ViT form
+    assert InCoStep(paper, on_ours).scale == 1.0  # ours: the paper's variant and baselines unscaled
+    assert EpochScale(hetero, on_release).scale == 0.25  # the release: every method
+    assert InCoStep(inco, on_release).scale == 1.0  # divided once
     average = {"w": torch.ones(3)}
-    scaled = EpochScale(hetero, Setup(release, names))(average, RoundContext(Round(1), 0, 1, 1))
+    scaled = EpochScale(hetero, on_release)(average, RoundContext(Round(1), 0, 1, 1))
     assert torch.equal(scaled["w"], torch.full((3,), 0.25))
 
 

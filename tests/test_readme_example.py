@@ -15,7 +15,7 @@ from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.contracts import ClientUpdate, Round, Setup
+from incofl.fl.contracts import ClientUpdate, Round, Setup, StageSettings
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.engine import simulator
 from incofl.params import describe
@@ -82,7 +82,9 @@ def test_example_clip_bounds_every_update(example):
         ClientUpdate(i, 0, {"a": torch.randn(5, generator=g) * 10, "b": torch.randn(3, generator=g)}, 10, 1)
         for i in range(3)
     ]
-    clip = example["ClipUpdates"](METHODS["FedAvgClip"].parse_args({"max_norm": 0.5}), Setup(RunConfig(), []))
+    clip = example["ClipUpdates"](
+        METHODS["FedAvgClip"].parse_args({"max_norm": 0.5}), Setup(StageSettings.of(RunConfig()), [])
+    )
     for u in (clip(0, u) for u in updates):
         assert float(torch.sqrt(sum(d.pow(2).sum() for d in u.delta.values()))) == pytest.approx(0.5, rel=1e-5)
 

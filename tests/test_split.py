@@ -12,7 +12,7 @@ import torch
 from helpers import engine_on, small_synthetic
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import Round, Setup
+from incofl.fl.contracts import Round, Setup, StageSettings
 from incofl.fl.engine.fold import RoundFold
 from incofl.fl.stages.client import KEPT, ClientRunner
 from incofl.fl.stages.clientstore import ClientStore
@@ -49,7 +49,9 @@ def node_of(engine, client: int) -> ClientRunner:
         train.augmentation,
     )
     method, store = METHODS[cfg.method], ClientStore()  # the node's own store: what its client keeps
-    objective = method.objective.cls.client(method.parse_args(cfg.method_args), Setup(cfg, [], store=store))
+    objective = method.objective.cls.client(
+        method.parse_args(cfg.method_args), Setup(StageSettings.of(cfg), [], store=store)
+    )
     return ClientRunner(
         cfg, objective, copy.deepcopy(engine.server.models), split, {client: np.arange(len(own))}, store
     )

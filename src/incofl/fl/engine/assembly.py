@@ -21,9 +21,9 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.facts import Facts, shares
 from incofl.data.partition import Partition
 from incofl.data.tensors import TensorSplit, to_device
-from incofl.fl.contracts import Setup
+from incofl.fl.contracts import Setup, StageSettings
 from incofl.fl.stages.clientstore import ClientStore
-from incofl.fl.stages.layout import Layout, LayoutInputs, keeps
+from incofl.fl.stages.layout import Layout, LayoutInputs, LayoutSettings, keeps
 from incofl.fl.stages.sampling import group_of
 from incofl.models.family import build_model, input_size
 from incofl.params import Params
@@ -53,7 +53,7 @@ class Assembly:
         """What the method's components are built from (`store`: the client side's, for its objective)."""
         aggregator = self.method.aggregator.cls
         server = list(self.layout.server_model.state_dict())
-        return Setup(self.cfg, server, self.layout, self.models, aggregator.federation, store)
+        return Setup(StageSettings.of(self.cfg), server, self.layout, self.models, aggregator.federation, store)
 
 
 def assemble(
@@ -90,6 +90,8 @@ def assemble(
 
     torch.manual_seed(cfg.seed)  # the models' initialisation
     groups = [group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)]
-    inputs = LayoutInputs(cfg, build, size, train_data, test_data, parts, held_out, groups, facts, keeps(cfg))
+    inputs = LayoutInputs(
+        LayoutSettings.of(cfg), build, size, train_data, test_data, parts, held_out, groups, facts, keeps(cfg)
+    )
     layout = layout_of(cfg).cls(inputs)
     return Assembly(cfg, device, parts, held_out, facts, train_data, test_data, layout, method, hp)

@@ -25,7 +25,7 @@ from torch import nn
 from incofl.config import RunConfig
 from incofl.data.facts import Facts
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, State
+from incofl.fl.contracts import ClientPlan, ConfigPick, State
 from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.evaluation import GroupEvaluator, PersonalEvaluator, Scores
 from incofl.fl.stages.plan import local_statistics
@@ -75,13 +75,26 @@ ClientScores = Callable[[list[ClientEval]], list[Scores]]
 
 
 @dataclass(frozen=True)
-class LayoutInputs:
-    """What a layout is built from: the config, `build(name, **model_args)` (a model on the
-    run's device), the models' input size, the splits on the device, each client's training and
-    held-out indices, each client's model group, the run's facts (which clients hold samples out)
-    and whether clients keep entries (`keeps`)."""
+class LayoutSettings(ConfigPick):
+    """The run settings a layout reads."""
 
-    cfg: RunConfig
+    models: list[str]  # the model groups' models (a width model: its one architecture)
+    levels: list[tuple[float, int | None]] | None  # width models: each group's (width rate, deepest exit)
+    bn_at_eval: str  # width models: the BN statistics they are scored with (static: built from samples)
+    static_bn_samples: int | None  # static BN: the training images its statistics pass (None: all the clients')
+    seed: int  # static BN: the draw of those images
+    eval_batch_size: int
+    drop_last: bool  # the global test set's last partial batch is dropped (the release's evaluation)
+
+
+@dataclass(frozen=True)
+class LayoutInputs:
+    """What a layout is built from: the run settings it reads, `build(name, **model_args)` (a
+    model on the run's device), the models' input size, the splits on the device, each client's
+    training and held-out indices, each client's model group, the run's facts (which clients hold
+    samples out) and whether clients keep entries (`keeps`)."""
+
+    settings: LayoutSettings
     build: Callable[..., nn.Module]
     size: int
     train: TensorSplit
@@ -134,17 +147,17 @@ class GroupLayout(Layout):
     """One whole model per model group (module docstring)."""
 
     def __init__(self, inputs: LayoutInputs):
-        cfg, self.keeps = inputs.cfg, inputs.keeps
-        self.models = [inputs.build(name) for name in cfg.models]
+        run, self.keeps = inputs.settings, inputs.keeps
+        self.models = [inputs.build(name) for name in run.models]
         self.server_model = self.models[check_nested(self.models)]
-        self.evaluator = GroupEvaluator(self.models, inputs.test, cfg.eval_batch_size, cfg.drop_last)
+        self.evaluator = GroupEvaluator(self.models, inputs.test, run.eval_batch_size, run.drop_last)
         self.groups = inputs.groups
         self.first = first_clients(inputs.groups)
         self.held_out = inputs.facts.held_out_clients()  # the facts: a federation's server has no held-out indices
         self.personal = (
             None
             if inputs.held_out is None
-            else PersonalEvaluator(self.models, inputs.train, inputs.held_out, inputs.groups, cfg.eval_batch_size)
+            else PersonalEvaluator(self.models, inputs.train, inputs.held_out, inputs.groups, run.eval_batch_size)
         )
         self.pooled = len(inputs.test) == 0  # pool_test: no global test set
 

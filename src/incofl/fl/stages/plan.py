@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from incofl.config import RunConfig
-from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, Setup
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, Setup, StageSettings
 from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.sampling import group_of
 
@@ -32,21 +32,21 @@ def bn_statistics(model: nn.Module) -> frozenset[str]:
     return frozenset(f"{name}.{buffer}" for name, m in norms for buffer, _ in m.named_buffers(recurse=False))
 
 
-def local_statistics(cfg: RunConfig) -> bool:
+def local_statistics(settings: RunConfig | StageSettings) -> bool:
     """Whether each client keeps its BatchNorm running statistics (`bn_stats: local`, module docstring)."""
-    return cfg.bn_stats == "local"
+    return settings.bn_stats == "local"
 
 
 class FullPlanner(Stateful):
     """Every sampled client trains and uploads its whole (sub-)model. A planner is built from the
-    method's parameters and the run's Setup (config, server entries, width levels, the model
-    groups' models and the aggregator's map of a model group to its federation)."""
+    method's parameters and the run's Setup (the run settings it reads, server entries, width
+    levels, the model groups' models and the aggregator's map of a model group to its federation)."""
 
     def __init__(self, hp: Any, setup: Setup):
-        cfg, self.federation_of = setup.cfg, setup.federation
-        self.num_clients, self.groups = cfg.clients, cfg.groups
-        self.sizes = Counter(self.federation_of(group_of(c, cfg.clients, cfg.groups)) for c in range(cfg.clients))
-        self.keep = [bn_statistics(m) if local_statistics(cfg) else frozenset() for m in setup.models]
+        run, self.federation_of = setup.settings, setup.federation
+        self.num_clients, self.groups = run.clients, run.groups
+        self.sizes = Counter(self.federation_of(group_of(c, run.clients, run.groups)) for c in range(run.clients))
+        self.keep = [bn_statistics(m) if local_statistics(run) else frozenset() for m in setup.models]
 
     def plan(self, round_: Round, client: int) -> ClientPlan:
         group = group_of(client, self.num_clients, self.groups)

@@ -10,9 +10,9 @@ averaged update with its `RoundContext` (round, federation, clients, samples), c
 `post(average, ctx)`, e.g. the InCo step; state it keeps across rounds (a momentum buffer) is
 kept per `ctx.federation` and declared in `state`, which the engine checkpoints
 (fl/stages/component.py). A method lists its transforms in its registry entry; each takes the
-method's typed parameters and a `Setup` (the run's config, the server state's names, the
-layout). Two are the engine's, for every method, when a config asks: update noise (robustness)
-and the release's epoch scale.
+method's typed parameters and a `Setup` (the run settings components read, the server
+state's names, the layout). Two are the engine's, for every method, when a config asks: update
+noise (robustness) and the release's epoch scale.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class UpdateNoise(UpdateTransform):
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        self.scale, self.seed = setup.cfg.update_noise, setup.cfg.seed
+        self.scale, self.seed = setup.settings.update_noise, setup.settings.seed
 
     def __call__(self, round_: Round, update: ClientUpdate) -> ClientUpdate:
         gen = torch.Generator().manual_seed(noise_seed(self.seed, round_.index, update.client))
@@ -87,7 +87,7 @@ class EpochScale(AverageTransform):
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        self.scale = 1.0 / setup.cfg.local_epochs
+        self.scale = 1.0 / setup.settings.local_epochs
 
     def __call__(self, average: Average, ctx: RoundContext) -> Average:
         for v in average.values():

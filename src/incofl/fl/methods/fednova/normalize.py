@@ -41,7 +41,7 @@ class NovaNormalize(UpdateTransform):
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        momentum = setup.cfg.momentum if setup.cfg.optimizer == "sgd" else 0.0
+        momentum = setup.settings.momentum if setup.settings.optimizer == "sgd" else 0.0
         self.rho = momentum if hp.rho is None else float(hp.rho)
         self.seen: dict[int, list[tuple[int, float]]] = {}  # federation -> (n_i, a_i) in client order
         self.tau_eff: dict[int, float] = {}

@@ -35,8 +35,8 @@ class PartPlanner(FullPlanner):
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        cfg, models = setup.cfg, setup.models
-        self.hp, self.seed = hp, cfg.seed
+        models = setup.models
+        self.hp, self.seed = hp, setup.settings.seed
         self.keys = [g.key for g in layer_groups(models[check_nested(models)])]
         # model group -> its layer group for each of the server's
         self.layers = [[counterpart(key, layer_groups(m)) for key in self.keys] for m in models]

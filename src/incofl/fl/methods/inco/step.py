@@ -177,8 +177,8 @@ class InCoStep(AverageTransform):
         self.pairs = find_pairs(setup.state_names)
         self.options = {k: getattr(hp, k) for k in InCoParams.model_fields}
         self.stats: dict[str, dict[str, float]] = {}
-        vit = vit_pairs(self.pairs) and hp.variant == "official" and not setup.cfg.scales_epochs
-        self.scale = 1.0 / setup.cfg.local_epochs if vit else 1.0
+        vit = vit_pairs(self.pairs) and hp.variant == "official" and not setup.settings.scales_epochs
+        self.scale = 1.0 / setup.settings.local_epochs if vit else 1.0
 
     def __call__(self, average: Average, ctx: RoundContext) -> Average:
         if self.scale != 1.0:

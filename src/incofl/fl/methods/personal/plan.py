@@ -83,9 +83,9 @@ class LagPlanner(FullPlanner):
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        cfg, models = setup.cfg, setup.models
+        models = setup.models
         self.hp: LagParams = hp
-        self.warmup = hp.warmup or min(cfg.rounds // 2, 30) + 1
+        self.warmup = hp.warmup or min(setup.settings.rounds // 2, 30) + 1
         self.entries = [name for name, _ in models[check_nested(models)].named_parameters()]
         self.names = [frozenset(m.state_dict()) for m in models]
         self.scores = np.zeros(len(self.entries), dtype=np.int64)

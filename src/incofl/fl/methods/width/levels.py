@@ -68,8 +68,8 @@ class WidthPlanner(FullPlanner):
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)
-        self.widths, self.rolling, self.seed = setup.layout.widths, hp.rolling, setup.cfg.seed
-        self.dynamic = setup.cfg.rate_assignment == "dynamic"
+        self.widths, self.rolling, self.seed = setup.layout.widths, hp.rolling, setup.settings.seed
+        self.dynamic = setup.settings.rate_assignment == "dynamic"
 
     def group_of(self, round_: Round, client: int, fixed: int) -> int:
         """The client's group (its width level) this round: its `fixed` one, or a fresh draw (dynamic)."""
@@ -162,19 +162,19 @@ class WidthLayout(Layout):
     with static BN models built here)."""
 
     def __init__(self, inputs: LayoutInputs):
-        cfg, build, name = inputs.cfg, inputs.build, inputs.cfg.models[0]
+        run, build, name = inputs.settings, inputs.build, inputs.settings.models[0]
         self.server_model = build(name)
-        self.models = [build(name, rate=rate, exits=exits) for rate, exits in cfg.levels]
+        self.models = [build(name, rate=rate, exits=exits) for rate, exits in run.levels]
         self.widths = Widths(self.server_model, self.models, inputs.size)
         static = None
-        if cfg.bn_at_eval == "static":
-            levels = [*cfg.levels, (1.0, None)]  # [-1]: the full model
-            indices = statistics_indices(inputs.parts, cfg.static_bn_samples, cfg.seed)
+        if run.bn_at_eval == "static":
+            levels = [*run.levels, (1.0, None)]  # [-1]: the full model
+            indices = statistics_indices(inputs.parts, run.static_bn_samples, run.seed)
             static = StaticBN(
                 inputs.train, indices, lambda g: build(name, rate=levels[g][0], exits=levels[g][1], track_stats=True)
             )
         self.evaluator = WidthEvaluator(
-            self.widths, self.models, self.server_model, inputs.test, cfg.eval_batch_size, static
+            self.widths, self.models, self.server_model, inputs.test, run.eval_batch_size, static
         )
 
     def start(self, plan: ClientPlan, weights: list[State], sub_state: SubState) -> State:
