@@ -4,15 +4,17 @@ TLS, node keys, each node's warm executor), bytes per round each way, and what a
 messages each run in a fresh `flwr-clientapp` process (Flower's own SuperExec: a node started
 apart, or `up --insecure`) pays for each message before it trains, in a fresh folder.
 
-    cd tests && PYTHONPATH=../src:. python federation_timing.py /tmp/timing [DEPLOYED_RUN_DIR]
+    cd tests && PYTHONPATH=../src:. python federation_timing.py /tmp/timing [DEPLOYED_RUN_DIR] [--up FLAGS]
 
 DEPLOYED_RUN_DIR: another deployment's run folder of the same run (test_federation_deploy.py's
 `deployed`, one node under `up` and one started apart, kept with pytest --basetemp), whose
-rounds are printed beside them.
+rounds are printed beside them. --up: flags for `up` besides its defaults, one string
+(`--up "--link-state disk"`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -88,15 +90,16 @@ def cpu_seconds(root: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def deployed_by_up(folder: Path, idle: float = 30.0) -> tuple[Path, float]:
-    """The timed run on `incofl federation up --sites` (both clients' files, its defaults): its run
-    folder, and the share of a core that the federation used idle for `idle` seconds before it."""
+def deployed_by_up(folder: Path, idle: float = 30.0, flags: tuple[str, ...] = ()) -> tuple[Path, float]:
+    """The timed run on `incofl federation up --sites` (both clients' files, its defaults and
+    `flags`): its run folder, and the share of a core that the federation used idle for `idle`
+    seconds before it."""
     env = {**os.environ, "FLWR_HOME": str(folder / "flwr-home"), "PYTHONPATH": str(REPO / "src")}
     incofl = [sys.executable, "-m", "incofl.cli", "federation"]
     sites, out, port = folder / "sites", folder / "deployed", _free_port(2 + DEPLOYED["clients"])
     subprocess.run([*incofl, "export", "--config", folder / "run.yaml", "--out", sites, "--keys"], env=env, check=True)
     with open(folder / "up.log", "w") as log:
-        up = subprocess.Popen([*incofl, "up", "--sites", sites, "--port", str(port)], stdout=log, env=env)
+        up = subprocess.Popen([*incofl, "up", "--sites", sites, "--port", str(port), *flags], stdout=log, env=env)
         try:
             while "federation up:" not in (folder / "up.log").read_text():
                 time.sleep(0.2)
@@ -115,10 +118,10 @@ def deployed_by_up(folder: Path, idle: float = 30.0) -> tuple[Path, float]:
     return out, share
 
 
-def main(folder: Path, deployed: Path | None) -> None:
+def main(folder: Path, deployed: Path | None, flags: tuple[str, ...] = ()) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     _, _, sim, fed = run_both(folder, **DEPLOYED)
-    up, idle = deployed_by_up(folder)
+    up, idle = deployed_by_up(folder, flags=flags)
     print(f"incofl federation up, idle: {idle:.1%} of a core")
     runs = {"simulator": sim, "in-process Flower": fed, "incofl federation up": up}
     runs |= {"a node under up, one apart": deployed} if deployed else {}
@@ -135,4 +138,9 @@ def main(folder: Path, deployed: Path | None) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else None)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("deployed", type=Path, nargs="?")
+    parser.add_argument("--up", default="", help="flags for up besides its defaults, one string")
+    args = parser.parse_args()
+    main(args.folder, args.deployed, tuple(args.up.split()))

@@ -144,6 +144,79 @@ def test_a_packed_state_is_one_record_of_two_arrays_and_round_trips_bit_for_bit_
     assert read_state(empty, {}, "extra", "cpu") == {}
 
 
+def test_a_messages_states_travel_bundled_as_three_objects_and_unbundle_to_the_same_records():
+    """k packed states are 5k of Flower's objects (a record, its two Arrays and their data), bundled
+    3 whatever k: fewer requests on every hop (docs/performance.md, Flower)."""
+    from flwr.app import ConfigRecord, RecordDict
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    from incofl.deploy.codec import BUNDLE, bundled, to_arrays, unbundled
+
+    states = {"delta": to_arrays(DTYPES_STATE), "classes": to_arrays({"classes": torch.tensor([1, 4])})}
+    content = RecordDict({**states, "kept": ConfigRecord({"sha256": "a"})})
+    travels = bundled(content)
+    assert set(travels.array_records) == {BUNDLE} and set(travels.config_records) == {"kept"}
+    objects = lambda c: len(get_all_nested_objects(c))  # noqa: E731 (a message: its content and one more)
+    assert objects(content) - objects(travels) == 5 * len(states) - 3
+    back = unbundled(travels)
+    assert list(back.array_records) == list(states) and set(back.config_records) == {"kept"}
+    for name, record in states.items():
+        assert [(k, a.data, a.stype, a.shape) for k, a in back[name].items()] == [
+            (k, a.data, a.stype, a.shape) for k, a in record.items()
+        ]
+    no_arrays = RecordDict({"kept": ConfigRecord({"sha256": "a"})})
+    assert bundled(no_arrays) is no_arrays and unbundled(no_arrays) is no_arrays
+
+
+def _bundle(table, tail: bytes = b"", size: int | None = None):
+    """A message whose bundle holds this table (JSON of `table`, or these bytes) and `tail` after it."""
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    from incofl.deploy.codec import BUNDLE, HEAD, packed_array
+
+    head = table if isinstance(table, bytes) else json.dumps(table).encode()
+    blob = (len(head) if size is None else size).to_bytes(HEAD, "little") + head + tail
+    return RecordDict({BUNDLE: ArrayRecord({"data": packed_array(blob)}), "kept": ConfigRecord({"sha256": "a"})})
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (lambda: _bundle([["delta", 1, 2]], b"ab"), "lengths do not add up"),
+        (lambda: _bundle([["delta", 1, 2]], b"abcd"), "lengths do not add up"),
+        (lambda: _bundle([["delta", -1, 2]], b"a"), "not [str, int >= 0, int >= 0]"),
+        (lambda: _bundle([["delta", 1, 1], ["delta", 0, 0]], b"ab"), "'delta' twice"),
+        (lambda: _bundle([["kept", 0, 0]]), "'kept' twice"),
+        (lambda: _bundle([["incofl.bundle", 0, 0]]), "'incofl.bundle' twice"),
+        (lambda: _bundle(b"[[", size=2), "its table is not JSON"),
+        (lambda: _bundle({"delta": [0, 0]}), "not a list of at most 256 entries"),
+        (lambda: _bundle([[f"s{i}", 0, 0] for i in range(257)]), "not a list of at most 256 entries"),
+        (lambda: _bundle([], size=1 << 40), "a table of 1099511627776 bytes"),
+        (lambda: _bundle([], size=(1 << 16) + 1, tail=bytes(1 << 17)), "a table of 65537 bytes"),
+    ],
+)
+def test_a_malformed_bundle_is_refused_before_any_state_is_read(content, why):
+    from incofl.deploy.codec import CodecError, unbundled
+
+    with pytest.raises(CodecError, match=re.escape(why)):
+        unbundled(content())
+
+
+def test_states_beside_or_without_a_bundle_are_refused():
+    from flwr.app import ArrayRecord, RecordDict
+
+    from incofl.deploy.codec import BUNDLE, CodecError, bundled, packed_array, to_arrays, unbundled
+
+    travels = bundled(RecordDict({"delta": to_arrays(STATE)}))
+    for content in (
+        RecordDict({"delta": to_arrays(STATE)}),  # unbundled: not how states travel
+        RecordDict({**travels, "classes": to_arrays({"classes": torch.tensor([1])})}),
+        RecordDict({BUNDLE: ArrayRecord({"data": packed_array(b""), "more": packed_array(b"")})}),
+    ):
+        with pytest.raises(CodecError, match="travel in one record"):
+            unbundled(content)
+
+
 def _pack(index, data: bytes):
     """A record in the packed form with this index (JSON of `index`, or these bytes) and data."""
     from flwr.app import ArrayRecord
@@ -501,13 +574,17 @@ def _node_of(client: int) -> int:
 
 
 def _corrupting(change):
-    """A node whose training replies are changed by `change(content)` after honest training."""
+    """A node whose training replies are changed by `change(content)` after honest training (its
+    states unbundled for the change, bundled again as they travel)."""
     from incofl.deploy.clientapp import app
+    from incofl.deploy.codec import bundled, unbundled
 
     def node(message, context):
         reply = app(message, context)
         if message.metadata.message_type == "train":
-            change(reply.content)
+            content = unbundled(reply.content)
+            change(content)
+            reply.content = bundled(content)
         return reply
 
     return node
@@ -767,6 +844,25 @@ def test_export_without_client_writes_every_clients_file_with_the_test_split_whe
     first = tested_on_nodes(cfg)  # each model group's first client: its model is scored on the test split
     assert len(first) == len(cfg.models) == 2
     assert tests == [len(dataset_for(cfg).y_test) if c in first else 0 for c in range(cfg.clients)]
+
+
+def test_ups_superlink_keeps_its_state_in_memory_or_on_disk_in_a_fresh_private_database(tmp_path):
+    """`up`'s SuperLink: Flower's in-memory state by default (no --database); `--link-state disk`:
+    SQLite in SITES/superlink/state.db, in a folder of its owner's only, what an earlier up left there
+    removed (the end-to-end deployment, test_federation_deploy.py, runs up's default)."""
+    from incofl.deploy.up import LocalFederation, link_args
+
+    sites = tmp_path / "sites"
+    (sites / "superlink").mkdir(parents=True, mode=0o700)
+    for old in ("state.db", "state.db-wal"):
+        (sites / "superlink" / old).write_text("an earlier up's")
+    assert link_args(LocalFederation(sites)) == []
+    assert len(list((sites / "superlink").iterdir())) == 2  # memory: nothing on disk touched
+    assert link_args(LocalFederation(sites, link_state="disk")) == [
+        "--database",
+        str(sites.resolve() / "superlink" / "state.db"),
+    ]
+    assert not list((sites / "superlink").iterdir()) and (sites / "superlink").stat().st_mode & 0o077 == 0
 
 
 def test_federation_up_refuses_bad_input_in_one_line_before_starting_anything(tmp_path, monkeypatch, capsys):

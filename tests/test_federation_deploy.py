@@ -281,7 +281,8 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     private = [*sites.glob("site?.npz"), *sites.glob("keys/*"), *sites.glob("certificates/*"), *sites.glob("logs/*")]
     private += [*sites.glob("superlink/*"), sites / "keys" / "superexec.secret"]
     assert len(private) >= 12 and {p.stat().st_mode & 0o777 for p in private} == {0o600}
-    assert {p.stat().st_mode & 0o777 for p in (sites / "keys", sites / "logs", sites / "superlink")} == {0o700}
+    assert {p.stat().st_mode & 0o777 for p in (sites / "keys", sites / "logs")} == {0o700}
+    assert not (sites / "superlink").exists()  # its state in memory, up's default (--link-state)
     out = deployment.root / "deployed"
     deployment.rogues = _rogues(deployment)  # test_replies_a_node_crafts_... reads what they did
     threads = [rogue.start() for rogue in deployment.rogues]
@@ -407,11 +408,15 @@ def test_the_supernode_wrapper_caps_the_sleeps_of_flowers_node_loop():
 
     from incofl.deploy.supernode import capped_time
 
-    assert "time.sleep(3)" in inspect.getsource(loop)  # the constant it cuts short, still there
-    shim = capped_time(0.05)
+    source = inspect.getsource(loop)
+    assert source.count("time.sleep(3)") == 1 and source.count("time.sleep(0.5)") == 2  # what it cuts short, still so
+    shim = capped_time(0.05, 0.001)
     start = time.monotonic()
     shim.sleep(3)
-    assert time.monotonic() - start < 1 and shim.monotonic is time.monotonic
+    waited = time.monotonic() - start
+    for _ in range(10):
+        shim.sleep(0.5)
+    assert 0.04 < waited < 1 and time.monotonic() - start - waited < 0.3 and shim.monotonic is time.monotonic
 
 
 def test_a_node_whose_key_is_not_registered_is_refused(deployment):

@@ -52,12 +52,12 @@ def honest(tmp_path_factory):
         config = write_config(tmp, methods=[method], **extra)
         grid = InProcessGrid(export_sites(load_run_config(config), tmp))
 
-        def record_update(reply, expected, content=None, method=method):
-            train.append((method, reply, expected))
+        def record_update(reply, expected, content=None, method=method):  # the reply as opened: unbundled
+            train.append((method, reply_with(reply, content), expected))
             return accept_update(reply, expected, content)
 
         def record_scores(reply, job, expected, content=None, method=method):
-            scores.append((method, reply, job, expected))
+            scores.append((method, reply_with(reply, content), job, expected))
             return accept_scores(reply, job, expected, content)
 
         transport.accept_update, transport.accept_scores = record_update, record_scores
@@ -241,7 +241,9 @@ def _a_value_lie(metrics: MetricRecord, key: str, value) -> bool:
     if key == "loss":
         return type(value) is float and math.isfinite(value) and math.isfinite(old)
     if key.endswith(".correct"):
-        n = metrics[key.removesuffix(".correct") + ".n"]
+        n = metrics.get(key.removesuffix(".correct") + ".n")  # removed by an earlier change: refused for that
+        if type(n) is not int:
+            return False
         return isinstance(value, list) and len(value) == len(old) and all(type(c) is int and 0 <= c <= n for c in value)
     if key.endswith(".loss"):
         valid = (
@@ -464,3 +466,31 @@ def _differs(original: RecordDict, changed: RecordDict) -> bool:
         elif any(not _same(v, other[k]) for k, v in record.items()):
             return True
     return False
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_randomly_changed_bundle_is_refused_and_never_raises(honest, data):
+    """A reply's states as they travel (one bundle: codec.bundled) with bytes of its head, table or
+    states changed: unbundling refuses it (CodecError) or the reply's checks do, unless nothing
+    the server reads changed."""
+    from incofl.deploy.codec import BUNDLE, CodecError, bundled, packed_array, unbundled
+    from incofl.deploy.transport import accept_update
+
+    train, _ = honest
+    method, reply, expected = train[data.draw(st.integers(0, len(train) - 1), label="reply")]
+    travels = bundled(clone(reply.content))
+    blob = bytearray(travels.array_records[BUNDLE]["data"].data)
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, min(len(blob) - 1, 400)), label="at")  # the head, the table, the first bytes
+        if data.draw(st.booleans(), label="insert"):
+            blob[at:at] = data.draw(st.binary(min_size=1, max_size=4))
+        else:
+            blob[at] = data.draw(st.integers(0, 255))
+    travels[BUNDLE]["data"] = packed_array(bytes(blob))
+    try:
+        content = unbundled(travels)
+    except CodecError:
+        return
+    got = accept_update(reply_with(reply, content), expected)
+    assert got.error or not _differs(reply.content, content), f"a changed bundle of {method} was accepted"

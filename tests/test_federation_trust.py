@@ -185,7 +185,7 @@ def test_a_finite_update_that_would_overflow_the_rounds_sums_is_the_nodes_fault(
     """A delta of +-3e38 is finite (and its float32 sum overflows before any check sees a NaN): it
     is refused by node and client, not averaged into a run that then reads as diverged."""
     from incofl.deploy.clientapp import answer, app
-    from incofl.deploy.codec import from_arrays, to_arrays, unsigned
+    from incofl.deploy.codec import from_arrays, to_arrays, unbundled, unsigned
     from incofl.deploy.inprocess import FIRST_NODE
 
     bad = scheduled(0)[0]
@@ -194,7 +194,7 @@ def test_a_finite_update_that_would_overflow_the_rounds_sums_is_the_nodes_fault(
         reply = app(message, context)
         if message.metadata.message_type != "train":
             return reply
-        content = unsigned(reply.content)
+        content = unbundled(unsigned(reply.content))
         delta = from_arrays(content.array_records["delta"])
         values = next(iter(delta.values()))
         values[...] = 3e38

@@ -223,6 +223,7 @@ def cmd_federation_up(args: argparse.Namespace) -> int:
         Path(args.logs) if args.logs else None,
         federation_numerics(args.numerics),
         site_data(args.site_data),
+        args.link_state,
     )
     try:
         return up(fed)
@@ -558,6 +559,14 @@ def build_parser() -> argparse.ArgumentParser:
         "where every site serves its own data)",
     )
     p.add_argument("--logs", help="the folder of each process's log (default: SITES/logs)")
+    p.add_argument(
+        "--link-state",
+        choices=("memory", "disk"),
+        default="memory",
+        help="where the SuperLink keeps messages and their objects: in memory (a round costs it about half the "
+        "CPU), or on disk in SQLite (SITES/superlink/state.db, made afresh), so that what nodes push is not held "
+        "in memory (docs/federation.md)",
+    )
     p.add_argument(
         "--numerics",
         choices=("native", "portable", "auto"),

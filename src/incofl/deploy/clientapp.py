@@ -47,11 +47,13 @@ from incofl.config import ConfigError
 from incofl.deploy.client import SiteClient, StaleState
 from incofl.deploy.codec import (
     SIGNATURE,
+    bundled,
     open_instruction,
     read_job,
     scores_content,
     sign_reply,
     signature_of,
+    unbundled,
     unsigned,
     update_content,
 )
@@ -162,15 +164,17 @@ def instruction(message: Message, context: Context) -> tuple[RecordDict, int]:
     try:
         if key is None:  # a file exported without the server's key: the node takes the SuperLink's word
             round_ = signature_of(message.content)[0] if SIGNATURE in message.content else 0
-            return unsigned(message.content), round_
-        return open_instruction(message.content, key, context.run_id, node, kind)
+            return unbundled(unsigned(message.content)), round_
+        content, round_ = open_instruction(message.content, key, context.run_id, node, kind)
+        return unbundled(content), round_
     except SignatureError as err:
         log.warning("node %d: a %s instruction refused: %s", node, kind[:40], err)
         raise Refused(f"node {node} refused a {kind[:40]} instruction: {err}") from None
 
 
 def answer(message: Message, context: Context, content: RecordDict, round_: int) -> Message:
-    """The reply to `message`, signed with the node's key where it has one (module docstring)."""
+    """The reply to `message`, its states bundled, signed with the node's key where it has one (module docstring)."""
+    content = bundled(content)
     if context.node_config.get("node-key"):
         meta = message.metadata
         key = node_key(node_file(context, "node-key"))

@@ -10,9 +10,11 @@ tensor's raw little-endian bytes back to back in the state's order, and `index`,
 names, dtypes and shapes in that order (compact JSON: `[[name, dtype, shape], ...]`); both
 `Array`s of stype PACKED, dtype uint8, shape (length,). Flower moves every `Array` as its own
 object (one request each, at most two at a time): a state as one array per tensor cost two
-objects per tensor each way (the array and its data), packed it is four objects, one more per
-5 MiB of data (docs/performance.md, Flower). Bit-exact for every dtype of DTYPES (bfloat16
-included). A width view's index tensors travel packed the same way.
+objects per tensor each way (the array and its data), packed it is five (the record, its two
+arrays and their data), one more per 5 MiB of data (docs/performance.md, Flower). Bit-exact for
+every dtype of DTYPES (bfloat16 included). A width view's index tensors travel packed the same
+way. As a message travels, all its packed states are bundled (`bundled`, `unbundled`) into one
+record of one byte array: three objects, whatever its number of states.
 
 Every dataclass is mapped field by field from its declarations (`dataclasses.fields`), by each
 field's type, through one table (`FIELDS`; an update's metrics: `WIRE`): a new field of a known
@@ -52,6 +54,8 @@ UPDATE_ARRAYS = {"delta": "delta", "classes": "classes"}  # ClientUpdate's tenso
 UPDATE_KEPT_ON_NODE = ("kept", "view")  # never sent: what the client keeps; the server's own plan's view
 PACK = ("index", "data")  # a packed state's two arrays: its index (JSON) and its tensors' bytes back to back
 PACKED = "incofl.packed"  # their Array stype: raw bytes (no .npy header), dtype uint8, shape (length,)
+BUNDLE = "incofl.bundle"  # the one array record a message's packed states travel in (`bundled`)
+HEAD, MAX_TABLE, MAX_STATES = 8, 1 << 16, 256  # a bundle's table: its length's bytes, its largest size and entries
 DTYPES = {  # the dtypes a state may hold, by the name its index gives them
     str(dtype).removeprefix("torch."): dtype
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -107,18 +111,87 @@ def to_arrays(state: State) -> ArrayRecord:
     return ArrayRecord({"index": packed_array(index), "data": packed_array(data)})
 
 
+def byte_array(array: Array, what: str) -> bytes:
+    """The bytes of a byte array as the codec makes them (`packed_array`): of stype PACKED, uint8, its length."""
+    data = array.data
+    shape = tuple(array.shape) if isinstance(array.shape, (tuple, list)) else None
+    if type(data) is not bytes or array.stype != PACKED or array.dtype != "uint8" or shape != (len(data),):
+        got = f"{str(array.stype)[:20]} {str(array.dtype)[:20]} {str(array.shape)[:40]}"
+        raise CodecError(f"{what}: {got}, expected {PACKED} uint8 of its length")
+    return data
+
+
 def packed(record: ArrayRecord, what: str) -> tuple[bytes, bytes]:
     """A packed state's index and data bytes, if the record is exactly its two byte arrays."""
     if set(record) != set(PACK):
         raise CodecError(f"{what}: arrays {short(record)}, expected a packed state ({', '.join(PACK)})")
-    arrays = {key: record[key] for key in PACK}
-    for key, array in arrays.items():
-        data = array.data
-        shape = tuple(array.shape) if isinstance(array.shape, (tuple, list)) else None
-        if type(data) is not bytes or array.stype != PACKED or array.dtype != "uint8" or shape != (len(data),):
-            got = f"{str(array.stype)[:20]} {str(array.dtype)[:20]} {str(array.shape)[:40]}"
-            raise CodecError(f"{what} {key}: {got}, expected {PACKED} uint8 of its length")
-    return arrays["index"].data, arrays["data"].data
+    index, data = (byte_array(record[key], f"{what} {key}") for key in PACK)
+    return index, data
+
+
+# A message's packed states bundled: one record of one byte array as they travel (`bundled`)
+def bundled(content: RecordDict) -> RecordDict:
+    """`content` as it travels: its array records (packed states) in the one record BUNDLE of one
+    byte array, [table's length, 8 bytes little-endian][table][each state's index and data in
+    turn], the table a compact JSON list of [record, index bytes, data bytes] in that order; its
+    other records as they are. Flower moves every Array as two objects or more, one request each,
+    on every hop: k packed states are 5k objects, bundled 3 (docs/performance.md, Flower)."""
+    arrays = content.array_records
+    if not arrays:
+        return content
+    table, parts = [], []
+    for name, record in arrays.items():
+        index, data = packed(record, name)
+        table.append([name, len(index), len(data)])
+        parts += [index, data]
+    head = json.dumps(table, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    blob = b"".join([len(head).to_bytes(HEAD, "little"), head, *parts])
+    others = {name: record for name, record in content.items() if name not in arrays}
+    return RecordDict({BUNDLE: ArrayRecord({"data": packed_array(blob)}), **others})
+
+
+def bundle_table(blob: bytes, taken: set[str]) -> list[tuple[str, int, int]]:
+    """A bundle's table, if well-formed: at most MAX_TABLE bytes (before it is parsed), at most
+    MAX_STATES entries of [a record name no other record has, and twice none, two ints >= 0]
+    whose lengths add up to the bytes after it."""
+    size = int.from_bytes(blob[:HEAD], "little") if len(blob) >= HEAD else -1
+    if not 0 <= size <= min(MAX_TABLE, len(blob) - HEAD):
+        raise CodecError(f"{BUNDLE}: a table of {size} bytes in {len(blob)}")
+    try:
+        table = json.loads(blob[HEAD : HEAD + size].decode("ascii"))
+    except (ValueError, RecursionError) as err:
+        raise CodecError(f"{BUNDLE}: its table is not JSON ({str(err)[:80]})") from None
+    if type(table) is not list or len(table) > MAX_STATES:
+        raise CodecError(f"{BUNDLE}: its table is not a list of at most {MAX_STATES} entries")
+    names: set[str] = set()
+    for entry in table:
+        if type(entry) is not list or [type(x) for x in entry] != [str, int, int] or min(entry[1:]) < 0:
+            raise CodecError(f"{BUNDLE}: a table entry is not [str, int >= 0, int >= 0]")
+        if entry[0] in names | taken | {BUNDLE}:
+            raise CodecError(f"{BUNDLE}: {entry[0][:60]!r} twice")
+        names.add(entry[0])
+    if sum(entry[1] + entry[2] for entry in table) != len(blob) - HEAD - size:
+        raise CodecError(f"{BUNDLE}: its table's lengths do not add up to its {len(blob)} bytes")
+    return [tuple(entry) for entry in table]
+
+
+def unbundled(content: RecordDict) -> RecordDict:
+    """`content` as it was before `bundled`, if its arrays are one well-formed bundle (bundle_table)
+    or none; CodecError otherwise. No state is read here: each is checked where it is read."""
+    arrays = content.array_records
+    if not arrays:
+        return content
+    if set(arrays) != {BUNDLE} or set(arrays[BUNDLE]) != {"data"}:
+        raise CodecError(f"arrays {short(arrays)}: a message's states travel in one record, {BUNDLE}")
+    blob = byte_array(arrays[BUNDLE]["data"], BUNDLE)
+    others = {name: record for name, record in content.items() if name != BUNDLE}
+    at, records = HEAD + int.from_bytes(blob[:HEAD], "little"), {}
+    for name, index, data in bundle_table(blob, set(others)):
+        records[name] = ArrayRecord(
+            {"index": packed_array(blob[at : at + index]), "data": packed_array(blob[at + index : at + index + data])}
+        )
+        at += index + data
+    return RecordDict({**records, **others})
 
 
 def read_index(raw: bytes, what: str, limit: int | None = None) -> Expected:

@@ -37,7 +37,7 @@ forgot is 403. An object is charged only once Flower says it stored it; nothing 
 Flower refuses (no key: 401) sends changes any budget or entry. Refusals are logged, a bounded line
 each, at most LOG_BURST a second (`RefusalLog`); uvicorn's access log is off on this listener.
 
-With `--database FILE` (as `up` starts it) Flower keeps its state and objects in SQLite on disk,
+With `--database FILE` (as `up --link-state disk` starts it) Flower keeps its state and objects in SQLite on disk,
 not in memory. It refuses any Flower but 1.42.0 (its internals are reached into), and a
 non-loopback `--host` (one line, exit 2).
 """

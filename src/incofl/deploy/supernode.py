@@ -14,9 +14,15 @@ Flower 1.42.0's SuperNode sleeps 3 s whenever it asks the SuperLink for a messag
 and 0.5 s between looks for its ClientApp's reply (`time.sleep(3)` and `time.sleep(0.5)` in
 `flwr/supernode/start_client_internal.py`, no flag or environment variable sets them): a node
 that has just replied asks again at once, finds nothing (the server is still averaging) and so
-takes the next round's message up to 3 s late. This runs Flower's own `flower-supernode` with that
-module's `time` replaced by one whose sleep is capped at WAIT; it refuses any other Flower version,
-whose code it has not been checked against.
+takes the next round's message up to 3 s late. And a node takes a message as soon as the
+SuperLink announces it, while the server is still pushing its objects: Flower asks again for an
+object not there yet after 1 s doubling to 10 s (`pull_objects`), so each round's message waited
+about a second on each node. This runs Flower's own `flower-supernode` with that module's `time`
+replaced by one whose sleeps are cut short (WAIT after an empty pull; LOOK, 0.02 s, between its
+looks at its own state for its ClientApp's reply, where Flower sleeps 0.5 s), and its
+`pull_objects` asking again after 0.05 s doubling to 0.2 s (NODE_PULL: tries bounded by Flower's
+time limit for a message, 2 hours, not by count); it refuses any other Flower version, whose code
+it has not been checked against.
 """
 
 from __future__ import annotations
@@ -26,18 +32,23 @@ import ssl
 import sys
 import time
 import types
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-WAIT = 0.2  # seconds: the longest the node's loop sleeps (an idle node asks the SuperLink 5 times a second)
+WAIT = 0.2  # seconds the node's loop sleeps after an empty pull (an idle node asks the SuperLink 5 times a second)
+LOOK = 0.02  # seconds between its looks at its own state for its ClientApp's reply (a lookup, no request)
 FLOWER = "1.42.0"
+NODE_PULL = {"initial_backoff": 0.05, "backoff_cap": 0.2, "max_tries_per_object": None}  # a message's objects
 
 
-def capped_time(cap: float) -> types.ModuleType:
-    """`time`, but with sleep(s) sleeping min(s, cap)."""
+def capped_time(wait: float, look: float) -> types.ModuleType:
+    """`time`, but with Flower's 3 s sleep after an empty pull cut to `wait` and its 0.5 s sleeps
+    between looks at the node's own state (for its ClientApp's reply, or the reply's objects) to
+    `look`: the loop's only sleeps (module docstring)."""
     shim = types.ModuleType("time")
     shim.__dict__.update(time.__dict__)
-    shim.sleep = lambda seconds: time.sleep(min(seconds, cap))  # type: ignore[attr-defined]
+    shim.sleep = lambda seconds: time.sleep(min(seconds, wait if seconds >= 1 else look))  # type: ignore[attr-defined]
     return shim
 
 
@@ -99,7 +110,8 @@ def main() -> None:
 
     if ours.client_certificate is not None:
         client_certificate(ours.client_certificate, ours.client_key)
-    loop.time = capped_time(WAIT)
+    loop.time = capped_time(WAIT, LOOK)
+    loop.pull_objects = partial(loop.pull_objects, **NODE_PULL)
     sys.argv = ["flower-supernode", *flower]
     flower_supernode()
 

@@ -42,6 +42,7 @@ from incofl.atomic import atomic_path
 from incofl.config import ConfigError
 from incofl.deploy.codec import (
     CodecError,
+    bundled,
     job_content,
     message_bytes,
     open_reply,
@@ -49,6 +50,7 @@ from incofl.deploy.codec import (
     read_update,
     reply_bytes,
     sign_instruction,
+    unbundled,
     unsigned,
 )
 from incofl.deploy.inbox import SMALL_REPLY, Inbox, Pulled, one_line
@@ -72,7 +74,10 @@ from incofl.fl.stages.evaluation import Scores
 from incofl.fl.stages.layout import ClientEval
 
 log = logging.getLogger("incofl.deploy")
-POLL = 0.05  # seconds between pulls of the replies still awaited (a reply waits on the SuperLink no longer)
+# seconds between pulls of the replies still awaited: POLL after the messages and after each reply
+# (the others are likely close behind), doubling to POLL_CAP while none comes; each pull is a request
+# to the SuperLink, whose CPU a round's nodes share (docs/performance.md, Flower)
+POLL, POLL_CAP = 0.05, 0.4
 
 
 def spki(key: bytes, ssh: bool = False) -> bytes:
@@ -121,19 +126,21 @@ class Identity:
 
     def instruction(self, content: RecordDict, node: int, kind: str, round_: int, group: str = "") -> Message:
         """A message to `node`, signed with the server's key."""
-        content = sign_instruction(RecordDict(dict(content.items())), self.server, self.run, node, kind, round_)
+        content = sign_instruction(
+            bundled(RecordDict(dict(content.items()))), self.server, self.run, node, kind, round_
+        )
         return Message(content, node, kind, group_id=group)
 
     def opened(self, reply: Message, client: int | None, answers: str, kind: str, round_: int) -> RecordDict:
         """A reply's content, with site keys only if client `client`'s site signed it as the answer
         to `answers` (SignatureError otherwise: `client` None, the node's key is no site's), before
-        anything in it is read."""
+        anything in it is read; its states unbundled (CodecError if they are not one bundle)."""
         if self.keys is None:
-            return unsigned(reply.content)
+            return unbundled(unsigned(reply.content))
         if client is None:
             raise SignatureError(f"node {reply.metadata.src_node_id}'s key is no site's")
         public = public_key(self.keys[client], f"client {client}'s key")
-        return open_reply(reply.content, public, self.run, round_, client, answers, kind)
+        return unbundled(open_reply(reply.content, public, self.run, round_, client, answers, kind))
 
     def site_of(self, node: int) -> int | None:
         """The client whose site's key the SuperLink holds for `node` (None: no site's, or no site keys)."""
@@ -167,17 +174,19 @@ class Opened:
 def pulled(inbox: Inbox, waiting: Iterable[str], timeout: float, caps: dict[str, int]) -> Iterator[Pulled]:
     """The replies to the messages `waiting` (their ids), each as it arrives (or why it cannot be
     read: inbox.py), each pulled no further than its cap in bytes (`caps`, else the inbox's
-    small one): pulled every POLL seconds until every one came or `timeout` passed, however long a
-    reply takes to upload."""
-    waiting, deadline = set(waiting), time.monotonic() + timeout
+    small one): pulled after POLL seconds doubling to POLL_CAP until every one came or `timeout`
+    passed, however long a reply takes to upload."""
+    waiting, deadline, wait = set(waiting), time.monotonic() + timeout, POLL
     while waiting:
         for got in inbox.pull(waiting, deadline, caps):
             waiting.discard(got.answers)
+            wait = POLL  # the other replies are likely close behind
             yield got
         if not waiting or time.monotonic() >= deadline:
             inbox.forget(waiting)
             return
-        time.sleep(POLL)
+        time.sleep(wait)
+        wait = min(2 * wait, POLL_CAP)
 
 
 def no_content(node: int, reply: Message | None) -> str:
@@ -377,7 +386,7 @@ class FlowerTransport:
             return Opened(node, why=why)
         try:
             content = self.identity.opened(reply, client, reply.metadata.reply_to_message_id, kind, round_)
-        except SignatureError as err:
+        except (SignatureError, CodecError) as err:
             return Opened(node, why=str(err))
         return Opened(node, reply, content)
 

@@ -22,7 +22,8 @@ hard-coded 3 s wait after an empty pull cut short).
 
 The SuperLink runs as superlink.py starts it: its Fleet API alone on `port` (what nodes dial,
 behind a gate that caps what a node can make the server hold), its Control and Runtime APIs on
-`port + 1`, both on 127.0.0.1, its state in SQLite on disk (`<sites>/superlink/`); the nodes take
+`port + 1`, both on 127.0.0.1, its state in memory (`link_state`; `disk`: in SQLite in
+`<sites>/superlink/`); the nodes take
 the ports after. Everything up and its processes write is private (they run with umask 077:
 the database, node states, the run's files; its logs 0600), and site files, private keys and the folders of keys
 and logs that group or others may read are refused in one line naming them.
@@ -48,7 +49,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Literal, TextIO
 
 import numpy as np
 
@@ -56,10 +57,16 @@ from incofl.config import ConfigError
 from incofl.deploy.credentials import PRIVATE, check_private, private_folder
 from incofl.numerics import Numerics, NumericsError, conflicts, environment
 
+LinkState = Literal["memory", "disk"]
+
 CONNECTION = "incofl-local"  # the connection `flwr run` names
 # FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the processes up starts, unless set (Flower's: 1 s). Each SuperExec asks
 # that often; an idle 2-node federation then used 6% of a core (1 s: 2%, 0.1 s: 19%)
 TASK_POLL = 0.25
+# the SuperLink's own SuperExec, which asks the SuperLink (the process every node's request shares)
+# for a run's ServerApp to start: Flower's 1 s, unless set (a run's start waits up to 1 s for it)
+SERVER_TASK_POLL = 1.0
+POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 PRIVATE_UMASK = 0o077  # of every process up starts
 # connections a node may hold on the sites' port (Flower's node: its loop, its heartbeats, 2 pushes at once)
 NODE_CONNECTIONS = 8
@@ -79,6 +86,7 @@ class LocalFederation:
     logs: Path | None = None
     numerics: Numerics = "native"  # the kernels of every process started (incofl.numerics)
     own: dict[int, Path] = field(default_factory=dict)  # client -> its site's own data (`site_data`)
+    link_state: LinkState = "memory"  # where the SuperLink keeps messages and objects (`link_args`)
 
     @property
     def keys(self) -> Path:
@@ -242,16 +250,16 @@ class Processes:
         # Flower starts its own helpers (flwr-serverapp, flwr-clientapp) from PATH; each SuperExec and
         # executor looks for a message to run every TASK_POLL seconds (Flower's default: 1)
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        self.env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(TASK_POLL), **os.environ, "PATH": path}
+        self.env = {POLL_VARIABLE: str(TASK_POLL), **os.environ, "PATH": path}
         if bad := conflicts(numerics, self.env):  # the server and nodes pin before torch is imported
             raise NumericsError(f"--numerics {numerics}, but the environment sets {', '.join(bad)}")
         self.env.update(environment(numerics))
 
-    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = private_log(self.logs / f"{name}.log")
         # umask 077: whatever it creates (the database, node states, the run's files) is its owner's only
         proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env, umask=PRIVATE_UMASK
+            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**self.env, **(env or {})}, umask=PRIVATE_UMASK
         )
         thread = threading.Thread(target=pump, args=(proc.stdout, log), name=f"log-{name}", daemon=True)
         thread.start()
@@ -360,6 +368,7 @@ def start_superexec(name: str, runtime: str, ca: Path, secret: Path | None, pare
         name,
         [flower_tool("flower-superexec"), "--runtime-api-address", runtime, "--root-certificates", str(ca)]
         + ["--superexec-auth-secret-file", str(secret), "--parent-pid", str(parent)],
+        {POLL_VARIABLE: os.environ.get(POLL_VARIABLE, str(SERVER_TASK_POLL))},
     )
 
 
@@ -374,13 +383,18 @@ def start_executor(name: str, runtime: str, secret: Path | None, parent: int, pr
     )
 
 
-def database(sites: Path) -> Path:
-    """The SuperLink's SQLite file, `<sites>/superlink/state.db`, made afresh (what an earlier up left
-    is removed): on disk, so that what nodes push is not held in memory."""
-    folder = private_folder(sites.resolve() / "superlink")
+def link_args(fed: LocalFederation) -> list[str]:
+    """Flower's flags for where its SuperLink keeps state: in memory (its default), or with `disk`
+    in a SQLite file, `<sites>/superlink/state.db`, made afresh (what an earlier up left is removed),
+    so that what nodes push is not held in memory. Memory is the default: each request costs the
+    SuperLink about half the CPU (docs/performance.md, Flower), and what a node can make it hold is
+    the gate's budget of its unanswered replies (docs/federation.md, Threat model)."""
+    if fed.link_state == "memory":
+        return []
+    folder = private_folder(fed.sites.resolve() / "superlink")
     for old in folder.glob("state.db*"):  # the database and its journal: this up's own files
         old.unlink()
-    return folder / "state.db"
+    return ["--database", str(folder / "state.db")]
 
 
 def start_link(
@@ -399,7 +413,7 @@ def start_link(
         "superlink",
         [sys.executable, "-m", "incofl.deploy.superlink", "--fleet-address", f"127.0.0.1:{fed.port}", *security]
         + ["--max-connections-per-peer", str(peer), "--max-connections", str(peer + 64)]
-        + [*isolated(secret), "--disable-runtime-dependency-installation", "--database", str(database(fed.sites))]
+        + [*isolated(secret), "--disable-runtime-dependency-installation", *link_args(fed)]
         + ["--host", "127.0.0.1", "--port", str(fed.port + 1)],
     )
     wait_for_port(fed.port, link)
