@@ -20,7 +20,7 @@ schedule: schedule.py, no path and no server-only setting), then incofl's `Run` 
 rounds through the same `Engine` as the simulator, whose transport is the federation
 (transport.py): incofl's seeded schedule and planner choose the clients, each planned client's
 job goes to its node, each reply is read and checked as it arrives (pulled after 0.05 s doubling to
-0.4 s, `POLL`, not Flower's `send_and_receive`, which pulls every 3 s), and the server side aggregates,
+0.2 s, `POLL`, not Flower's `send_and_receive`, which pulls every 3 s), and the server side aggregates,
 evaluates and checkpoints exactly as in the simulator. No reply can stop the server.
 Restarted with the same `out`, the run resumes from its last checkpoint (and each node from its
 client's store at that round: client.py).

@@ -77,7 +77,7 @@ log = logging.getLogger("incofl.deploy")
 # seconds between pulls of the replies still awaited: POLL after the messages and after each reply
 # (the others are likely close behind), doubling to POLL_CAP while none comes; each pull is a request
 # to the SuperLink, whose CPU a round's nodes share (docs/performance.md, Flower)
-POLL, POLL_CAP = 0.05, 0.4
+POLL, POLL_CAP = 0.05, 0.2
 
 
 def spki(key: bytes, ssh: bool = False) -> bytes:
