@@ -1,2 +1,6 @@
 """Real federations: incofl's methods as a Flower app (docs/federation.md). Only the app
 modules (codec, serverapp, clientapp, inprocess) import flwr, the `flower` extra."""
+
+# the node config keys that name a node's data, one of them: an exported share (sitedata.py) or a
+# site's own (owndata.py); here, so that `up` names them without importing the engine
+DATA_PATH, DATA_FOLDER, DATA_NPZ = "data-path", "data-folder", "data-npz"

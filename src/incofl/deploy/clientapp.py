@@ -44,6 +44,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from incofl.config import ConfigError
+from incofl.deploy import DATA_FOLDER, DATA_PATH
 from incofl.deploy.client import SiteClient, StaleState
 from incofl.deploy.codec import (
     SIGNATURE,
@@ -68,7 +69,7 @@ STATE = "incofl"  # the node's Context.state record: the run's schedule (schedul
 app = ClientApp()
 # (run, node, config, data) -> its client, built once; a node's executor (executor.py) keeps it between messages
 _sites: dict[tuple[int, int, str, str], SiteClient] = {}
-DATA = ("data-path", *OWN)  # the node config's keys of a node's data: one of them names it
+DATA = (DATA_PATH, *OWN)  # the node config's keys of a node's data: one of them names it
 FILES = (*DATA, "state-dir", "node-key", "pretrained", "server-key")  # the node config's keys that name files
 PATH = re.compile(r"(?<![\w.-])(?:~|\.{0,2})/[^\s'\",;:)]*")  # a path left in a failure's text (said: <a path>)
 Handler = Callable[[Message, Context], Message]
@@ -127,7 +128,7 @@ def node_data(context: Context) -> tuple[str, str]:
     if len(named) != 1:
         raise ConfigError(f"node config: name the node's data by one of {', '.join(DATA)} ({len(named)} named)")
     key = named[0]
-    if key != "data-folder":
+    if key != DATA_FOLDER:
         return key, node_file(context, key)
     folder = str(context.node_config[key])
     if not Path(folder).is_dir():
@@ -139,7 +140,7 @@ def server_public(context: Context) -> ec.EllipticCurvePublicKey | None:
     """The server's public key: the one an exported data file carries, or for a site's own data the
     file `server-key` names (OpenSSH: keys/server.pub); None where there is none."""
     key, path = node_data(context)
-    if key == "data-path":
+    if key == DATA_PATH:
         return server_key(key, path)
     return server_key("server-key", node_file(context, "server-key")) if "server-key" in context.node_config else None
 
@@ -147,7 +148,7 @@ def server_public(context: Context) -> ec.EllipticCurvePublicKey | None:
 @cache
 def server_key(key: str, path: str) -> ec.EllipticCurvePublicKey | None:
     """The server's public key in the file the node config names under `key` (None: a data file without one)."""
-    raw = site_server_key(path) if key == "data-path" else Path(path).read_bytes()
+    raw = site_server_key(path) if key == DATA_PATH else Path(path).read_bytes()
     return public_key(raw, f"{key} {path}: server key") if raw else None
 
 
@@ -202,7 +203,7 @@ def site(context: Context) -> SiteClient:
         for old in [k for k in _sites if k[0] != context.run_id]:  # a long-lived process keeps the latest run's only
             del _sites[old]
         told = Schedule.read(config)
-        own = "" if kind == "data-path" else kind
+        own = "" if kind == DATA_PATH else kind
         _sites[key] = SiteClient(told, node_client(context), data, state_dir(context), pretrained(told, context), own)
     return _sites[key]
 

@@ -150,10 +150,10 @@ def bundled(content: RecordDict) -> RecordDict:
     return RecordDict({BUNDLE: ArrayRecord({"data": packed_array(blob)}), **others})
 
 
-def bundle_table(blob: bytes, taken: set[str]) -> list[tuple[str, int, int]]:
-    """A bundle's table, if well-formed: at most MAX_TABLE bytes (before it is parsed), at most
-    MAX_STATES entries of [a record name no other record has, and twice none, two ints >= 0]
-    whose lengths add up to the bytes after it."""
+def bundle_table(blob: bytes, taken: set[str]) -> tuple[int, list[tuple[str, int, int]]]:
+    """Where a bundle's states start, and its table, if well-formed: at most MAX_TABLE bytes
+    (before it is parsed), at most MAX_STATES entries of [a record name no other record has, and
+    twice none, two ints >= 0] whose lengths add up to the bytes after it."""
     size = int.from_bytes(blob[:HEAD], "little") if len(blob) >= HEAD else -1
     if not 0 <= size <= min(MAX_TABLE, len(blob) - HEAD):
         raise CodecError(f"{BUNDLE}: a table of {size} bytes in {len(blob)}")
@@ -172,7 +172,7 @@ def bundle_table(blob: bytes, taken: set[str]) -> list[tuple[str, int, int]]:
         names.add(entry[0])
     if sum(entry[1] + entry[2] for entry in table) != len(blob) - HEAD - size:
         raise CodecError(f"{BUNDLE}: its table's lengths do not add up to its {len(blob)} bytes")
-    return [tuple(entry) for entry in table]
+    return HEAD + size, [tuple(entry) for entry in table]
 
 
 def unbundled(content: RecordDict) -> RecordDict:
@@ -185,8 +185,9 @@ def unbundled(content: RecordDict) -> RecordDict:
         raise CodecError(f"arrays {short(arrays)}: a message's states travel in one record, {BUNDLE}")
     blob = byte_array(arrays[BUNDLE]["data"], BUNDLE)
     others = {name: record for name, record in content.items() if name != BUNDLE}
-    at, records = HEAD + int.from_bytes(blob[:HEAD], "little"), {}
-    for name, index, data in bundle_table(blob, set(others)):
+    at, table = bundle_table(blob, set(others))
+    records = {}
+    for name, index, data in table:
         records[name] = ArrayRecord(
             {"index": packed_array(blob[at : at + index]), "data": packed_array(blob[at + index : at + index + data])}
         )

@@ -14,7 +14,7 @@ training, not a fresh process's torch import and engine build (docs/performance.
 Its node hands out a message's task before it has pulled the message's objects from the SuperLink,
 so the executor's first asks for them find none; Flower asks again after 1 s, 2 s, 4 s ... (its
 `pull_objects`), and a round's message waited here 1-2 s after its node had it (docs/performance.md,
-Flower). This executor asks its node again after 0.05 s doubling to 0.2 s (LOOPBACK_PULL: plain HTTP
+Flower). This executor asks its node again after 0.05 s doubling to 0.2 s (QUICK_PULL: plain HTTP
 on 127.0.0.1, a few cheap requests more), within Flower's own time bound for a message.
 A task that fails in any way (its app raising, even SystemExit; a reply that cannot be pushed,
 even when Flower's HTTP retry turns the refusal into its RunNotRunningException, a BaseException)
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import httpx
 
-from incofl.deploy.supernode import require_flower
+from incofl.deploy.supernode import QUICK_PULL, require_flower
 
 require_flower("python -m incofl.deploy.executor")
 
@@ -81,18 +81,15 @@ TEST_APP = "INCOFL_EXECUTOR_TEST_APP"  # tests only: the module docstring
 # raises RunNotRunningException (a BaseException) on a 403, e.g. a reply the node refuses.
 FAILURES = (Exception, SystemExit, RunNotRunningException)
 ClientAppFn = Callable[..., Message]
-# a message's objects asked of the node again after 0.05 s doubling to 0.2 s (module docstring), with
-# no cap on tries but Flower's time bound for the whole message (PULL_MAX_TIME, 7200 s)
-LOOPBACK_PULL = {"initial_backoff": 0.05, "backoff_cap": 0.2, "max_tries_per_object": None}
 # for ACTIVE seconds after a task, the next is asked for every QUICK seconds (a run's next message
 # comes within a round: about a tenth of a second sooner on average), then every `poll` again
 ACTIVE, QUICK = 10.0, 0.05
 
 
 def pull_quickly() -> None:
-    """`pull_task_input`'s pull of a message's objects from the node, with LOOPBACK_PULL's backoff."""
+    """`pull_task_input`'s pull of a message's objects from the node, with QUICK_PULL's backoff."""
     pull = run_clientapp.pull_and_inflate_object_from_tree
-    run_clientapp.pull_and_inflate_object_from_tree = partial(pull, **LOOPBACK_PULL)
+    run_clientapp.pull_and_inflate_object_from_tree = partial(pull, **QUICK_PULL)
 
 
 def load_app(ref: str | None) -> ClientAppFn:

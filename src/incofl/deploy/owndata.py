@@ -22,9 +22,10 @@ import numpy as np
 from incofl.config import ConfigError, RunConfig
 from incofl.data.facts import Facts
 from incofl.data.partition import Partition
+from incofl.deploy import DATA_FOLDER, DATA_NPZ
 from incofl.deploy.sitedata import SiteDataset, site_partition
 
-OWN = ("data-folder", "data-npz")  # the node config's keys of a site's own data
+OWN = (DATA_FOLDER, DATA_NPZ)  # the node config's keys of a site's own data
 EXTENSIONS = (".png", ".jpg", ".jpeg")
 MODES = {1: "L", 3: "RGB"}  # PIL's mode of an image with that many channels
 
@@ -80,7 +81,7 @@ def load_own(key: str, path: str, cfg: RunConfig, client: int, data: Facts | Non
     if data is None:
         raise ConfigError(f"{key} {path}: the run's schedule tells no data set to check it against (an older server?)")
     try:
-        raw = read_folder(Path(path), data.classes) if key == "data-folder" else read_npz(Path(path))
+        raw = read_folder(Path(path), data.classes) if key == DATA_FOLDER else read_npz(Path(path))
         x, y = fitted(*raw, data)
     except (OSError, ValueError) as err:  # a bad zip or image too
         why = str(err).splitlines()[0][:160] if isinstance(err, ValueError) else type(err).__name__

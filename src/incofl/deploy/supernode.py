@@ -20,7 +20,7 @@ object not there yet after 1 s doubling to 10 s (`pull_objects`), so each round'
 about a second on each node. This runs Flower's own `flower-supernode` with that module's `time`
 replaced by one whose sleeps are cut short (WAIT after an empty pull; LOOK, 0.02 s, between its
 looks at its own state for its ClientApp's reply, where Flower sleeps 0.5 s), and its
-`pull_objects` asking again after 0.05 s doubling to 0.2 s (NODE_PULL: tries bounded by Flower's
+`pull_objects` asking again after 0.05 s doubling to 0.2 s (QUICK_PULL: tries bounded by Flower's
 time limit for a message, 2 hours, not by count); it refuses any other Flower version, whose code
 it has not been checked against.
 """
@@ -39,7 +39,9 @@ from typing import Any
 WAIT = 0.2  # seconds the node's loop sleeps after an empty pull (an idle node asks the SuperLink 5 times a second)
 LOOK = 0.02  # seconds between its looks at its own state for its ClientApp's reply (a lookup, no request)
 FLOWER = "1.42.0"
-NODE_PULL = {"initial_backoff": 0.05, "backoff_cap": 0.2, "max_tries_per_object": None}  # a message's objects
+# how a node asks the SuperLink, and an executor its node, again for a message's objects not there yet: after
+# 0.05 s doubling to 0.2 s, tries bounded by Flower's time limit for a message only (PULL_MAX_TIME, 7200 s)
+QUICK_PULL = {"initial_backoff": 0.05, "backoff_cap": 0.2, "max_tries_per_object": None}
 
 
 def capped_time(wait: float, look: float) -> types.ModuleType:
@@ -111,7 +113,7 @@ def main() -> None:
     if ours.client_certificate is not None:
         client_certificate(ours.client_certificate, ours.client_key)
     loop.time = capped_time(WAIT, LOOK)
-    loop.pull_objects = partial(loop.pull_objects, **NODE_PULL)
+    loop.pull_objects = partial(loop.pull_objects, **QUICK_PULL)
     sys.argv = ["flower-supernode", *flower]
     flower_supernode()
 

@@ -54,6 +54,7 @@ from typing import IO, Literal, TextIO
 import numpy as np
 
 from incofl.config import ConfigError
+from incofl.deploy import DATA_FOLDER, DATA_NPZ, DATA_PATH
 from incofl.deploy.credentials import PRIVATE, check_private, private_folder
 from incofl.numerics import Numerics, NumericsError, conflicts, environment
 
@@ -112,8 +113,11 @@ class LocalFederation:
                 f"--site-data: no {self.server_public}, the server's public key that a site serving its own data "
                 "acts on; make it with incofl federation export (--declared where every site serves its own)"
             )
-        own = {client: (OWN_KEYS[path.is_dir()], check_private(path)) for client, path in self.own.items()}
-        return {client: ("data-path", path) for client, path in self.site_files().items()} | own
+        own = {
+            client: (DATA_FOLDER if path.is_dir() else DATA_NPZ, check_private(path))
+            for client, path in self.own.items()
+        }
+        return {client: (DATA_PATH, path) for client, path in self.site_files().items()} | own
 
     def site_files(self) -> dict[int, Path]:
         """client -> its data file, from the files in `sites` (each names its client)."""
@@ -152,9 +156,6 @@ class LocalFederation:
         for client in clients:
             node_certificate(paths[0].parent, client)
         return paths  # type: ignore[return-value]
-
-
-OWN_KEYS = ("data-npz", "data-folder")  # by whether the path is a folder: owndata.py's node config keys
 
 
 def site_data(values: Iterable[str]) -> dict[int, Path]:
@@ -460,7 +461,7 @@ def start_nodes(
 def server_key(fed: LocalFederation, data: str) -> str:
     """The node config entry of the server's public key for a node whose `data` is its site's own
     (an exported file carries the key)."""
-    return "" if data == "data-path" else f' server-key="{fed.server_public}"'
+    return "" if data == DATA_PATH else f' server-key="{fed.server_public}"'
 
 
 def startup_line(fed: LocalFederation, sites: Collection[int], tls: bool, config: Path, logs: Path) -> str:
