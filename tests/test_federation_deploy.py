@@ -345,7 +345,7 @@ def test_a_run_finishes_while_a_peer_holds_idle_connections_and_floods_the_sites
     paths. The server closed the idle ones (handshake and request deadlines, the cap per peer),
     answered a small request within a second (the gate parses off the loop), and logged the floods
     in bounded lines at a bounded rate."""
-    from incofl.deploy.superlink import LOG_BURST
+    from incofl.deploy.gate import LOG_BURST
     from incofl.deploy.up import LINE_CAP
 
     assert deployment.simulated and deployment.hostile, "the first test's run did not complete"

@@ -145,7 +145,7 @@ def test_a_reply_is_refused_past_the_message_cap_and_flower_stores_no_more(node)
     """40 MiB of arrays answering the server's message, through a gate capped at 16 MiB a reply:
     the objects that would take it past 16 MiB are refused (413) and Flower stores at most 16 MiB;
     straight to Flower's app (no gate: Flower 1.42 as it is), it stores all 40."""
-    from incofl.deploy.superlink import FleetGate
+    from incofl.deploy.gate import FleetGate
 
     statuses, held = push_reply(node, node.client(FleetGate(node.app, 8 * MIB, 16 * MIB)), 40)
     assert statuses[:2] == [200] * 2 and statuses.count(413) >= 3 and held <= 16 * MIB
@@ -156,7 +156,7 @@ def test_a_reply_is_budgeted_once_whatever_the_node_pushes_again(node):
     reply (a retry to Flower) or of another reply to the same message stored 40 MiB through a gate
     capped at 16. Now: a retry goes on against what is left; another tree answering the same message
     is 403 (and Flower never sees it: no rows for its objects)."""
-    from incofl.deploy.superlink import FleetGate
+    from incofl.deploy.gate import FleetGate
 
     fleet = node.client(FleetGate(node.app, 8 * MIB, 16 * MIB))
     reply = reply_of(node, 40)
@@ -176,7 +176,7 @@ def test_a_peer_without_a_key_changes_no_budget(node):
     key Flower refuses is charged nothing, and the honest node pushes its whole reply."""
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from incofl.deploy.superlink import FleetGate
+    from incofl.deploy.gate import FleetGate
 
     gate = FleetGate(node.app, 8 * MIB, 9 * MIB)  # room for the reply's 8 MiB, not for junk beside it
     pushed = announce(node, node.client(gate), reply_of(node, 8))
@@ -195,7 +195,7 @@ def test_pushes_flower_refuses_leave_no_entry_and_evict_nothing(node):
     honest reply's objects accepted."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
-    from incofl.deploy.superlink import REPLIES_PER_NODE, FleetGate
+    from incofl.deploy.gate import REPLIES_PER_NODE, FleetGate
 
     gate = FleetGate(node.app, 8 * MIB, 16 * MIB)
     fleet = node.client(gate)
@@ -217,7 +217,7 @@ def test_bodies_past_the_caps_are_refused_as_they_arrive_chunked_or_not(node):
     Content-Length, is cut off at the cap as one with it is."""
     from starlette.testclient import TestClient
 
-    from incofl.deploy.superlink import PUSH_CAP, FleetGate
+    from incofl.deploy.gate import PUSH_CAP, FleetGate
 
     gate = TestClient(FleetGate(node.app, 8 * MIB, 16 * MIB))
     for path, cap in (("/v1/fleet/push-messages", PUSH_CAP), ("/v1/fleet/push-object", 8 * MIB)):
@@ -231,7 +231,7 @@ def test_a_reply_tree_is_counted_no_further_than_its_cap(node):
     """A tree of more objects than MAX_OBJECTS, within the body cap, is 413; its count stops at the cap + 1."""
     from flwr.proto.message_pb2 import ObjectTree
 
-    from incofl.deploy.superlink import MAX_OBJECTS, count, read_push
+    from incofl.deploy.gate import MAX_OBJECTS, count, read_push
 
     wide = ObjectTree(object_id="a" * 64)
     wide.children.extend(ObjectTree() for _ in range(3 * MAX_OBJECTS))
@@ -256,7 +256,7 @@ def test_without_the_gate_flower_stores_the_whole_reply(node):
 def test_the_gate_serves_the_fleet_routes_only_and_refuses_a_body_over_its_cap_unread(node):
     from starlette.testclient import TestClient
 
-    from incofl.deploy.superlink import FleetGate
+    from incofl.deploy.gate import FleetGate
 
     gate = TestClient(FleetGate(node.app, 8 * MIB, 16 * MIB))
     for path in ("/v1/control/list-runs", "/v1/runtime/acquire-task", "/docs", "/v1/fleet/../control/start-run"):
@@ -347,7 +347,8 @@ def test_a_finished_runs_messages_and_objects_are_pruned(node):
     superlink.py) cleans every finished run; a running one is left as it is."""
     from flwr.common.constant import SubStatus
 
-    from incofl.deploy.superlink import FleetGate, prune_finished
+    from incofl.deploy.gate import FleetGate
+    from incofl.deploy.superlink import prune_finished
 
     pushed = announce(node, node.client(FleetGate(node.app, 8 * MIB, 16 * MIB)), reply_of(node, 8))
     push_objects(node, node.client(node.app), pushed)
@@ -367,7 +368,7 @@ def test_a_reply_in_another_nodes_name_is_refused_at_the_gate(node):
     from flwr.proto.node_pb2 import Node as NodeProto
     from flwr.supercore.inflatable.inflatable_object import get_object_tree
 
-    from incofl.deploy.superlink import FleetGate
+    from incofl.deploy.gate import FleetGate
 
     reply = reply_of(node, 8)
     proto = message_to_proto(remove_content_from_message(reply))
