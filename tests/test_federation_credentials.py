@@ -226,27 +226,3 @@ def test_a_run_without_node_keys_is_refused_unless_insecure():
         AppSettings.of({"out": "run"})
     assert AppSettings.of({"out": "run", "insecure": True}).node_keys is None
     assert AppSettings.of({"out": "run", "node-keys": "keys"}).node_keys == Path("keys")
-
-
-def test_a_process_log_grows_by_bounded_lines_and_rotates_private(tmp_path, open_umask):
-    """Issue 57: every line a process printed went into its log whole (a request's 60 KB path: a
-    60 KB line) and the log never rotated. Now up pumps each process's output into its log cut at
-    LINE_CAP bytes a line, rotating (here at 20 KB, two earlier files kept), every file 0600."""
-    import io
-
-    from incofl.deploy.up import LINE_CAP, PrivateLog, private_log, pump
-
-    out = io.BytesIO(b"first\n" + b"p" * 60_000 + b"\nlast\n")
-    log = private_log(tmp_path / "superlink.log")
-    pump(out, log)
-    log.close()
-    lines = (tmp_path / "superlink.log").read_text().splitlines()
-    assert lines == ["first", "p" * LINE_CAP + " [cut]", "last"]
-    log = PrivateLog(tmp_path / "node.log", maxBytes=20_000, backupCount=2)
-    pump(io.BytesIO(b"".join(b"%06d %s\n" % (i, b"x" * 90) for i in range(2_000))), log)  # 200 KB printed
-    log.close()
-    files = sorted(tmp_path.glob("node.log*"))
-    assert [f.name for f in files] == ["node.log", "node.log.1", "node.log.2"]
-    assert sum(f.stat().st_size for f in files) <= 3 * 20_000
-    assert {f.stat().st_mode & 0o777 for f in [*files, tmp_path / "superlink.log"]} == {0o600}
-    assert files[0].read_text().splitlines()[-1].startswith("001999")  # the newest kept

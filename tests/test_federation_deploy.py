@@ -346,7 +346,7 @@ def test_a_run_finishes_while_a_peer_holds_idle_connections_and_floods_the_sites
     answered a small request within a second (the gate parses off the loop), and logged the floods
     in bounded lines at a bounded rate."""
     from incofl.deploy.gate import LOG_BURST
-    from incofl.deploy.up import LINE_CAP
+    from incofl.deploy.logs import LINE_CAP
 
     assert deployment.simulated and deployment.hostile, "the first test's run did not complete"
     peer, seconds = deployment.hostile["peer"], deployment.hostile["seconds"]

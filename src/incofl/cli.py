@@ -232,6 +232,44 @@ def cmd_federation_up(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_federation_edge_config(args: argparse.Namespace) -> int:
+    from incofl.deploy.edge import Edge, node_key_header, render
+    from incofl.deploy.gate import route_caps
+
+    folder, certificates = Path(args.folder).resolve(), Path(args.certificates).resolve()
+    tls = tuple(certificates / name for name in ("ca.pem", "server.pem", "server.key"))
+    missing = [str(path) for path in tls if not path.is_file()]
+    if missing:
+        raise ConfigError(f"--certificates {args.certificates}: no {', '.join(missing)}")
+    keys = sorted(Path(args.keys).glob("node*.pub"))
+    if not keys:
+        raise ConfigError(f"--keys {args.keys}: no nodeK.pub (each site's registered node key, as client K's)")
+    bound = {f"CN={key.name.removesuffix('.pub')}": node_key_header(key) for key in keys}
+    sites_at = dict(_site_address(value) for value in args.site_address)
+    fleet = Path(args.fleet_socket).resolve()
+    edge = Edge(args.listen, folder, fleet, tls, bound, route_caps(), sites_at, args.fd_limit)  # type: ignore[arg-type]
+    text = render(edge)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def _site_address(value: str) -> tuple[str, int]:
+    """`ADDRESS=SITES` (or `ADDRESS`: one site) as (address, sites); refused in one line otherwise."""
+    import ipaddress
+
+    address, _, count = value.partition("=")
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        raise ConfigError(f"--site-address {value}: not ADDRESS[=SITES] (an IP address)") from None
+    if count and not (count.isdigit() and int(count) > 0):
+        raise ConfigError(f"--site-address {value}: SITES must be a positive number")
+    return address, int(count or 1)
+
+
 def _in_grid(runs: Any, exp: Any, root: str | os.PathLike) -> Any:
     """Only the runs of the config's grid: a shared --runs root may hold other experiments' runs.
     A run's `method` is the name it is shown under (a variant's name). None of them: refused."""
@@ -575,6 +613,34 @@ def build_parser() -> argparse.ArgumentParser:
         "or its server and nodes refuse it; auto: portable where they can hold here, else native, said in one line",
     )
     p.set_defaults(func=cmd_federation_up)
+    p = actions.add_parser(
+        "edge-config",
+        help="the nginx configuration of a server's sites' port (what up starts), for an operator running nginx",
+    )
+    p.add_argument("--listen", default="0.0.0.0:9092", help="HOST:PORT the sites dial (nginx's stream listener)")
+    p.add_argument("--folder", required=True, help="nginx's prefix, a private folder: its sockets, pid, spooled bodies")
+    p.add_argument(
+        "--fleet-socket",
+        required=True,
+        help="the unix socket of python -m incofl.deploy.superlink --fleet-socket (in a private folder)",
+    )
+    p.add_argument("--certificates", required=True, help="a folder with ca.pem, server.pem and server.key")
+    p.add_argument(
+        "--keys",
+        required=True,
+        help="a folder of each site's registered node key as nodeK.pub: site K's certificate (CN=nodeK) is bound to it",
+    )
+    p.add_argument(
+        "--site-address",
+        action="append",
+        default=[],
+        metavar="ADDRESS[=SITES]",
+        help="an address sites are known to dial from, and how many (default 1): they get their connections apart "
+        "from every other address's; repeatable",
+    )
+    p.add_argument("--fd-limit", type=int, default=65536, help="nginx's open-file limit (worker_rlimit_nofile)")
+    p.add_argument("--out", help="write the configuration here (default: print it)")
+    p.set_defaults(func=cmd_federation_edge_config)
     p = sub.add_parser("train", help="run (or resume) one federated training run")
     _add_run_config(p)
     p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, train.log, ckpt.pt)")

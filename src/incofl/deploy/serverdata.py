@@ -5,7 +5,9 @@ which it scores the global model; never a training image. `incofl federation exp
 (`keys/facts.npz`, beside the server's key) from the partition (with `--declared`, no partition:
 each client's facts left to its site's signed declaration, data/facts.py), signed with the server's key;
 the ServerApp checks the signature (with its own key's public half), then every value, before it
-reads a fact, and refuses a run whose config would partition otherwise, in one line.
+reads a fact, and refuses a run whose config would partition otherwise, in one line. It also
+says the most bytes one reply of the run may take (`reply_cap`), which `incofl federation up` makes
+the gate's cap on what a node may have the SuperLink store for one reply (`stated_reply_cap`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ def _statement(text: str, x_test: np.ndarray, y_test: np.ndarray) -> bytes:
 
 def export_facts(cfg: RunConfig, data: ImageDataset, facts: Facts, out: Path, key: ec.EllipticCurvePrivateKey) -> None:
     """Write the server's file (module docstring) to `out` (0600, atomically), signed with `key`."""
-    text = json.dumps({"settings": partition_settings(cfg), "facts": facts.to_json()})
+    text = json.dumps(
+        {"settings": partition_settings(cfg), "facts": facts.to_json(), "reply_cap": reply_cap(cfg, data)}
+    )
     signature = sign(key, _statement(text, data.x_test, data.y_test))
     with atomic_path(out, mode=0o600) as tmp, open(tmp, "wb") as fh:
         # as uint8: numpy's fixed-width bytes drop trailing NULs, and a DER signature can end in one
@@ -70,3 +74,42 @@ def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tu
     mean, std = facts.normalisation()
     data = SiteDataset(cfg.dataset, empty, np.zeros(0, np.int64), x_test, y_test, "unknown", facts.classes, mean, std)
     return data, facts
+
+
+REPLY_STATES = (
+    3  # states of a model's size a reply may hold at most: its delta, a method's extra (SCAFFOLD's control), a spare
+)
+
+
+def reply_cap(cfg: RunConfig, data: ImageDataset) -> int:
+    """The most bytes one reply of the run may take as Flower moves it: REPLY_STATES times the state
+    of the run's largest model (every parameter and buffer, at full width), and the reply's other
+    records (codec.REPLY_OVERHEAD). What a method really sends is checked by the ServerApp
+    (codec.reply_bytes); this bounds what a node can make the SuperLink hold before that."""
+    import torch  # the export's process trains nothing: the models are built for their sizes only
+
+    from incofl.deploy.codec import REPLY_OVERHEAD
+    from incofl.models.family import build_model, input_size
+    from incofl.registry import METHODS
+
+    method = METHODS[cfg.method]
+    kwargs = method.model_kwargs(method.parse_args(cfg.method_args))
+    size = input_size(cfg.models[0], cfg.resize or data.image_size)
+    largest = 0
+    for name in dict.fromkeys(cfg.models):
+        model = build_model(
+            name, data.num_classes, data.channels, stem=cfg.stem, image_size=size, scale=cfg.model_scale, **kwargs
+        )
+        state = model.state_dict().values()
+        largest = max(largest, sum(t.numel() * t.element_size() for t in state if isinstance(t, torch.Tensor)))
+    return REPLY_STATES * largest + REPLY_OVERHEAD
+
+
+def stated_reply_cap(path: Path) -> int | None:
+    """The reply cap the facts file at `path` states (`reply_cap`), None where it states none (or is no facts file)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            cap = json.loads(str(f["facts"])).get("reply_cap")
+    except (OSError, KeyError, ValueError):
+        return None
+    return cap if isinstance(cap, int) and cap > 0 else None

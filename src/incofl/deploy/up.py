@@ -20,10 +20,13 @@ trusted loopback test only (each message in a fresh `flwr-clientapp`, Flower's d
 node runs as `python -m incofl.deploy.supernode` (supernode.py: Flower's SuperNode, with its
 hard-coded 3 s wait after an empty pull cut short).
 
-The SuperLink runs as superlink.py starts it: its Fleet API alone on `port` (what nodes dial,
-behind a gate that caps what a node can make the server hold), its Control and Runtime APIs on
-`port + 1`, both on 127.0.0.1, its state in memory (`link_state`; `disk`: in SQLite in
-`<sites>/superlink/`); the nodes take
+The sites' port (`port`, what nodes dial) is nginx's (edge.py), which `up` starts in front of the
+SuperLink: it terminates TLS (mutual: a site's certificate, bound to its node key), bounds every
+connection, head, body and request rate, and passes what it lets through, over a private unix
+socket, to the SuperLink's Fleet API and its gate (superlink.py, gate.py: the protocol's own rules,
+the budget of a reply from the run's models: the facts file's `reply_cap`). The SuperLink's Control
+and Runtime APIs are on `port + 1`, on 127.0.0.1; its state in memory (`link_state`; `disk`: in
+SQLite in `<sites>/superlink/`); the nodes take
 the ports after. Everything up and its processes write is private (they run with umask 077:
 the database, node states, the run's files; its logs 0600), and site files, private keys and the folders of keys
 and logs that group or others may read are refused in one line naming them.
@@ -35,8 +38,8 @@ can (docs/federation.md, "Threat model").
 
 from __future__ import annotations
 
-import logging
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -45,17 +48,18 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from logging.handlers import RotatingFileHandler
 from pathlib import Path
-from typing import IO, Literal, TextIO
+from typing import Literal
 
 import numpy as np
 
 from incofl.config import ConfigError
 from incofl.deploy import DATA_FOLDER, DATA_NPZ, DATA_PATH
-from incofl.deploy.credentials import PRIVATE, check_private, private_folder
+from incofl.deploy.credentials import check_private, private_folder
+from incofl.deploy.edge import Edge, nginx, node_key_header
+from incofl.deploy.logs import BoundedLog, pump, raise_fd_limit
 from incofl.numerics import Numerics, NumericsError, conflicts, environment
 
 LinkState = Literal["memory", "disk"]
@@ -69,10 +73,8 @@ TASK_POLL = 0.25
 SERVER_TASK_POLL = 1.0
 POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 PRIVATE_UMASK = 0o077  # of every process up starts
-# connections a node may hold on the sites' port (Flower's node: its loop, its heartbeats, 2 pushes at once)
-NODE_CONNECTIONS = 8
-LINE_CAP = 4096  # bytes of a line a process logs (the rest of a longer one is cut)
-LOG_BYTES, LOG_BACKUPS = 16 << 20, 2  # a log file rotates at 16 MiB, two earlier ones kept: 48 MiB a process
+SITES_APART = 4  # sites started apart on this machine (and `flwr` tools) that dial the sites' port from 127.0.0.1
+DEFAULT_REPLY_CAP = 512  # MiB: the gate's cap on one reply where the facts file states none
 
 
 @dataclass(frozen=True)
@@ -231,15 +233,23 @@ def check_ports(first: int, count: int) -> None:
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(listening, proc, f"127.0.0.1:{port}", timeout)
+
+
+def wait_for(ready: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 60.0) -> None:
+    """Until `ready()`; refused if `proc` exits first or `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"flower-superlink exited ({proc.returncode}) before listening on {port}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"flower-superlink: nothing listens on 127.0.0.1:{port} after {timeout:.0f} s")
+            raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}) before {what} was ready")
+        if ready():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{proc.args[0]}: {what} not ready after {timeout:.0f} s")
 
 
 class Processes:
@@ -257,7 +267,7 @@ class Processes:
         self.env.update(environment(numerics))
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = private_log(self.logs / f"{name}.log")
+        log = BoundedLog(self.logs / f"{name}.log")
         # umask 077: whatever it creates (the database, node states, the run's files) is its owner's only
         proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**self.env, **(env or {})}, umask=PRIVATE_UMASK
@@ -287,32 +297,6 @@ class Processes:
                 proc.wait()
             thread.join(timeout=10)
             log.close()
-
-
-class PrivateLog(RotatingFileHandler):
-    """A process's log file, created 0600, rotated at LOG_BYTES (LOG_BACKUPS earlier files kept)."""
-
-    def _open(self) -> TextIO:
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE)
-        return open(fd, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 (the handler closes it)
-
-
-def private_log(path: Path) -> PrivateLog:
-    """`path` emptied (this up's log), then logged to as PrivateLog."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE))
-    return PrivateLog(path, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
-
-
-def pump(stream: IO[bytes], log: PrivateLog) -> None:
-    """Each line a process writes, into its log, cut at LINE_CAP bytes: whatever the process is made to
-    print (a request's path, a peer's bytes), its log grows by a bounded line, and by LOG_BYTES x
-    (LOG_BACKUPS + 1) in all."""
-    whole = True  # the last piece read ended its line
-    for piece in iter(lambda: stream.readline(LINE_CAP), b""):
-        if whole:
-            text = piece.decode("utf-8", "replace").rstrip("\n")
-            log.handle(logging.makeLogRecord({"msg": text + ("" if piece.endswith(b"\n") else " [cut]")}))
-        whole = piece.endswith(b"\n")
 
 
 def up(fed: LocalFederation) -> int:
@@ -401,28 +385,63 @@ def link_args(fed: LocalFederation) -> list[str]:
 def start_link(
     fed: LocalFederation, tls: tuple[Path, Path, Path] | None, secret: Path | None, procs: Processes, nodes: int
 ) -> Path:
-    """The SuperLink (superlink.py: its Fleet API alone on `port`, the rest on `port + 1`, both on
-    127.0.0.1), listening, and its SuperExec; the connection added to Flower's config (returned).
-    Every node of this machine dials from 127.0.0.1, one peer address: its cap on connections is
-    NODE_CONNECTIONS for each node and four more (sites started apart, `flwr` tools), and the port's
-    64 more, so that another address cannot take what they need."""
-    peer = NODE_CONNECTIONS * (nodes + 4)
+    """The SuperLink (superlink.py: its Fleet API on a unix socket in `<sites>/edge`, the rest on
+    `port + 1`, 127.0.0.1), listening, and its SuperExec; then nginx on `port` in front of the Fleet
+    API (`start_edge`); the connection added to Flower's config (returned)."""
+    folder = private_folder(fed.sites.resolve() / "edge")
+    fleet = folder / "fleet.sock"
     security = ["--insecure"] if tls is None else ["--ssl-ca-certfile", str(tls[0])]
     security += [] if tls is None else ["--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
     security += [] if fed.insecure else ["--enable-supernode-auth"]
     link = procs.start(
         "superlink",
-        [sys.executable, "-m", "incofl.deploy.superlink", "--fleet-address", f"127.0.0.1:{fed.port}", *security]
-        + ["--max-connections-per-peer", str(peer), "--max-connections", str(peer + 64)]
+        [sys.executable, "-m", "incofl.deploy.superlink", "--fleet-socket", str(fleet), *security]
+        + ["--max-message-mb", str(reply_cap_mib(fed))]
         + [*isolated(secret), "--disable-runtime-dependency-installation", *link_args(fed)]
         + ["--host", "127.0.0.1", "--port", str(fed.port + 1)],
     )
-    wait_for_port(fed.port, link)
     wait_for_port(fed.port + 1, link)
+    wait_for(lambda: fleet.exists(), link, f"{fleet}")
+    start_edge(edge_of(fed, tls, folder, nodes), procs)
     address = f"127.0.0.1:{fed.port + 1}"  # the Control and Runtime APIs: this machine's only
     if tls is not None:
         start_superexec("superexec-superlink", address, tls[0], secret, link.pid, procs)
     return add_connection(fed.connection, address, None if tls is None else tls[0])
+
+
+def reply_cap_mib(fed: LocalFederation) -> float:
+    """The gate's cap on one reply, in MiB: what the facts file (`incofl federation export`) states
+    from the run's models, else DEFAULT_REPLY_CAP."""
+    from incofl.deploy.serverdata import FACTS, stated_reply_cap
+
+    cap = stated_reply_cap(fed.keys / FACTS)
+    return DEFAULT_REPLY_CAP if cap is None else round(cap / (1 << 20), 3)
+
+
+def edge_of(fed: LocalFederation, tls: tuple[Path, Path, Path] | None, folder: Path, nodes: int) -> Edge:
+    """nginx's settings for this federation: the sites' port on 127.0.0.1, where every node of this
+    machine dials from (its nodes and SITES_APART more), each site certificate (`CN=node<K>`) bound
+    to the node key `<sites>/keys/node<K>.pub` (none without TLS), the gate's caps per route, and
+    this process's open-file limit, raised to its hard limit (children inherit it)."""
+    from incofl.deploy.gate import route_caps
+
+    bound = {}
+    if tls is not None and not fed.insecure:
+        for public in sorted(fed.keys.glob("node*.pub")):
+            bound[f"CN={public.name.removesuffix('.pub')}"] = node_key_header(public)
+    sites_at = {"127.0.0.1": nodes + SITES_APART}
+    user = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() == 0 else ""
+    routes = route_caps()
+    return Edge(
+        f"127.0.0.1:{fed.port}", folder, folder / "fleet.sock", tls, bound, routes, sites_at, raise_fd_limit(), user
+    )
+
+
+def start_edge(edge: Edge, procs: Processes) -> None:
+    """nginx with `edge`'s configuration (tested first: a refusal in one line), listening on the sites' port."""
+    edge.check()
+    proxy = procs.start("edge", [nginx(), *edge.args(edge.folder / "nginx.conf")])
+    wait_for_port(int(edge.listen.rpartition(":")[2]), proxy)
 
 
 def start_nodes(
