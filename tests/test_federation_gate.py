@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,37 @@ if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
 MIB = 1 << 20
+Edit = Callable[[list[tuple[str, str]]], list[tuple[str, str]]]  # a request's headers, as sent -> as edited
+KEY = "flwr-public-key"
+
+
+@dataclass
+class Edited:
+    """An interceptor of Flower's Fleet client after its signing one: the headers as `edit` makes them."""
+
+    edit: Edit
+
+    def intercept(self, context: Any, call_next: Any) -> Any:
+        headers = context.request.headers
+        context.request.headers = type(headers)(self.edit(list(headers.multi_items())))
+        return call_next(context)
+
+
+def gate_of(app: Any, max_message: int = 16 * MIB) -> Any:
+    """The gate in front of `app`, a reply of a node capped at `max_message`."""
+    from incofl.deploy.gate import FleetGate
+
+    return FleetGate(app, 8 * MIB, max_message)
+
+
+def spied(app: Any, seen: list[str]) -> Any:
+    """`app`, with the path of each request it sees appended to `seen`."""
+
+    async def spy(scope: dict, receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+        await app(scope, receive, send)
+
+    return spy
 
 
 @dataclass
@@ -29,16 +61,16 @@ class Node:
     run_id: int
     instruction: Any
 
-    def client(self, gate: Any, claims: Any = None) -> Any:
+    def client(self, gate: Any, claims: Any = None, edit: Edit | None = None) -> Any:
         """Flower's Fleet client, signed with the node's key (claiming `claims`' public key, by
-        default its own), talking to `gate` in this process."""
+        default its own), talking to `gate` in this process; each request's headers, once signed,
+        as `edit` makes them."""
         from flwr.supernode.fleet_http_client import FleetHttpClient
         from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
         from starlette.testclient import TestClient
 
-        fleet = FleetHttpClient(
-            "http://testserver", interceptors=[NodeAuthHttpInterceptor(self.key, (claims or self.key).public_key())]
-        )
+        interceptors = [NodeAuthHttpInterceptor(self.key, (claims or self.key).public_key())]
+        fleet = FleetHttpClient("http://testserver", interceptors=[*interceptors, *([Edited(edit)] if edit else [])])
         fleet._client.close()
         fleet._client = TestClient(gate)  # its transport: the ASGI app in this process, not a socket
         return fleet
@@ -173,7 +205,8 @@ def test_a_peer_without_a_key_changes_no_budget(node):
     """Issue 57: objects were charged before Flower authenticated them and without checking their
     bytes, so that junk pushed under a reply's object ids by a peer Flower answers 401 emptied that
     reply's budget. Now a content that is not what its id hashes is 403 unread by Flower, a push by a
-    key Flower refuses is charged nothing, and the honest node pushes its whole reply."""
+    key Flower refuses (401: not the key of the node the request names) is charged nothing, and the
+    honest node pushes its whole reply."""
     from cryptography.hazmat.primitives.asymmetric import ec
 
     from incofl.deploy.gate import FleetGate
@@ -182,7 +215,7 @@ def test_a_peer_without_a_key_changes_no_budget(node):
     pushed = announce(node, node.client(gate), reply_of(node, 8))
     stranger = Node(**{**node.__dict__, "key": ec.generate_private_key(ec.SECP384R1())})  # registered nowhere
     assert set(push_objects(stranger, stranger.client(gate), pushed, content=lambda oid: bytes(MIB))) == {403}
-    assert set(push_objects(stranger, stranger.client(gate), pushed)) == {403}  # the right bytes: not its reply
+    assert set(push_objects(stranger, stranger.client(gate), pushed)) == {401}  # the right bytes: not its key
     impostor = stranger.client(gate, claims=node.key)  # the node's public key claimed, signed with another
     assert set(push_objects(stranger, impostor, pushed)) == {401}  # Flower's refusal: nothing charged
     assert set(push_objects(node, node.client(gate), pushed)) == {200} and stored(node, pushed) > 8 * MIB
@@ -397,3 +430,69 @@ def test_the_serverapp_stops_pulling_a_reply_past_its_cap():
     with pytest.raises(ReplyTooLarge, match=f"passed the {3 * MIB} bytes"):
         pull_objects(list(store), capped(pull, 3 * MIB), max_concurrent_pulls=2)
     assert len(asked) <= 5  # the fourth passed the cap; a fifth may have been asked at the same time
+
+
+def aliased(b64: str) -> str:
+    """The same bytes in another base64 (the unused low bit of its last digit set), which Python's
+    `b64decode(validate=True)`, Flower's, takes as it takes the canonical one."""
+    import base64
+    import string
+
+    digits = string.ascii_uppercase + string.ascii_lowercase + string.digits + "+/"
+    body, pad = b64.rstrip("="), b64[len(b64.rstrip("=")) :]
+    assert pad, "a length that is a multiple of 3 has one base64 only"
+    aliased = body[:-1] + digits[digits.index(body[-1]) ^ 1] + pad
+    assert aliased != b64 and base64.b64decode(aliased, validate=True) == base64.b64decode(b64, validate=True)
+    return aliased
+
+
+def heartbeat(node: Node, fleet: Any) -> int:
+    from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatRequest
+    from flwr.proto.node_pb2 import Node as NodeProto
+
+    return status_of(
+        fleet.SendNodeHeartbeat, SendNodeHeartbeatRequest(node=NodeProto(node_id=node.node_id), heartbeat_interval=60)
+    )
+
+
+def test_a_request_with_an_auth_header_twice_is_refused_unread(node):
+    """Issue 64: Flower authenticates a request by the first of repeated headers, the gate named its
+    node by the last: a registered node re-announced its reply under a second `flwr-public-key`, a
+    fresh budget each (1,200 MiB stored against a 512 MiB cap). Now a request with any of Flower's
+    three auth headers twice is 400, and Flower never sees it."""
+    import base64
+
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    seen: list[str] = []
+    gate = gate_of(spied(node.app, seen))
+    reply = reply_of(node, 40)
+    first = announce(node, node.client(gate), reply)
+    push_objects(node, node.client(gate), first)  # 16 MiB stored, the rest refused
+    another = base64.b64encode(public_key_to_bytes(ec.generate_private_key(ec.SECP384R1()).public_key())).decode()
+    twice = node.client(gate, edit=lambda headers: [*headers, (KEY, another)])
+    seen.clear()
+    again = announce(node, twice, reply)
+    assert again.status == 400 and again.asked is None
+    assert push_objects(node, twice, first).count(400) == len(first.asked.objects_to_push)
+    assert stored(node, first) <= 16 * MIB
+    for name in ("flwr-public-key", "flwr-signature", "flwr-timestamp"):
+        doubled = node.client(gate, edit=lambda headers, name=name: [*headers, (name.upper(), dict(headers)[name])])
+        assert heartbeat(node, doubled) == 400, name
+    assert seen == [] and heartbeat(node, node.client(gate)) == 200 and seen
+
+
+def test_a_node_has_one_budget_whatever_base64_spells_its_key(node):
+    """Issue 64: the gate kept a node's replies under its key header as sent, Flower authenticates the
+    key that header decodes to: the same key in another base64 was another ledger entry, a budget of
+    its own. Now the ledger is keyed by the node Flower authenticates (the request's node id)."""
+    gate = gate_of(node.app)
+    reply = reply_of(node, 40)
+    alias = node.client(gate, edit=lambda headers: [(k, aliased(v) if k == KEY else v) for k, v in headers])
+    first = announce(node, node.client(gate), reply)
+    again = announce(node, alias, reply)  # before any object of it is stored: a retry
+    assert first.status == again.status == 200
+    push_objects(node, node.client(gate), again)  # under the session of the last push (Flower's)
+    push_objects(node, alias, again)
+    assert stored(node, first) <= 16 * MIB

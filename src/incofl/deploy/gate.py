@@ -2,13 +2,15 @@
 (what a node may push, in whose name, within what budget), applied to each request before Flower's
 app sees it. superlink.py serves Flower's Fleet API through it.
 
-1. only `POST /v1/fleet/...` (404 otherwise); a body of at most `max_request`, or PUSH_CAP for a
+1. only `POST /v1/fleet/...` (404 otherwise); none of Flower's authentication headers twice (400:
+   Flower reads the first); a body of at most `max_request`, or PUSH_CAP for a
    push of messages (what a tree of MAX_OBJECTS objects takes), 413 as soon as it is known to pass;
 2. parsing and hashing in a worker thread, never on the loop that serves the rest;
 3. a push of exactly one reply (a node has no instruction to give), in the name of the node that
    sends it (the request's node, which Flower authenticates), of at most MAX_OBJECTS objects,
    counted no further than that; an object whose content hashes to its id, that an accepted reply
-   of the pushing node asked for, within that reply's budget (`Ledger`).
+   of the pushing node asked for, within that reply's budget (`Ledger`, by node id: whatever its
+   headers, a node is the node its requests name, which Flower checks against the key).
 
 The budget of a node's reply is `max_message`, set once when Flower first accepts the reply (a 200
 that asks for objects) and never re-armed: a second push answering the same message is a retry only
@@ -33,11 +35,11 @@ from typing import Any
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-Who = tuple[bytes, int]  # a node as its requests name it: Flower's public-key header, and its node id
+Who = int  # a node: the node id of its requests, which Flower authenticates (the key must be that node's)
 
 FLEET = "/v1/fleet/"  # the prefix of Flower 1.42's Fleet router (superlink/routers/fleet/router.py)
 PUSH_MESSAGES, PUSH_OBJECT = FLEET + "push-messages", FLEET + "push-object"
-KEY_HEADER = b"flwr-public-key"  # Flower's FLEET_HTTP_PUBLIC_KEY_HEADER: the key a request is signed with
+AUTH_HEADERS = (b"flwr-public-key", b"flwr-signature", b"flwr-timestamp")  # Flower's, each read once (the first)
 MAX_OBJECTS = 4096  # objects one reply may declare (a packed reply: tens; 512 MiB in 5 MiB chunks: about 110)
 PUSH_CAP = 64 * 1024 + 80 * MAX_OBJECTS  # a push's message header, and its tree: an id of 64 hex digits an object
 REPLIES_PER_NODE = 8  # replies of one node whose budgets the gate holds (the oldest forgotten first)
@@ -138,6 +140,9 @@ class FleetGate:
         if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith(FLEET):
             return await self.refuse(scope, send, 404, "this listener serves the Fleet API only")
         path = scope["path"]
+        names = [name.lower() for name, _ in scope.get("headers", [])]
+        if any(names.count(name) > 1 for name in AUTH_HEADERS):
+            return await self.refuse(scope, send, 400, "an authentication header twice")
         limit = PUSH_CAP if path == PUSH_MESSAGES else self.max_request
         body = await read_body(scope, receive, limit)
         if body is None:
@@ -148,17 +153,15 @@ class FleetGate:
         pushed = await asyncio.to_thread(read, body)  # parsing and hashing: never on the loop
         if isinstance(pushed, tuple):
             return await self.refuse(scope, send, *pushed)
-        who = (dict(scope.get("headers", [])).get(KEY_HEADER, b""), pushed.node)
         step = self.push_reply if path == PUSH_MESSAGES else self.push_object
-        await step(scope, receive, send, body, who, pushed)
+        await step(scope, receive, send, body, pushed)
 
-    async def push_reply(
-        self, scope: Scope, receive: Receive, send: Send, body: bytes, who: Who, pushed: Pushed
-    ) -> None:
+    async def push_reply(self, scope: Scope, receive: Receive, send: Send, body: bytes, pushed: Pushed) -> None:
         """A reply, passed on unless another of this node's answers the same message; its budget set
         when Flower first accepts it (before the node has the answer: it pushes objects at once)."""
         from flwr.proto.fleet_pb2 import PushMessagesResponse
 
+        who = pushed.node
         async with self.holding(who, pushed.answers):
             known = self.ledger.reply(who, pushed.answers)
             if self.ledger.spent_on(who, pushed.answers) or (known is not None and known.root != pushed.root):
@@ -172,12 +175,11 @@ class FleetGate:
 
             await forward(self.app, scope, receive, body, send, accepted)
 
-    async def push_object(
-        self, scope: Scope, receive: Receive, send: Send, body: bytes, who: Who, pushed: Pushed
-    ) -> None:
+    async def push_object(self, scope: Scope, receive: Receive, send: Send, body: bytes, pushed: Pushed) -> None:
         """An object of one of the node's accepted replies, within its budget; charged once Flower stored it."""
         from flwr.proto.message_pb2 import PushObjectResponse
 
+        who = pushed.node
         answers = self.ledger.answers_for(who, pushed.object_id)
         if answers is None:
             return await self.refuse(scope, send, 403, "an object of no reply pushed here")
