@@ -186,19 +186,17 @@ def test_a_reply_is_refused_past_the_message_cap_and_flower_stores_no_more(node)
 def test_a_reply_is_budgeted_once_whatever_the_node_pushes_again(node):
     """Issue 57: the budget was re-armed on every 200 to a push, so that a re-push of the node's own
     reply (a retry to Flower) or of another reply to the same message stored 40 MiB through a gate
-    capped at 16. Now: a retry goes on against what is left; another tree answering the same message
-    is 403 (and Flower never sees it: no rows for its objects)."""
-    from incofl.deploy.gate import FleetGate
-
-    fleet = node.client(FleetGate(node.app, 8 * MIB, 16 * MIB))
+    capped at 16. Now (issue 64) a re-push of its own reply once objects of it are stored is 403, as
+    is another tree answering the same message (and Flower never sees them: no rows for their objects)."""
+    fleet = node.client(gate_of(node.app, 16 * MIB))
     reply = reply_of(node, 40)
     first = announce(node, fleet, reply)
-    push_objects(node, fleet, first)
-    again = announce(node, fleet, reply)  # Flower takes it as a retry and asks for what it lacks
-    assert again.status == 200 and push_objects(node, fleet, again).count(413) >= 3  # the chunks it lacks
+    assert push_objects(node, fleet, first).count(413) >= 3
+    again = announce(node, fleet, reply)  # Flower would take it as a retry and ask for what it lacks
+    assert again.status == 403 and again.asked is None
     other = announce(node, fleet, reply_of(node, 16, fill=100))
     assert other.status == 403 and other.asked is None
-    assert stored(node, first, again) <= 16 * MIB
+    assert stored(node, first) <= 16 * MIB
 
 
 def test_a_peer_without_a_key_changes_no_budget(node):
@@ -496,3 +494,24 @@ def test_a_node_has_one_budget_whatever_base64_spells_its_key(node):
     push_objects(node, node.client(gate), again)  # under the session of the last push (Flower's)
     push_objects(node, alias, again)
     assert stored(node, first) <= 16 * MIB
+
+
+def test_a_reply_once_stored_is_never_stored_again(node):
+    """Issue 64: a reply's budget was never re-armed, but a re-push of the same tree passed as a retry
+    whenever it came: once the server had pulled the reply and its objects were deleted, Flower
+    stored them all again. Now a re-push is a retry only while no object of the reply is stored (the
+    node lost Flower's answer); after that, a push answering the same message is 403 unread."""
+    seen: list[str] = []
+    gate = gate_of(spied(node.app, seen))
+    fleet = node.client(gate)
+    reply = reply_of(node, 8)
+    first = announce(node, fleet, reply)
+    again = announce(node, fleet, reply)  # no object of it stored yet: a retry
+    assert first.status == again.status == 200 and again.asked.objects_to_push
+    assert set(push_objects(node, fleet, again)) == {200} and stored(node, again) > 8 * MIB
+    node.state.object_store.delete(reply.object_id)  # what the server's confirm-message-received does
+    assert stored(node, again) == 0
+    seen.clear()
+    third = announce(node, fleet, reply)
+    assert third.status == 403 and third.asked is None and seen == []
+    assert announce(node, node.client(node.app), reply).asked.objects_to_push  # Flower itself: stored again

@@ -14,7 +14,9 @@ app sees it. superlink.py serves Flower's Fleet API through it.
 
 The budget of a node's reply is `max_message`, set once when Flower first accepts the reply (a 200
 that asks for objects) and never re-armed: a second push answering the same message is a retry only
-with the same tree (403 otherwise), and one answering a message whose reply the gate forgot is 403.
+with the same tree and while no object of it is stored (403 otherwise: once stored, a reply the
+server pulled and deleted is not stored again), and one answering a message whose reply the gate
+forgot is 403.
 An object is charged only once Flower says it stored it; nothing a request that Flower refuses (no
 key: 401) sends changes any budget or entry. Refusals are logged, a bounded line each, at most
 LOG_BURST a second (`RefusalLog`).
@@ -51,11 +53,13 @@ log = logging.getLogger("incofl.gate")
 
 @dataclass
 class Reply:
-    """What one reply of one node may still add: its tree (a retry pushes the same), its bytes left."""
+    """What one reply of one node may still add: its tree (a retry pushes the same), its bytes left,
+    and whether Flower stored an object of it (no retry after that)."""
 
     root: str
     budget: int
     objects: set[str]
+    stored: bool = False
 
 
 @dataclass
@@ -157,14 +161,17 @@ class FleetGate:
         await step(scope, receive, send, body, pushed)
 
     async def push_reply(self, scope: Scope, receive: Receive, send: Send, body: bytes, pushed: Pushed) -> None:
-        """A reply, passed on unless another of this node's answers the same message; its budget set
-        when Flower first accepts it (before the node has the answer: it pushes objects at once)."""
+        """A reply, passed on unless this node's answer to the same message was pushed already (its
+        own tree again is a retry until an object of it is stored); its budget set when Flower first
+        accepts it (before the node has the answer: it pushes objects at once)."""
         from flwr.proto.fleet_pb2 import PushMessagesResponse
 
         who = pushed.node
         async with self.holding(who, pushed.answers):
             known = self.ledger.reply(who, pushed.answers)
-            if self.ledger.spent_on(who, pushed.answers) or (known is not None and known.root != pushed.root):
+            if self.ledger.spent_on(who, pushed.answers) or (
+                known is not None and (known.root != pushed.root or known.stored)
+            ):
                 return await self.refuse(scope, send, 403, "a reply to that message was pushed already")
 
             def accepted(status: int, answer: bytes) -> None:
@@ -194,6 +201,7 @@ class FleetGate:
                 response = parsed(PushObjectResponse, answer) if status == 200 else None
                 if response is not None and response.stored:
                     reply.budget -= pushed.size
+                    reply.stored = True
 
             await forward(self.app, scope, receive, body, send, charged)
 
