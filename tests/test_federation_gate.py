@@ -37,7 +37,7 @@ def gate_of(app: Any, max_message: int = 16 * MIB) -> Any:
     """The gate in front of `app`, a reply of a node capped at `max_message`."""
     from incofl.deploy.gate import FleetGate
 
-    return FleetGate(app, 8 * MIB, max_message)
+    return FleetGate(app, max_message)
 
 
 def spied(app: Any, seen: list[str]) -> Any:
@@ -177,9 +177,7 @@ def test_a_reply_is_refused_past_the_message_cap_and_flower_stores_no_more(node)
     """40 MiB of arrays answering the server's message, through a gate capped at 16 MiB a reply:
     the objects that would take it past 16 MiB are refused (413) and Flower stores at most 16 MiB;
     straight to Flower's app (no gate: Flower 1.42 as it is), it stores all 40."""
-    from incofl.deploy.gate import FleetGate
-
-    statuses, held = push_reply(node, node.client(FleetGate(node.app, 8 * MIB, 16 * MIB)), 40)
+    statuses, held = push_reply(node, node.client(gate_of(node.app, 16 * MIB)), 40)
     assert statuses[:2] == [200] * 2 and statuses.count(413) >= 3 and held <= 16 * MIB
 
 
@@ -207,9 +205,7 @@ def test_a_peer_without_a_key_changes_no_budget(node):
     honest node pushes its whole reply."""
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from incofl.deploy.gate import FleetGate
-
-    gate = FleetGate(node.app, 8 * MIB, 9 * MIB)  # room for the reply's 8 MiB, not for junk beside it
+    gate = gate_of(node.app, 9 * MIB)  # room for the reply's 8 MiB, not for junk beside it
     pushed = announce(node, node.client(gate), reply_of(node, 8))
     stranger = Node(**{**node.__dict__, "key": ec.generate_private_key(ec.SECP384R1())})  # registered nowhere
     assert set(push_objects(stranger, stranger.client(gate), pushed, content=lambda oid: bytes(MIB))) == {403}
@@ -226,9 +222,9 @@ def test_pushes_flower_refuses_leave_no_entry_and_evict_nothing(node):
     honest reply's objects accepted."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
-    from incofl.deploy.gate import REPLIES_PER_NODE, FleetGate
+    from incofl.deploy.gate import REPLIES_PER_NODE
 
-    gate = FleetGate(node.app, 8 * MIB, 16 * MIB)
+    gate = gate_of(node.app, 16 * MIB)
     fleet = node.client(gate)
     honest = announce(node, fleet, reply_of(node, 8))
     for i in range(REPLIES_PER_NODE + 1):  # replies to messages the server never sent this node
@@ -244,16 +240,19 @@ def test_pushes_flower_refuses_leave_no_entry_and_evict_nothing(node):
 
 def test_bodies_past_the_caps_are_refused_as_they_arrive_chunked_or_not(node):
     """A push of messages may hold what a tree of MAX_OBJECTS objects takes, no more (a million empty
-    children, 1.9 MiB, held the loop 3.3 s when counted to the end); a body sent in chunks, without a
-    Content-Length, is cut off at the cap as one with it is."""
+    children, 1.9 MiB, held the loop 3.3 s when counted to the end), any route's body its route's cap;
+    a body sent in chunks, without a Content-Length, is cut off at the cap as one with it is."""
     from starlette.testclient import TestClient
 
-    from incofl.deploy.gate import PUSH_CAP, FleetGate
+    from incofl.deploy.gate import PUSH_CAP, route_caps
 
-    gate = TestClient(FleetGate(node.app, 8 * MIB, 16 * MIB))
-    for path, cap in (("/v1/fleet/push-messages", PUSH_CAP), ("/v1/fleet/push-object", 8 * MIB)):
-        sized = gate.post(path, content=bytes(cap + 1))
-        chunked = gate.post(path, content=(bytes(1 << 16) for _ in range(cap // (1 << 16) + 1)))
+    gate = TestClient(gate_of(node.app, 16 * MIB))
+    protobuf = {"content-type": "application/protobuf"}
+    assert route_caps()["/v1/fleet/push-messages"] == PUSH_CAP
+    for path, cap in route_caps().items():
+        step = min(cap, 1 << 16)
+        sized = gate.post(path, content=bytes(cap + 1), headers=protobuf)
+        chunked = gate.post(path, content=(bytes(step) for _ in range(cap // step + 1)), headers=protobuf)
         assert sized.status_code == chunked.status_code == 413, path
         assert "transfer-encoding" not in sized.request.headers and chunked.request.headers["transfer-encoding"]
 
@@ -262,7 +261,7 @@ def test_a_reply_tree_is_counted_no_further_than_its_cap(node):
     """A tree of more objects than MAX_OBJECTS, within the body cap, is 413; its count stops at the cap + 1."""
     from flwr.proto.message_pb2 import ObjectTree
 
-    from incofl.deploy.gate import MAX_OBJECTS, count, read_push
+    from incofl.deploy.gate import MAX_OBJECTS, count, read
 
     wide = ObjectTree(object_id="a" * 64)
     wide.children.extend(ObjectTree() for _ in range(3 * MAX_OBJECTS))
@@ -276,7 +275,10 @@ def test_a_reply_tree_is_counted_no_further_than_its_cap(node):
     proto = message_to_proto(remove_content_from_message(reply))
     request = PushMessagesRequest(node=NodeProto(node_id=node.node_id), messages_list=[proto])
     request.message_object_trees.append(wide)
-    assert read_push(request.SerializeToString()) == (413, f"a reply of over {MAX_OBJECTS} objects")
+    assert read("/v1/fleet/push-messages", request.SerializeToString()) == (
+        413,
+        f"a reply of over {MAX_OBJECTS} objects",
+    )
 
 
 def test_without_the_gate_flower_stores_the_whole_reply(node):
@@ -287,14 +289,15 @@ def test_without_the_gate_flower_stores_the_whole_reply(node):
 def test_the_gate_serves_the_fleet_routes_only_and_refuses_a_body_over_its_cap_unread(node):
     from starlette.testclient import TestClient
 
-    from incofl.deploy.gate import FleetGate
+    from incofl.deploy.gate import route_caps
 
-    gate = TestClient(FleetGate(node.app, 8 * MIB, 16 * MIB))
+    gate = TestClient(gate_of(node.app, 16 * MIB))
     for path in ("/v1/control/list-runs", "/v1/runtime/acquire-task", "/docs", "/v1/fleet/../control/start-run"):
         assert gate.post(path, content=b"").status_code == 404, path
     assert gate.get("/v1/fleet/pull-messages").status_code == 404  # POST only
-    big = gate.post("/v1/fleet/push-object", content=bytes(8 * MIB + 1))
-    assert (big.status_code, big.json()) == (413, {"detail": "request body over 8 MiB"})
+    cap = route_caps()["/v1/fleet/push-object"]
+    big = gate.post("/v1/fleet/push-object", content=bytes(cap + 1), headers={"content-type": "application/protobuf"})
+    assert (big.status_code, big.json()) == (413, {"detail": f"a request body over {cap} bytes"})
 
 
 @pytest.fixture
@@ -378,10 +381,9 @@ def test_a_finished_runs_messages_and_objects_are_pruned(node):
     superlink.py) cleans every finished run; a running one is left as it is."""
     from flwr.common.constant import SubStatus
 
-    from incofl.deploy.gate import FleetGate
     from incofl.deploy.superlink import prune_finished
 
-    pushed = announce(node, node.client(FleetGate(node.app, 8 * MIB, 16 * MIB)), reply_of(node, 8))
+    pushed = announce(node, node.client(gate_of(node.app, 16 * MIB)), reply_of(node, 8))
     push_objects(node, node.client(node.app), pushed)
     assert prune_finished(node.app) == [] and stored(node, pushed) > 8 * MIB  # running: kept
     task = node.state.get_run_info(run_ids=[node.run_id])[0].primary_task_id
@@ -399,14 +401,12 @@ def test_a_reply_in_another_nodes_name_is_refused_at_the_gate(node):
     from flwr.proto.node_pb2 import Node as NodeProto
     from flwr.supercore.inflatable.inflatable_object import get_object_tree
 
-    from incofl.deploy.gate import FleetGate
-
     reply = reply_of(node, 8)
     proto = message_to_proto(remove_content_from_message(reply))
     proto.metadata.src_node_id = node.node_id + 1  # another site's node
     request = PushMessagesRequest(node=NodeProto(node_id=node.node_id), messages_list=[proto])
     request.message_object_trees.append(get_object_tree(reply))
-    assert status_of(node.client(FleetGate(node.app, 8 * MIB, 16 * MIB)).PushMessages, request) == 403
+    assert status_of(node.client(gate_of(node.app, 16 * MIB)).PushMessages, request) == 403
 
 
 def test_the_serverapp_stops_pulling_a_reply_past_its_cap():
@@ -515,3 +515,103 @@ def test_a_reply_once_stored_is_never_stored_again(node):
     third = announce(node, fleet, reply)
     assert third.status == 403 and third.asked is None and seen == []
     assert announce(node, node.client(node.app), reply).asked.objects_to_push  # Flower itself: stored again
+
+
+def test_the_gates_routes_are_flowers_fleet_routes_each_with_its_request_and_cap():
+    """ROUTES holds each route of Flower 1.42's Fleet router, with the message Flower parses its body
+    as; route_caps() (what the edge proxy's configuration is made from) the cap of each."""
+    from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    from flwr.supercore.protobuf.translation import PROTOBUF_REQUEST_TYPES
+    from flwr.superlink.routers.fleet.router import router
+
+    from incofl.deploy.gate import PUSH_CAP, ROUTES, request_of, route_caps
+
+    paths = {route.path for route in router.routes}
+    assert set(ROUTES) == paths == {path for _, path in PROTOBUF_REQUEST_TYPES if path.startswith("/v1/fleet/")}
+    assert all(request_of(path) is PROTOBUF_REQUEST_TYPES["POST", path] for path in paths)
+    caps = route_caps()
+    assert caps == {path: cap for path, (_, cap) in ROUTES.items()} and caps["/v1/fleet/push-messages"] == PUSH_CAP
+    assert FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE < caps["/v1/fleet/push-object"] < FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE + MIB
+    assert max(cap for path, cap in caps.items() if "push" not in path) <= 4096
+
+
+def test_a_body_past_its_routes_cap_or_not_its_message_or_a_path_of_no_route_is_refused_unread(node):
+    """Issue 64: only the two pushes were parsed by the gate and capped to fit; the other routes took
+    any body up to the gate's 8 MiB, which Flower parsed on its event loop (a pull of messages of 8 MiB
+    from a peer with no key cost 5 GB). Now a body over its route's cap is 413, one that does not
+    parse as its route's message 400, a path of no route 404; Flower sees none of them."""
+    from starlette.testclient import TestClient
+
+    from incofl.deploy.gate import route_caps
+
+    seen: list[str] = []
+    gate = TestClient(gate_of(spied(node.app, seen)))
+    protobuf = {"content-type": "application/protobuf"}
+    for path, cap in route_caps().items():
+        assert gate.post(path, content=bytes(cap + 1), headers=protobuf).status_code == 413, path
+        assert gate.post(path, content=b"\xff", headers=protobuf).status_code == 400, path
+    for path in ("/v1/fleet/", "/v1/fleet/push-object/", "/v1/fleet/pull-messages2", "/v1/fleet/x"):
+        assert gate.post(path, content=b"", headers=protobuf).status_code == 404, path
+    assert seen == []
+
+
+def test_what_a_supernode_sends_passes_and_is_parsed_off_the_loop(node, monkeypatch):
+    """Each of a SuperNode's calls, as it makes them, reaches Flower through the gate (its cap fits);
+    the gate parses every request, and Flower's answers to the two pushes, in a worker thread."""
+    import asyncio
+
+    from flwr.proto.fab_pb2 import GetFabRequest
+    from flwr.proto.fleet_pb2 import (
+        ActivateNodeRequest,
+        DeactivateNodeRequest,
+        PullMessagesRequest,
+        RegisterNodeFleetRequest,
+        UnregisterNodeFleetRequest,
+    )
+    from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest, PullObjectRequest
+    from flwr.proto.node_pb2 import Node as NodeProto
+    from flwr.proto.run_pb2 import GetRunRequest
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    import incofl.deploy.gate as module
+
+    where: list[tuple[str, bool]] = []  # each parse: the message, whether on an event loop
+
+    def parsed(kind: type, body: bytes) -> Any:
+        try:
+            asyncio.get_running_loop()
+            where.append((kind.__name__, True))
+        except RuntimeError:
+            where.append((kind.__name__, False))
+        return real(kind, body)
+
+    real = module.parsed
+    monkeypatch.setattr(module, "parsed", parsed)
+    seen: list[str] = []
+    fleet = node.client(gate_of(spied(node.app, seen)))
+    me, key = NodeProto(node_id=node.node_id), public_key_to_bytes(node.key.public_key())
+    oid = node.instruction.object_id
+    calls = [
+        (fleet.RegisterNode, RegisterNodeFleetRequest(public_key=key)),
+        (fleet.ActivateNode, ActivateNodeRequest(public_key=key, heartbeat_interval=60)),
+        (fleet.PullMessages, PullMessagesRequest(node=me)),
+        (fleet.GetRun, GetRunRequest(node=me, run_id=node.run_id)),
+        (fleet.GetFab, GetFabRequest(node=me, hash_str="0" * 64, run_id=node.run_id)),
+        (fleet.PullObject, PullObjectRequest(node=me, run_id=node.run_id, object_id=oid)),
+        (
+            fleet.ConfirmMessageReceived,
+            ConfirmMessageReceivedRequest(node=me, run_id=node.run_id, message_object_id=oid),
+        ),
+    ]
+    assert heartbeat(node, fleet) == 200
+    assert set(push_objects(node, fleet, announce(node, fleet, reply_of(node, 8)))) == {200}  # 5 MiB chunks
+    for call, request in calls:  # (the fixture's message has no objects: Flower's pull of it deletes it)
+        status_of(call, request)
+    status_of(fleet.DeactivateNode, DeactivateNodeRequest(node_id=node.node_id))
+    status_of(fleet.UnregisterNode, UnregisterNodeFleetRequest(node_id=node.node_id))
+    assert set(seen) == set(module.ROUTES)
+    kinds = {module.request_of(path).__name__ for path in module.ROUTES} | {
+        "PushMessagesResponse",
+        "PushObjectResponse",
+    }
+    assert {kind for kind, _ in where} == kinds and not any(on_loop for _, on_loop in where)

@@ -1,22 +1,25 @@
 """The gate of the sites' port: the Fleet protocol's own rules, which no proxy in front can know
 (what a node may push, in whose name, within what budget), applied to each request before Flower's
-app sees it. superlink.py serves Flower's Fleet API through it.
+app sees it. superlink.py serves Flower's Fleet API through it; TLS, client certificates,
+connections, heads and rates are the edge proxy's, which may take each route's cap from
+`route_caps()`.
 
-1. only `POST /v1/fleet/...` (404 otherwise); none of Flower's authentication headers twice (400:
-   Flower reads the first); a body of at most `max_request`, or PUSH_CAP for a
-   push of messages (what a tree of MAX_OBJECTS objects takes), 413 as soon as it is known to pass;
-2. parsing and hashing in a worker thread, never on the loop that serves the rest;
+1. only `POST` to a route of Flower 1.42's Fleet router (`ROUTES`; 404 otherwise); none of Flower's
+   authentication headers twice (400: Flower reads the first); a body within its route's cap (413
+   as soon as it is known to pass), that parses as its route's request (400 otherwise), so that
+   Flower parses only what the gate parsed;
+2. parsing and hashing (requests, and Flower's answers to pushes) in a worker thread, never on the
+   loop that serves the rest;
 3. a push of exactly one reply (a node has no instruction to give), in the name of the node that
    sends it (the request's node, which Flower authenticates), of at most MAX_OBJECTS objects,
    counted no further than that; an object whose content hashes to its id, that an accepted reply
    of the pushing node asked for, within that reply's budget (`Ledger`, by node id: whatever its
-   headers, a node is the node its requests name, which Flower checks against the key).
+   headers spell, a node is the node its requests name, which Flower checks against the key).
 
 The budget of a node's reply is `max_message`, set once when Flower first accepts the reply (a 200
 that asks for objects) and never re-armed: a second push answering the same message is a retry only
-with the same tree and while no object of it is stored (403 otherwise: once stored, a reply the
-server pulled and deleted is not stored again), and one answering a message whose reply the gate
-forgot is 403.
+with the same tree and while no object of it is stored (403 otherwise: a reply the server pulled
+and deleted is not stored again), and one answering a message whose reply the gate forgot is 403.
 An object is charged only once Flower says it stored it; nothing a request that Flower refuses (no
 key: 401) sends changes any budget or entry. Refusals are logged, a bounded line each, at most
 LOG_BURST a second (`RefusalLog`).
@@ -26,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import importlib
 import logging
 import time
 from collections import OrderedDict
@@ -48,7 +53,35 @@ REPLIES_PER_NODE = 8  # replies of one node whose budgets the gate holds (the ol
 SPENT_PER_NODE = 4096  # messages per node whose forgotten replies may not be pushed again
 LOG_BURST = 5  # refusal lines a second, at most
 MIB = 1 << 20
+SMALL = 4096  # a request naming a node, a run, an object or a key (a node's PEM key: 215 bytes)
+CHUNK = 5 * MIB  # Flower's FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE (its default): a node's largest object
+ROUTES: dict[str, tuple[str, int]] = {  # Flower 1.42's Fleet router: path -> (its request, under flwr.proto; cap)
+    FLEET + "register-node": ("fleet_pb2.RegisterNodeFleetRequest", SMALL),
+    FLEET + "activate-node": ("fleet_pb2.ActivateNodeRequest", SMALL),
+    FLEET + "deactivate-node": ("fleet_pb2.DeactivateNodeRequest", SMALL),
+    FLEET + "unregister-node": ("fleet_pb2.UnregisterNodeFleetRequest", SMALL),
+    FLEET + "send-node-heartbeat": ("heartbeat_pb2.SendNodeHeartbeatRequest", SMALL),
+    FLEET + "pull-messages": ("fleet_pb2.PullMessagesRequest", SMALL),  # a SuperNode names no message
+    PUSH_MESSAGES: ("fleet_pb2.PushMessagesRequest", PUSH_CAP),
+    FLEET + "get-run": ("run_pb2.GetRunRequest", SMALL),
+    FLEET + "get-fab": ("fab_pb2.GetFabRequest", SMALL),
+    PUSH_OBJECT: ("message_pb2.PushObjectRequest", CHUNK + 64 * 1024),  # a chunk, its header, the ids
+    FLEET + "pull-object": ("message_pb2.PullObjectRequest", SMALL),
+    FLEET + "confirm-message-received": ("message_pb2.ConfirmMessageReceivedRequest", SMALL),
+}
 log = logging.getLogger("incofl.gate")
+
+
+def route_caps() -> dict[str, int]:
+    """Each Fleet route's cap on a request body, in bytes (what the edge proxy may take too)."""
+    return {path: cap for path, (_, cap) in ROUTES.items()}
+
+
+@functools.cache
+def request_of(path: str) -> type:
+    """The protobuf message a Fleet route's body is (ROUTES)."""
+    module, _, name = ROUTES[path][0].rpartition(".")
+    return getattr(importlib.import_module(f"flwr.proto.{module}"), name)
 
 
 @dataclass
@@ -134,29 +167,27 @@ class FleetGate:
     """The ASGI app the Fleet listener serves: Flower's app behind the checks of the module docstring."""
 
     app: Callable[[Scope, Receive, Send], Awaitable[None]]
-    max_request: int
     max_message: int
-    ledger: Ledger = field(default_factory=Ledger)
-    locks: dict[tuple[Who, str], list[Any]] = field(default_factory=dict)  # reply -> [its lock, its holders]
-    refused: RefusalLog = field(default_factory=RefusalLog)
+    ledger: Ledger = field(default_factory=Ledger, init=False)
+    locks: dict[tuple[Who, str], list[Any]] = field(default_factory=dict, init=False)  # reply -> [lock, holders]
+    refused: RefusalLog = field(default_factory=RefusalLog, init=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith(FLEET):
-            return await self.refuse(scope, send, 404, "this listener serves the Fleet API only")
-        path = scope["path"]
+        path = scope.get("path", "")
+        if scope["type"] != "http" or scope["method"] != "POST" or path not in ROUTES:
+            return await self.refuse(scope, send, 404, "this listener serves the Fleet API's routes only")
         names = [name.lower() for name, _ in scope.get("headers", [])]
         if any(names.count(name) > 1 for name in AUTH_HEADERS):
             return await self.refuse(scope, send, 400, "an authentication header twice")
-        limit = PUSH_CAP if path == PUSH_MESSAGES else self.max_request
-        body = await read_body(scope, receive, limit)
+        cap = ROUTES[path][1]
+        body = await read_body(scope, receive, cap)
         if body is None:
-            return await self.refuse(scope, send, 413, f"request body over {limit / MIB:.4g} MiB")
-        if path not in (PUSH_MESSAGES, PUSH_OBJECT):
-            return await forward(self.app, scope, receive, body, send)
-        read = read_push if path == PUSH_MESSAGES else read_object
-        pushed = await asyncio.to_thread(read, body)  # parsing and hashing: never on the loop
+            return await self.refuse(scope, send, 413, f"a request body over {cap} bytes")
+        pushed = await asyncio.to_thread(read, path, body)  # parsing and hashing: never on the loop
         if isinstance(pushed, tuple):
             return await self.refuse(scope, send, *pushed)
+        if pushed is None:
+            return await forward(self.app, scope, receive, body, send)
         step = self.push_reply if path == PUSH_MESSAGES else self.push_object
         await step(scope, receive, send, body, pushed)
 
@@ -174,8 +205,10 @@ class FleetGate:
             ):
                 return await self.refuse(scope, send, 403, "a reply to that message was pushed already")
 
-            def accepted(status: int, answer: bytes) -> None:
-                response = parsed(PushMessagesResponse, answer) if status == 200 and known is None else None
+            async def accepted(status: int, answer: bytes) -> None:
+                if status != 200 or known is not None:
+                    return
+                response = await asyncio.to_thread(parsed, PushMessagesResponse, answer)
                 if response is not None and response.objects_to_push:  # Flower stored it (refused: none asked)
                     objects = list(response.objects_to_push)[: pushed.objects]
                     self.ledger.accept(who, pushed.answers, pushed.root, objects, self.max_message)
@@ -197,8 +230,8 @@ class FleetGate:
             if pushed.size > reply.budget:
                 return await self.refuse(scope, send, 413, f"a reply over {self.max_message / MIB:.4g} MiB")
 
-            def charged(status: int, answer: bytes) -> None:
-                response = parsed(PushObjectResponse, answer) if status == 200 else None
+            async def charged(status: int, answer: bytes) -> None:
+                response = await asyncio.to_thread(parsed, PushObjectResponse, answer) if status == 200 else None
                 if response is not None and response.stored:
                     reply.budget -= pushed.size
                     reply.stored = True
@@ -226,13 +259,17 @@ class FleetGate:
         await send({"type": "http.response.body", "body": body})
 
 
-def read_push(body: bytes) -> Pushed | tuple[int, str]:
-    """A push of messages as Pushed, or (status, why) it is refused: not one reply, or too many objects."""
-    from flwr.proto.fleet_pb2 import PushMessagesRequest
-
-    request = parsed(PushMessagesRequest, body)
+def read(path: str, body: bytes) -> Pushed | tuple[int, str] | None:
+    """A request of a Fleet route: a push as Pushed, another as None, or (status, why) it is refused
+    (its body is not its route's message, or a push breaks the rules of `read_push`, `read_object`)."""
+    request = parsed(request_of(path), body)
     if request is None:
-        return 400, "not a push of messages"
+        return 400, f"not a {request_of(path).__name__}"
+    return read_push(request) if path == PUSH_MESSAGES else read_object(request) if path == PUSH_OBJECT else None
+
+
+def read_push(request: Any) -> Pushed | tuple[int, str]:
+    """A push of messages as Pushed, or (status, why) it is refused: not one reply, or too many objects."""
     if len(request.messages_list) != 1 or len(request.message_object_trees) != 1:
         return 403, "a push holds exactly one message"
     metadata = request.messages_list[0].metadata
@@ -248,13 +285,8 @@ def read_push(body: bytes) -> Pushed | tuple[int, str]:
     )
 
 
-def read_object(body: bytes) -> Pushed | tuple[int, str]:
+def read_object(request: Any) -> Pushed | tuple[int, str]:
     """A push of an object as Pushed, or (status, why) it is refused: its content is not what its id hashes."""
-    from flwr.proto.message_pb2 import PushObjectRequest
-
-    request = parsed(PushObjectRequest, body)
-    if request is None:
-        return 400, "not a push of an object"
     if hashlib.sha256(request.object_content).hexdigest() != request.object_id:  # Flower's object id
         return 403, "an object whose content is not what its id hashes"
     return Pushed(request.node.node_id, object_id=request.object_id, size=len(request.object_content))
@@ -306,7 +338,7 @@ async def forward(
     receive: Receive,
     body: bytes,
     send: Send,
-    done: Callable[[int, bytes], None] = lambda status, answer: None,
+    done: Callable[[int, bytes], Awaitable[None]] | None = None,
 ) -> None:
     """Call `app` with the body already read (then the client's own events: a disconnect when it
     goes); its response sent on, and handed to `done` with its status before its last part is sent
@@ -322,8 +354,8 @@ async def forward(
             status[0] = message["status"]
         elif message["type"] == "http.response.body" and len(response) < PUSH_CAP:
             response.extend(message.get("body", b""))
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            done(status[0], bytes(response))
+        if done and message["type"] == "http.response.body" and not message.get("more_body", False):
+            await done(status[0], bytes(response))
         await send(message)
 
     await app(scope, replay, keep)
