@@ -615,3 +615,32 @@ def test_what_a_supernode_sends_passes_and_is_parsed_off_the_loop(node, monkeypa
         "PushObjectResponse",
     }
     assert {kind for kind, _ in where} == kinds and not any(on_loop for _, on_loop in where)
+
+
+def test_a_request_not_of_flowers_content_type_is_refused_unread(node):
+    """Issue 64: Flower answers a Content-Type other than its protobuf one with an ERROR line a request.
+    Now the gate refuses it (415) unless it is exactly Flower's PROTOBUF_MEDIA_TYPE, once; Flower
+    never sees it."""
+    from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
+
+    from incofl.deploy.gate import MEDIA_TYPE
+
+    assert MEDIA_TYPE == PROTOBUF_MEDIA_TYPE.encode()
+    seen: list[str] = []
+    gate = gate_of(spied(node.app, seen))
+    others = [
+        "application/json",
+        "application/x-protobuf",
+        f"{PROTOBUF_MEDIA_TYPE}; charset=utf-8",
+        "Application/Protobuf",
+    ]
+    for other in [*others, None, "twice"]:
+
+        def typed(headers: list[tuple[str, str]], other: str | None = other) -> list[tuple[str, str]]:
+            kept = [(k, v) for k, v in headers if k != "content-type"]
+            if other == "twice":
+                return [*headers, ("content-type", PROTOBUF_MEDIA_TYPE)]
+            return kept if other is None else [*kept, ("content-type", other)]
+
+        assert heartbeat(node, node.client(gate, edit=typed)) == 415, other
+    assert seen == [] and heartbeat(node, node.client(gate)) == 200 and seen

@@ -5,9 +5,10 @@ connections, heads and rates are the edge proxy's, which may take each route's c
 `route_caps()`.
 
 1. only `POST` to a route of Flower 1.42's Fleet router (`ROUTES`; 404 otherwise); none of Flower's
-   authentication headers twice (400: Flower reads the first); a body within its route's cap (413
-   as soon as it is known to pass), that parses as its route's request (400 otherwise), so that
-   Flower parses only what the gate parsed;
+   authentication headers twice (400: Flower reads the first); a Content-Type of exactly Flower's
+   PROTOBUF_MEDIA_TYPE, once (415 otherwise: Flower logs an ERROR line for each); a body within its
+   route's cap (413 as soon as it is known to pass), that parses as its route's request (400
+   otherwise), so that Flower parses only what the gate parsed;
 2. parsing and hashing (requests, and Flower's answers to pushes) in a worker thread, never on the
    loop that serves the rest;
 3. a push of exactly one reply (a node has no instruction to give), in the name of the node that
@@ -47,6 +48,7 @@ Who = int  # a node: the node id of its requests, which Flower authenticates (th
 FLEET = "/v1/fleet/"  # the prefix of Flower 1.42's Fleet router (superlink/routers/fleet/router.py)
 PUSH_MESSAGES, PUSH_OBJECT = FLEET + "push-messages", FLEET + "push-object"
 AUTH_HEADERS = (b"flwr-public-key", b"flwr-signature", b"flwr-timestamp")  # Flower's, each read once (the first)
+MEDIA_TYPE = b"application/protobuf"  # Flower's PROTOBUF_MEDIA_TYPE (supercore/protobuf/constants.py)
 MAX_OBJECTS = 4096  # objects one reply may declare (a packed reply: tens; 512 MiB in 5 MiB chunks: about 110)
 PUSH_CAP = 64 * 1024 + 80 * MAX_OBJECTS  # a push's message header, and its tree: an id of 64 hex digits an object
 REPLIES_PER_NODE = 8  # replies of one node whose budgets the gate holds (the oldest forgotten first)
@@ -176,9 +178,12 @@ class FleetGate:
         path = scope.get("path", "")
         if scope["type"] != "http" or scope["method"] != "POST" or path not in ROUTES:
             return await self.refuse(scope, send, 404, "this listener serves the Fleet API's routes only")
-        names = [name.lower() for name, _ in scope.get("headers", [])]
+        headers = [(name.lower(), value) for name, value in scope.get("headers", [])]
+        names = [name for name, _ in headers]
         if any(names.count(name) > 1 for name in AUTH_HEADERS):
             return await self.refuse(scope, send, 400, "an authentication header twice")
+        if [value for name, value in headers if name == b"content-type"] != [MEDIA_TYPE]:
+            return await self.refuse(scope, send, 415, f"a Content-Type other than {MEDIA_TYPE.decode()}")
         cap = ROUTES[path][1]
         body = await read_body(scope, receive, cap)
         if body is None:
