@@ -498,9 +498,10 @@ def test_a_node_has_one_budget_whatever_base64_spells_its_key(node):
 
 def test_a_reply_once_stored_is_never_stored_again(node):
     """Issue 64: a reply's budget was never re-armed, but a re-push of the same tree passed as a retry
-    whenever it came: once the server had pulled the reply and its objects were deleted, Flower
-    stored them all again. Now a re-push is a retry only while no object of the reply is stored (the
-    node lost Flower's answer); after that, a push answering the same message is 403 unread."""
+    whenever it came: once the reply's objects were deleted (as the server's confirm that it received
+    the reply deletes them), Flower stored them all again. Now a re-push is a retry only while no
+    object of the reply is stored (the node lost Flower's answer); after that, a push answering the
+    same message is 403 unread."""
     seen: list[str] = []
     gate = gate_of(spied(node.app, seen))
     fleet = node.client(gate)
