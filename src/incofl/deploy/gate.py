@@ -1,18 +1,26 @@
 """The gate of the sites' port: the Fleet protocol's own rules, which no proxy in front can know
 (what a node may push, in whose name, within what budget), applied to each request before Flower's
-app sees it. superlink.py serves Flower's Fleet API through it.
+app sees it. superlink.py serves Flower's Fleet API through it; TLS, client certificates,
+connections, heads and rates are the edge proxy's, which may take each route's cap from
+`route_caps()`.
 
-1. only `POST /v1/fleet/...` (404 otherwise); a body of at most `max_request`, or PUSH_CAP for a
-   push of messages (what a tree of MAX_OBJECTS objects takes), 413 as soon as it is known to pass;
-2. parsing and hashing in a worker thread, never on the loop that serves the rest;
+1. only `POST` to a route of Flower 1.42's Fleet router (`ROUTES`; 404 otherwise); none of Flower's
+   authentication headers twice (400: Flower reads the first); a Content-Type of exactly Flower's
+   PROTOBUF_MEDIA_TYPE, once (415 otherwise: Flower logs an ERROR line for each); a body within its
+   route's cap (413 as soon as it is known to pass), that parses as its route's request (400
+   otherwise), so that Flower parses only what the gate parsed;
+2. parsing and hashing (requests, and Flower's answers to pushes) in a worker thread, never on the
+   loop that serves the rest;
 3. a push of exactly one reply (a node has no instruction to give), in the name of the node that
    sends it (the request's node, which Flower authenticates), of at most MAX_OBJECTS objects,
    counted no further than that; an object whose content hashes to its id, that an accepted reply
-   of the pushing node asked for, within that reply's budget (`Ledger`).
+   of the pushing node asked for, within that reply's budget (`Ledger`, by node id: whatever its
+   headers spell, a node is the node its requests name, which Flower checks against the key).
 
 The budget of a node's reply is `max_message`, set once when Flower first accepts the reply (a 200
 that asks for objects) and never re-armed: a second push answering the same message is a retry only
-with the same tree (403 otherwise), and one answering a message whose reply the gate forgot is 403.
+with the same tree and while no object of it is stored (403 otherwise: a reply the server pulled
+and deleted is not stored again), and one answering a message whose reply the gate forgot is 403.
 An object is charged only once Flower says it stored it; nothing a request that Flower refuses (no
 key: 401) sends changes any budget or entry. Refusals are logged, a bounded line each, at most
 LOG_BURST a second (`RefusalLog`).
@@ -22,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import importlib
 import logging
 import time
 from collections import OrderedDict
@@ -33,27 +43,58 @@ from typing import Any
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-Who = tuple[bytes, int]  # a node as its requests name it: Flower's public-key header, and its node id
+Who = int  # a node: the node id of its requests, which Flower authenticates (the key must be that node's)
 
 FLEET = "/v1/fleet/"  # the prefix of Flower 1.42's Fleet router (superlink/routers/fleet/router.py)
 PUSH_MESSAGES, PUSH_OBJECT = FLEET + "push-messages", FLEET + "push-object"
-KEY_HEADER = b"flwr-public-key"  # Flower's FLEET_HTTP_PUBLIC_KEY_HEADER: the key a request is signed with
+AUTH_HEADERS = (b"flwr-public-key", b"flwr-signature", b"flwr-timestamp")  # Flower's, each read once (the first)
+MEDIA_TYPE = b"application/protobuf"  # Flower's PROTOBUF_MEDIA_TYPE (supercore/protobuf/constants.py)
 MAX_OBJECTS = 4096  # objects one reply may declare (a packed reply: tens; 512 MiB in 5 MiB chunks: about 110)
 PUSH_CAP = 64 * 1024 + 80 * MAX_OBJECTS  # a push's message header, and its tree: an id of 64 hex digits an object
 REPLIES_PER_NODE = 8  # replies of one node whose budgets the gate holds (the oldest forgotten first)
 SPENT_PER_NODE = 4096  # messages per node whose forgotten replies may not be pushed again
 LOG_BURST = 5  # refusal lines a second, at most
 MIB = 1 << 20
+SMALL = 4096  # a request naming a node, a run, an object or a key (a node's PEM key: 215 bytes)
+CHUNK = 5 * MIB  # Flower's FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE (its default): a node's largest object
+ROUTES: dict[str, tuple[str, int]] = {  # Flower 1.42's Fleet router: path -> (its request, under flwr.proto; cap)
+    FLEET + "register-node": ("fleet_pb2.RegisterNodeFleetRequest", SMALL),
+    FLEET + "activate-node": ("fleet_pb2.ActivateNodeRequest", SMALL),
+    FLEET + "deactivate-node": ("fleet_pb2.DeactivateNodeRequest", SMALL),
+    FLEET + "unregister-node": ("fleet_pb2.UnregisterNodeFleetRequest", SMALL),
+    FLEET + "send-node-heartbeat": ("heartbeat_pb2.SendNodeHeartbeatRequest", SMALL),
+    FLEET + "pull-messages": ("fleet_pb2.PullMessagesRequest", SMALL),  # a SuperNode names no message
+    PUSH_MESSAGES: ("fleet_pb2.PushMessagesRequest", PUSH_CAP),
+    FLEET + "get-run": ("run_pb2.GetRunRequest", SMALL),
+    FLEET + "get-fab": ("fab_pb2.GetFabRequest", SMALL),
+    PUSH_OBJECT: ("message_pb2.PushObjectRequest", CHUNK + 64 * 1024),  # a chunk, its header, the ids
+    FLEET + "pull-object": ("message_pb2.PullObjectRequest", SMALL),
+    FLEET + "confirm-message-received": ("message_pb2.ConfirmMessageReceivedRequest", SMALL),
+}
 log = logging.getLogger("incofl.gate")
+
+
+def route_caps() -> dict[str, int]:
+    """Each Fleet route's cap on a request body, in bytes (what the edge proxy may take too)."""
+    return {path: cap for path, (_, cap) in ROUTES.items()}
+
+
+@functools.cache
+def request_of(path: str) -> type:
+    """The protobuf message a Fleet route's body is (ROUTES)."""
+    module, _, name = ROUTES[path][0].rpartition(".")
+    return getattr(importlib.import_module(f"flwr.proto.{module}"), name)
 
 
 @dataclass
 class Reply:
-    """What one reply of one node may still add: its tree (a retry pushes the same), its bytes left."""
+    """What one reply of one node may still add: its tree (a retry pushes the same), its bytes left,
+    and whether Flower stored an object of it (no retry after that)."""
 
     root: str
     budget: int
     objects: set[str]
+    stored: bool = False
 
 
 @dataclass
@@ -128,56 +169,62 @@ class FleetGate:
     """The ASGI app the Fleet listener serves: Flower's app behind the checks of the module docstring."""
 
     app: Callable[[Scope, Receive, Send], Awaitable[None]]
-    max_request: int
     max_message: int
-    ledger: Ledger = field(default_factory=Ledger)
-    locks: dict[tuple[Who, str], list[Any]] = field(default_factory=dict)  # reply -> [its lock, its holders]
-    refused: RefusalLog = field(default_factory=RefusalLog)
+    ledger: Ledger = field(default_factory=Ledger, init=False)
+    locks: dict[tuple[Who, str], list[Any]] = field(default_factory=dict, init=False)  # reply -> [lock, holders]
+    refused: RefusalLog = field(default_factory=RefusalLog, init=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith(FLEET):
-            return await self.refuse(scope, send, 404, "this listener serves the Fleet API only")
-        path = scope["path"]
-        limit = PUSH_CAP if path == PUSH_MESSAGES else self.max_request
-        body = await read_body(scope, receive, limit)
+        path = scope.get("path", "")
+        if scope["type"] != "http" or scope["method"] != "POST" or path not in ROUTES:
+            return await self.refuse(scope, send, 404, "this listener serves the Fleet API's routes only")
+        headers = [(name.lower(), value) for name, value in scope.get("headers", [])]
+        names = [name for name, _ in headers]
+        if any(names.count(name) > 1 for name in AUTH_HEADERS):
+            return await self.refuse(scope, send, 400, "an authentication header twice")
+        if [value for name, value in headers if name == b"content-type"] != [MEDIA_TYPE]:
+            return await self.refuse(scope, send, 415, f"a Content-Type other than {MEDIA_TYPE.decode()}")
+        cap = ROUTES[path][1]
+        body = await read_body(scope, receive, cap)
         if body is None:
-            return await self.refuse(scope, send, 413, f"request body over {limit / MIB:.4g} MiB")
-        if path not in (PUSH_MESSAGES, PUSH_OBJECT):
-            return await forward(self.app, scope, receive, body, send)
-        read = read_push if path == PUSH_MESSAGES else read_object
-        pushed = await asyncio.to_thread(read, body)  # parsing and hashing: never on the loop
+            return await self.refuse(scope, send, 413, f"a request body over {cap} bytes")
+        pushed = await asyncio.to_thread(read, path, body)  # parsing and hashing: never on the loop
         if isinstance(pushed, tuple):
             return await self.refuse(scope, send, *pushed)
-        who = (dict(scope.get("headers", [])).get(KEY_HEADER, b""), pushed.node)
+        if pushed is None:
+            return await forward(self.app, scope, receive, body, send)
         step = self.push_reply if path == PUSH_MESSAGES else self.push_object
-        await step(scope, receive, send, body, who, pushed)
+        await step(scope, receive, send, body, pushed)
 
-    async def push_reply(
-        self, scope: Scope, receive: Receive, send: Send, body: bytes, who: Who, pushed: Pushed
-    ) -> None:
-        """A reply, passed on unless another of this node's answers the same message; its budget set
-        when Flower first accepts it (before the node has the answer: it pushes objects at once)."""
+    async def push_reply(self, scope: Scope, receive: Receive, send: Send, body: bytes, pushed: Pushed) -> None:
+        """A reply, passed on unless this node's answer to the same message was pushed already (its
+        own tree again is a retry until an object of it is stored); its budget set when Flower first
+        accepts it (before the node has the answer: it pushes objects at once)."""
         from flwr.proto.fleet_pb2 import PushMessagesResponse
 
+        who = pushed.node
         async with self.holding(who, pushed.answers):
             known = self.ledger.reply(who, pushed.answers)
-            if self.ledger.spent_on(who, pushed.answers) or (known is not None and known.root != pushed.root):
+            if self.ledger.spent_on(who, pushed.answers) or (
+                known is not None and (known.root != pushed.root or known.stored)
+            ):
                 return await self.refuse(scope, send, 403, "a reply to that message was pushed already")
 
-            def accepted(status: int, answer: bytes) -> None:
-                response = parsed(PushMessagesResponse, answer) if status == 200 and known is None else None
+            async def accepted(status: int, answer: bytes) -> None:
+                if status != 200 or known is not None:
+                    return
+                response = await asyncio.to_thread(parsed, PushMessagesResponse, answer)
                 if response is not None and response.objects_to_push:  # Flower stored it (refused: none asked)
                     objects = list(response.objects_to_push)[: pushed.objects]
                     self.ledger.accept(who, pushed.answers, pushed.root, objects, self.max_message)
 
             await forward(self.app, scope, receive, body, send, accepted)
 
-    async def push_object(
-        self, scope: Scope, receive: Receive, send: Send, body: bytes, who: Who, pushed: Pushed
-    ) -> None:
+    async def push_object(self, scope: Scope, receive: Receive, send: Send, body: bytes, pushed: Pushed) -> None:
         """An object of one of the node's accepted replies, within its budget; charged once Flower stored it."""
         from flwr.proto.message_pb2 import PushObjectResponse
 
+        who = pushed.node
         answers = self.ledger.answers_for(who, pushed.object_id)
         if answers is None:
             return await self.refuse(scope, send, 403, "an object of no reply pushed here")
@@ -188,10 +235,11 @@ class FleetGate:
             if pushed.size > reply.budget:
                 return await self.refuse(scope, send, 413, f"a reply over {self.max_message / MIB:.4g} MiB")
 
-            def charged(status: int, answer: bytes) -> None:
-                response = parsed(PushObjectResponse, answer) if status == 200 else None
+            async def charged(status: int, answer: bytes) -> None:
+                response = await asyncio.to_thread(parsed, PushObjectResponse, answer) if status == 200 else None
                 if response is not None and response.stored:
                     reply.budget -= pushed.size
+                    reply.stored = True
 
             await forward(self.app, scope, receive, body, send, charged)
 
@@ -216,13 +264,17 @@ class FleetGate:
         await send({"type": "http.response.body", "body": body})
 
 
-def read_push(body: bytes) -> Pushed | tuple[int, str]:
-    """A push of messages as Pushed, or (status, why) it is refused: not one reply, or too many objects."""
-    from flwr.proto.fleet_pb2 import PushMessagesRequest
-
-    request = parsed(PushMessagesRequest, body)
+def read(path: str, body: bytes) -> Pushed | tuple[int, str] | None:
+    """A request of a Fleet route: a push as Pushed, another as None, or (status, why) it is refused
+    (its body is not its route's message, or a push breaks the rules of `read_push`, `read_object`)."""
+    request = parsed(request_of(path), body)
     if request is None:
-        return 400, "not a push of messages"
+        return 400, f"not a {request_of(path).__name__}"
+    return read_push(request) if path == PUSH_MESSAGES else read_object(request) if path == PUSH_OBJECT else None
+
+
+def read_push(request: Any) -> Pushed | tuple[int, str]:
+    """A push of messages as Pushed, or (status, why) it is refused: not one reply, or too many objects."""
     if len(request.messages_list) != 1 or len(request.message_object_trees) != 1:
         return 403, "a push holds exactly one message"
     metadata = request.messages_list[0].metadata
@@ -238,13 +290,8 @@ def read_push(body: bytes) -> Pushed | tuple[int, str]:
     )
 
 
-def read_object(body: bytes) -> Pushed | tuple[int, str]:
+def read_object(request: Any) -> Pushed | tuple[int, str]:
     """A push of an object as Pushed, or (status, why) it is refused: its content is not what its id hashes."""
-    from flwr.proto.message_pb2 import PushObjectRequest
-
-    request = parsed(PushObjectRequest, body)
-    if request is None:
-        return 400, "not a push of an object"
     if hashlib.sha256(request.object_content).hexdigest() != request.object_id:  # Flower's object id
         return 403, "an object whose content is not what its id hashes"
     return Pushed(request.node.node_id, object_id=request.object_id, size=len(request.object_content))
@@ -296,7 +343,7 @@ async def forward(
     receive: Receive,
     body: bytes,
     send: Send,
-    done: Callable[[int, bytes], None] = lambda status, answer: None,
+    done: Callable[[int, bytes], Awaitable[None]] | None = None,
 ) -> None:
     """Call `app` with the body already read (then the client's own events: a disconnect when it
     goes); its response sent on, and handed to `done` with its status before its last part is sent
@@ -312,8 +359,8 @@ async def forward(
             status[0] = message["status"]
         elif message["type"] == "http.response.body" and len(response) < PUSH_CAP:
             response.extend(message.get("body", b""))
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            done(status[0], bytes(response))
+        if done and message["type"] == "http.response.body" and not message.get("more_body", False):
+            await done(status[0], bytes(response))
         await send(message)
 
     await app(scope, replay, keep)
