@@ -364,11 +364,3 @@ async def forward(
         await send(message)
 
     await app(scope, replay, keep)
-
-
-def route_caps() -> dict[str, int]:  # TEMPORARY (replaced by branch issue64-gate)
-    small = {  # noqa: E501
-        f"/v1/fleet/{r}": 64 * 1024
-        for r in "register-node activate-node deactivate-node unregister-node send-node-heartbeat pull-messages get-run get-fab pull-object confirm-message-received".split()
-    }
-    return {**small, PUSH_MESSAGES: PUSH_CAP, PUSH_OBJECT: 6 * MIB}

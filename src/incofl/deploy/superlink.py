@@ -55,7 +55,6 @@ def loopback(host: str) -> bool:
 @dataclass(frozen=True)
 class Limits:
     fleet: Path  # the unix socket of the Fleet listener (the edge proxy's upstream)
-    max_request: int
     max_message: int
 
 
@@ -99,7 +98,7 @@ def two_listeners(limits: Limits) -> types.ModuleType:
         options.pop("workers", None)
         options.pop("reload", None)
         whole = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
-        gate = FleetGate(app, limits.max_request, limits.max_message)
+        gate = FleetGate(app, limits.max_message)
         plain = {k: v for k, v in options.items() if not k.startswith("ssl_")}  # nginx terminates the sites' TLS
         fleet = Quiet(
             uvicorn.Config(
@@ -144,7 +143,6 @@ def parse(argv: list[str]) -> tuple[Limits, list[str]]:
     """This wrapper's flags, and Flower's (the rest); a loopback `--host` required (one line, exit 2)."""
     parser = argparse.ArgumentParser(prog="python -m incofl.deploy.superlink", description=__doc__.split("\n\n")[0])
     parser.add_argument("--fleet-socket", type=Path, required=True, help="the unix socket the edge proxy dials")
-    parser.add_argument("--max-request-mb", type=float, default=8.0, help="the largest request body")
     parser.add_argument("--max-message-mb", type=float, default=512.0, help="the largest reply, its objects summed")
     ours, flower = parser.parse_known_args(argv)
     host = flag_value(flower, "--host", "127.0.0.1")  # Flower's default (UVICORN_DEFAULT_HOST)
@@ -153,12 +151,12 @@ def parse(argv: list[str]) -> tuple[Limits, list[str]]:
     for flag in ("--fleet-api-address", "--control-api-address"):
         if flag in flower:
             parser.error(f"{flag}: not with this wrapper (--fleet-socket, and --host/--port for the rest)")
-    if not min(ours.max_request_mb, ours.max_message_mb) > 0:
-        parser.error("--max-request-mb and --max-message-mb must be positive")
+    if not ours.max_message_mb > 0:
+        parser.error("--max-message-mb must be positive")
     folder = ours.fleet_socket.resolve().parent
     if not folder.is_dir() or folder.stat().st_mode & 0o077:
         parser.error(f"--fleet-socket {ours.fleet_socket}: its folder must exist and be private (mode 0700)")
-    limits = Limits(ours.fleet_socket.resolve(), int(ours.max_request_mb * MIB), int(ours.max_message_mb * MIB))
+    limits = Limits(ours.fleet_socket.resolve(), int(ours.max_message_mb * MIB))
     return limits, flower
 
 
