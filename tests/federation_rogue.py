@@ -29,6 +29,16 @@ from flwr.supernode.fleet_http_connection import http_request_response
 
 from incofl.deploy.codec import sign_reply
 
+SHOWN = threading.local()  # the site certificate this thread's Fleet clients show (`per_thread_certificates`)
+
+
+def per_thread_certificates(default: tuple[Path, Path]) -> None:
+    """Flower's Fleet client, from now on in this process, shows the certificate of the thread that
+    makes it (a Peer's own), else `default`."""
+    from incofl.deploy.supernode import shown_certificate
+
+    shown_certificate(lambda: getattr(SHOWN, "certificate", None) or default)
+
 
 @dataclass
 class Peer:
@@ -38,6 +48,7 @@ class Peer:
     address: str
     ca: bytes
     key: Path
+    certificate: tuple[Path, Path] | None = field(default=None, kw_only=True)  # its site's (the sites' port asks)
     stop: threading.Event = field(default_factory=threading.Event, kw_only=True)
     error: list[BaseException] = field(default_factory=list, kw_only=True)
 
@@ -48,6 +59,7 @@ class Peer:
 
     def _run(self) -> None:
         try:
+            SHOWN.certificate = self.certificate
             private = serialization.load_ssh_private_key(self.key.read_bytes(), password=None)
             keys: Any = (private, private.public_key())
             with http_request_response(self.address, False, self.ca, keys) as (node, receive, send, *rest):

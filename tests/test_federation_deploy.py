@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -48,11 +47,11 @@ if not os.environ.get("CI"):
 import flwr.supernode.fleet_http_connection as fleet_connection  # noqa: E402
 from federation_helpers import write_config  # noqa: E402
 from federation_hostile import Hostile  # noqa: E402
+from federation_rogue import per_thread_certificates  # noqa: E402
 
 from incofl.cli import run as incofl  # noqa: E402
 from incofl.config import load_run_config  # noqa: E402
 from incofl.deploy.inbox import SMALL_REPLY  # noqa: E402
-from incofl.deploy.supernode import client_certificate  # noqa: E402
 from incofl.fl.engine.run import train  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(600)]
@@ -253,7 +252,7 @@ def deployment(tmp_path_factory):
     (sites / f"site{ELSEWHERE}.npz").rename(elsewhere / f"site{ELSEWHERE}.npz")
     dep = Deployment(root, config, env, Started())
     fleet_client = fleet_connection.FleetHttpClient  # this process's Fleet clients (the rogues', the tests') show
-    client_certificate(sites / "certificates" / "node1.pem", sites / "certificates" / "node1.key")  # a site's
+    per_thread_certificates((sites / "certificates" / "node1.pem", sites / "certificates" / "node1.key"))  # a site's
     dep.port = _free_port(5)  # the SuperLink's Fleet and Control ports, up's node, the node elsewhere, the stranger
     argv = [sys.executable, "-m", "incofl.cli", "federation", "up", "--sites", sites, "--port", dep.port]
     dep.up = dep.start([*argv, "--connection", CONNECTION], "up", start_new_session=True)
@@ -314,25 +313,31 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
 
 
 STALLED = 4  # nodes that announce a reply and never upload it: as many as the ServerApp pulled at once before
+ROGUE = 100  # the first rogue's site certificate is client ROGUE's (a client the run does not have)
 
 
 def _rogues(deployment: Deployment) -> list:
-    """Nodes of federation_rogue.py, each with a key of its own that the operator registered: one
-    whose reply does not decode and STALLED that stall dial the sites' port (the gate), the last the
-    SuperLink's loopback listener (Flower's app whole)."""
+    """Nodes of federation_rogue.py, each with a key of its own that the operator registered and a
+    site certificate bound to it (as client ROGUE + i's: its key in `sites/keys`, up told by SIGHUP):
+    one whose reply does not decode and STALLED that stall dial the sites' port (nginx, the gate),
+    the last the SuperLink's loopback listener (Flower's app whole)."""
     from federation_rogue import Rogue
 
-    from incofl.deploy.credentials import node_key
+    from incofl.deploy.credentials import node_certificate, node_key
 
-    ca = (deployment.root / "sites" / "certificates" / "ca.pem").read_bytes()
+    sites = deployment.root / "sites"
+    ca = (sites / "certificates" / "ca.pem").read_bytes()
     rogues = []
     gate, whole = deployment.port, deployment.port + 1
     kinds = [("undecodable", gate), ("oversized", gate), *[("stalled", gate)] * STALLED, ("unasked", whole)]
     for i, (kind, port) in enumerate(kinds):
-        private, public = node_key(deployment.root / f"rogue-{i}-{kind}", 0)
+        private, public = node_key(sites / "keys", ROGUE + i)
         register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
         subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
-        rogues.append(Rogue(f"127.0.0.1:{port}", ca, private, kind))
+        certificate = node_certificate(sites / "certificates", ROGUE + i)
+        rogues.append(Rogue(f"127.0.0.1:{port}", ca, private, kind, certificate=certificate))
+    deployment.up.send_signal(signal.SIGHUP)
+    deployment.wait_for(deployment.root / "up.log", timeout=60, text="certificate bound again")
     return rogues
 
 
@@ -420,6 +425,9 @@ def test_the_supernode_wrapper_caps_the_sleeps_of_flowers_node_loop():
 
 
 def test_a_node_whose_key_is_not_registered_is_refused(deployment):
+    """A node showing client 1's site certificate with a key nobody registered: nginx answers its
+    activation 401 (its key is not the one bound to that certificate), as Flower answers a key it
+    does not know, and the node stops."""
     from incofl.deploy.credentials import node_key
 
     stranger = node_key(deployment.root / "stranger", 0)[0]  # claims client 0, with a key nobody registered
@@ -471,7 +479,7 @@ def test_a_site_that_reaches_the_fleet_port_cannot_use_the_control_api(deploymen
 
 def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment):
     """A registered node (client 1's key) speaking Flower's Fleet API itself, with Flower's own client:
-    a 64 MiB object is refused before it is read (the cap: 8 MiB a request), an instruction (a message
+    a 64 MiB object is refused before it is read (nginx: past push-object's cap), an instruction (a message
     that answers none) and an object no accepted reply asked for are refused; what it may push is the
     objects of a reply to the server's message, up to the message cap (superlink.py)."""
     import httpx
@@ -510,10 +518,11 @@ def test_a_node_cannot_make_the_server_hold_more_than_the_gate_allows(deployment
     for call, request in pushes:
         with pytest.raises(httpx.HTTPStatusError) as err:
             call(request)
-        refused.append((err.value.response.status_code, err.value.response.json()["detail"]))
+        response = err.value.response
+        refused.append((response.status_code, response.json()["detail"] if response.status_code != 413 else ""))
     fleet._client.close()
     assert refused == [
-        (413, "request body over 8 MiB"),
+        (413, ""),  # nginx's, before a byte of the body is read: past push-object's cap (gate.ROUTES)
         (403, "a node pushes replies only"),
         (403, "an object whose content is not what its id hashes"),
         (403, "an object of no reply pushed here"),
@@ -632,19 +641,26 @@ def test_a_site_that_answers_another_sites_message_in_its_name_is_refused(deploy
     refuses it, its signature not client 0's site's, and with allow-missing the round goes on
     with client 1's update alone. (Last of the runs on up's node: once its held reply is refused,
     the node was seen slow to take its next message, once past a next run's 60 s join-timeout; so
-    client 1's node, killed above, is started again for it.)"""
+    client 1's node, killed above, is started again for it, with a new key: its site's certificate
+    is bound to it again by SIGHUP to up.)"""
     from federation_executor_app import FORGED
     from federation_rogue import Forger
 
     from incofl.deploy.credentials import node_key
 
     sites = deployment.root / "sites"
-    # client 1's site again, with a key and a port of its own: the killed node's may still count as in use
-    keys = deployment.root / "keys-again"
-    shutil.copytree(sites / "keys", keys, ignore=shutil.ignore_patterns(f"node{ELSEWHERE}*"))
+    # client 1's site again, with a key of its own (the killed node's may still count as in use) and
+    # a port of its own: its key registered, and bound to its site's certificate at the sites' port
+    # (up reloads nginx on SIGHUP); the old key kept apart, for the forger to sign with
+    keys, old = sites / "keys", deployment.root / "keys-old"
+    old.mkdir()
+    for name in (f"node{ELSEWHERE}", f"node{ELSEWHERE}.pub"):
+        (keys / name).rename(old / name)
     again, again_public = node_key(keys, ELSEWHERE)
     register = [BIN / "flwr", "supernode", "register", again_public, CONNECTION]
     subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)
+    deployment.up.send_signal(signal.SIGHUP)
+    deployment.wait_for(deployment.root / "up.log", timeout=60, text="certificate bound again")
     data = deployment.root / "elsewhere" / f"site{ELSEWHERE}.npz"
     deployment.supernode("again", again, ELSEWHERE, data, _free_port(1))
     private, public = node_key(deployment.root / "forger", 0)
@@ -656,14 +672,14 @@ def test_a_site_that_answers_another_sites_message_in_its_name_is_refused(deploy
         f"127.0.0.1:{deployment.port + 1}",
         ca,
         private,
-        sites / "keys" / f"node{ELSEWHERE}",
+        old / f"node{ELSEWHERE}",
         0,
         out.with_name(f"{FORGED}.asked"),
         out.with_name(f"{FORGED}.forged"),
     )
     thread = forger.start()
     try:
-        settings = {"allow-missing": "true", "round-timeout": 120, "node-keys": f'"{keys}"'}
+        settings = {"allow-missing": "true", "round-timeout": 120}
         run = deployment.flwr_run(out, set='"rounds=1"', **settings)
         deployment.wait_for(out / "summary.json", timeout=300)
     finally:

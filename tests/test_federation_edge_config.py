@@ -139,15 +139,15 @@ def test_the_node_key_header_is_the_one_flowers_node_signs_with(tmp_path):
 
 def test_a_site_certificate_serves_its_own_node_key_only(edge):
     """Site 0's certificate with site 0's key is passed on; with site 1's key, without a key, with its
-    key twice (nginx joins repeated headers: a value no site has), 403 from nginx; without a
+    key twice (nginx joins repeated headers: a value no site has), 401 from nginx; without a
     certificate, nginx's 400 (ssl_verify_client): none of these reach the upstream."""
     seen = edge[2].seen
     before = len(seen)
     assert post(edge, 0, 0) == 200
     assert len(seen) == before + 1 and seen[-1][0] == ROUTE
-    assert post(edge, 0, 1) == 403
-    assert post(edge, 1, 0) == 403
-    assert post(edge, 0, None) == 403
+    assert post(edge, 0, 1) == 401
+    assert post(edge, 1, 0) == 401
+    assert post(edge, 0, None) == 401
     spec, folder, _ = edge
     host, port = spec.listen.rsplit(":", 1)
     with socket.create_connection((host, int(port))) as raw:
@@ -156,7 +156,7 @@ def test_a_site_certificate_serves_its_own_node_key_only(edge):
             twice = f"flwr-public-key: {key}\r\nflwr-public-key: {key}\r\n"
             head = f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\ncontent-type: {PROTOBUF}\r\n{twice}content-length: 0\r\n\r\n"
             tls.sendall(head.encode())
-            assert tls.recv(64).startswith(b"HTTP/1.1 403")
+            assert tls.recv(64).startswith(b"HTTP/1.1 401")
     assert post(edge, None, 0) == 400
     assert len(seen) == before + 1
 

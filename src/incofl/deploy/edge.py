@@ -139,7 +139,7 @@ def _stream(edge: Edge) -> list[str]:
         "    limit_conn_zone $stranger zone=strangers:64k;",
         "    limit_conn_zone $stranger_address zone=stranger_address:4m;",
         "    limit_conn_zone $known_address zone=known_address:64k;",
-        "    limit_conn_log_level warn;",
+        "    limit_conn_log_level error;",
         "    server {",
         f"        listen {edge.listen} backlog=4096;",
         f"        limit_conn strangers {edge.strangers};",
@@ -175,8 +175,10 @@ def _tls(edge: Edge) -> list[str]:
 def _location(path: str, cap: int, bound: bool) -> list[str]:
     """One Fleet route: POST only, Flower's content type, the route's body cap; with TLS the node key
     of the request that of the site whose certificate it shows (a repeated header is joined by nginx
-    with a comma, so it never matches)."""
-    checks = [f"if ($http_{KEY_HEADER.replace('-', '_')} != $site_key) {{ return 403; }}"] if bound else []
+    with a comma, so it never matches), else 401: what Flower answers a key it does not know, on
+    which its node stops with "Failed to activate SuperNode"."""
+    header = f"$http_{KEY_HEADER.replace('-', '_')}"
+    checks = [f"if ({header} != $site_key) {{ return 401; }}"] if bound else []
     return [
         f"location = {path} {{",
         "    limit_except POST { deny all; }",
@@ -215,8 +217,8 @@ def _http(edge: Edge) -> list[str]:
         "proxy_connect_timeout 2s;",
         "proxy_read_timeout 60s;",
         "proxy_send_timeout 60s;",
-        "proxy_buffer_size 16k;",
-        "proxy_buffers 8 64k;",
+        "proxy_buffering off;",  # an answer (a 5 MiB object at most) streams to its node: no file, bounded memory
+        "proxy_buffer_size 64k;",
         *_map("$remote_addr", "$stranger_address", known, "$binary_remote_addr"),
         *_map("$ssl_client_s_dn", "$site_key", edge.site_keys, '"-"'),
         f"limit_req_zone $stranger_address zone=stranger_rate:4m rate={STRANGER_RATE}r/s;",
@@ -224,8 +226,8 @@ def _http(edge: Edge) -> list[str]:
         "limit_conn_zone $ssl_client_s_dn zone=per_site:1m;",
         "limit_req_status 429;",
         "limit_conn_status 429;",
-        "limit_req_log_level warn;",
-        "limit_conn_log_level warn;",
+        "limit_req_log_level error;",
+        "limit_conn_log_level error;",
         "upstream fleet {",
         f"    server unix:{edge.fleet};",
         "    keepalive 32;",
@@ -255,7 +257,7 @@ def render(edge: Edge) -> str:
         "worker_processes 1;",
         f"worker_rlimit_nofile {edge.fd_limit};",
         "pid nginx.pid;",
-        "error_log stderr warn;",
+        "error_log stderr error;",  # refusals are errors; a body spooled to its file (a warning) is routine
         f"events {{ worker_connections {edge.connections}; }}",
     ]
     return "\n".join([*head, *_stream(edge), *_http(edge)]) + "\n"

@@ -32,6 +32,7 @@ import ssl
 import sys
 import time
 import types
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,11 @@ def require_flower(prog: str) -> None:
 def client_certificate(certificate: Path, key: Path) -> None:
     """Flower's Fleet client, from now on in this process, shows `certificate` (signed by the CA the
     SuperLink trusts) in every TLS handshake, and checks the server as Flower would."""
+    shown_certificate(lambda: (certificate, key))
+
+
+def shown_certificate(chosen: Callable[[], tuple[Path, Path]]) -> None:
+    """As `client_certificate`, the certificate and key `chosen()` names when a client is made."""
     import flwr.supernode.fleet_http_connection as connection
 
     class Certified(connection.FleetHttpClient):  # type: ignore[misc, valid-type]
@@ -78,7 +84,7 @@ def client_certificate(certificate: Path, key: Path) -> None:
             context = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
             if isinstance(verify, str):
                 context.load_verify_locations(cafile=verify)
-            context.load_cert_chain(certificate, key)
+            context.load_cert_chain(*chosen())
             super().__init__(base_url, verify=context, **options)
 
     connection.FleetHttpClient = Certified

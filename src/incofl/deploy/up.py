@@ -305,16 +305,17 @@ def up(fed: LocalFederation) -> int:
     check_ports(fed.port, 2 + len(sites))
     tls = fed.tls(sites)
     procs = Processes(fed.logs or fed.sites / "logs", fed.numerics)
-    stop = {"signal": 0}
+    stop, hangups = {"signal": 0}, []
 
     def interrupted(signum: int, _frame: object) -> None:
         stop["signal"] = signum
 
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGHUP, lambda *_: hangups.append(1))
     try:
         secret = None if fed.insecure else superexec_secret(fed.keys / "superexec.secret")
-        config = start_link(fed, tls, secret, procs, len(sites))
+        config, rebind = start_link(fed, tls, secret, procs, len(sites))
         start_nodes(fed, sites, tls, secret, procs)
         print(startup_line(fed, sites, tls is not None, config, procs.logs), flush=True)
         while not stop["signal"]:
@@ -322,10 +323,23 @@ def up(fed: LocalFederation) -> int:
             if dead:
                 print(f"incofl federation up: {dead}; see {procs.logs}; stopping", file=sys.stderr)
                 return 1
+            if hangups:
+                hangups.clear()
+                print(rebound(rebind, fed.keys), flush=True)
             time.sleep(0.5)
         return 0
     finally:
         procs.stop()
+
+
+def rebound(rebind: Callable[[], None], keys: Path) -> str:
+    """SIGHUP's line: each site's certificate bound again to `keys/node<K>.pub` (a site that changed
+    its key, registered anew), or why not (nginx keeps the binding it had)."""
+    try:
+        rebind()
+    except (ConfigError, OSError, ValueError) as err:
+        return f"federation up: SIGHUP: the sites' port keeps its bindings: {err}"
+    return f"federation up: SIGHUP: each site's certificate bound again to its node key in {keys} (nginx reloaded)"
 
 
 def superexec_secret(path: Path) -> Path:
@@ -384,10 +398,11 @@ def link_args(fed: LocalFederation) -> list[str]:
 
 def start_link(
     fed: LocalFederation, tls: tuple[Path, Path, Path] | None, secret: Path | None, procs: Processes, nodes: int
-) -> Path:
+) -> tuple[Path, Callable[[], None]]:
     """The SuperLink (superlink.py: its Fleet API on a unix socket in `<sites>/edge`, the rest on
-    `port + 1`, 127.0.0.1), listening, and its SuperExec; then nginx on `port` in front of the Fleet
-    API (`start_edge`); the connection added to Flower's config (returned)."""
+    `port + 1`, 127.0.0.1), listening; nginx on `port` in front of its Fleet API (`start_edge`); and
+    its SuperExec. The connection added to Flower's config, and what binds the sites' certificates
+    again to the node keys in `<sites>/keys` (nginx reloads its configuration)."""
     folder = private_folder(fed.sites.resolve() / "edge")
     fleet = folder / "fleet.sock"
     security = ["--insecure"] if tls is None else ["--ssl-ca-certfile", str(tls[0])]
@@ -401,12 +416,17 @@ def start_link(
         + ["--host", "127.0.0.1", "--port", str(fed.port + 1)],
     )
     wait_for_port(fed.port + 1, link)
-    wait_for(lambda: fleet.exists(), link, f"{fleet}")
-    start_edge(edge_of(fed, tls, folder, nodes), procs)
+    wait_for(fleet.exists, link, f"{fleet}")
+    proxy = start_edge(edge_of(fed, tls, folder, nodes), procs)
+
+    def rebind() -> None:
+        edge_of(fed, tls, folder, nodes).check()  # written and tested; nginx keeps the last good one otherwise
+        proxy.send_signal(signal.SIGHUP)
+
     address = f"127.0.0.1:{fed.port + 1}"  # the Control and Runtime APIs: this machine's only
     if tls is not None:
         start_superexec("superexec-superlink", address, tls[0], secret, link.pid, procs)
-    return add_connection(fed.connection, address, None if tls is None else tls[0])
+    return add_connection(fed.connection, address, None if tls is None else tls[0]), rebind
 
 
 def reply_cap_mib(fed: LocalFederation) -> float:
@@ -437,11 +457,12 @@ def edge_of(fed: LocalFederation, tls: tuple[Path, Path, Path] | None, folder: P
     )
 
 
-def start_edge(edge: Edge, procs: Processes) -> None:
+def start_edge(edge: Edge, procs: Processes) -> subprocess.Popen:
     """nginx with `edge`'s configuration (tested first: a refusal in one line), listening on the sites' port."""
     edge.check()
     proxy = procs.start("edge", [nginx(), *edge.args(edge.folder / "nginx.conf")])
     wait_for_port(int(edge.listen.rpartition(":")[2]), proxy)
+    return proxy
 
 
 def start_nodes(
