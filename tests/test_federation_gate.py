@@ -6,7 +6,6 @@ client (FleetHttpClient, its requests signed with the node's key). Fast: nothing
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -298,81 +297,6 @@ def test_the_gate_serves_the_fleet_routes_only_and_refuses_a_body_over_its_cap_u
     cap = route_caps()["/v1/fleet/push-object"]
     big = gate.post("/v1/fleet/push-object", content=bytes(cap + 1), headers={"content-type": "application/protobuf"})
     assert (big.status_code, big.json()) == (413, {"detail": f"a request body over {cap} bytes"})
-
-
-@pytest.fixture
-def listener():
-    """The sites' listener as superlink.py serves it (uvicorn with fleet_protocol), without TLS, on a
-    free loopback port in a thread of this process, in front of a small app that answers 200: a
-    request deadline of 1 s, at most 4 requests at once and 2 connections a peer address."""
-    import asyncio
-    import socket
-    import threading
-
-    import uvicorn
-
-    from incofl.deploy.superlink import Limits, fleet_protocol
-
-    async def app(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-            await send({"type": "http.response.body", "body": b"ok"})
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    limits = Limits(("127.0.0.1", port), MIB, MIB, max_connections=4, per_peer=2, request_timeout=1.0)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=fleet_protocol(limits), limit_concurrency=4)
-    config.log_level = "warning"
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    yield port
-    server.should_exit = True
-    thread.join(timeout=10)
-
-
-def ask(port: int, source: str = "127.0.0.1", path: str = "/v1/fleet/x") -> bytes:
-    """One request's answer (b'' if the server hung up)."""
-    import socket
-
-    with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as conn:
-        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
-        try:
-            return conn.recv(100)
-        except ConnectionResetError:
-            return b""
-
-
-def test_idle_connections_are_closed_and_cannot_hold_the_port(listener):
-    """Issue 57: uvicorn counts a connection that never sends a request toward `limit_concurrency`
-    and never closes it, so that as many silent sockets as the limit made every request 503, for
-    good. Now each is closed when its request deadline passes, and requests are answered again."""
-    import socket
-
-    silent = [socket.create_connection(("127.0.0.1", listener), source_address=(f"127.0.0.{i}", 0)) for i in (2, 3)]
-    silent += [socket.create_connection(("127.0.0.1", listener), source_address=(f"127.0.0.{i}", 0)) for i in (4, 5)]
-    time.sleep(0.3)
-    assert ask(listener).startswith(b"HTTP/1.1 503")  # the four hold the limit, for now
-    time.sleep(1.5)
-    assert all(conn.recv(1) == b"" for conn in silent)  # closed by the server
-    assert ask(listener).startswith(b"HTTP/1.1 200")
-    for conn in silent:
-        conn.close()
-
-
-def test_a_peer_holds_at_most_its_share_of_connections_and_a_head_past_the_cap_is_cut(listener):
-    import socket
-
-    mine = [socket.create_connection(("127.0.0.1", listener), source_address=("127.0.0.2", 0)) for _ in range(3)]
-    time.sleep(0.3)
-    assert mine[2].recv(1) == b""  # past its 2: closed at once
-    assert ask(listener, source="127.0.0.3").startswith(b"HTTP/1.1 200")  # another peer is served
-    assert ask(listener, path="/v1/fleet/" + "x" * 20_000) == b""  # a head over 16 KiB: hung up on
-    for conn in mine:
-        conn.close()
 
 
 def test_a_finished_runs_messages_and_objects_are_pruned(node):

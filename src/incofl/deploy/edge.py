@@ -218,7 +218,8 @@ def _http(edge: Edge) -> list[str]:
         "proxy_read_timeout 60s;",
         "proxy_send_timeout 60s;",
         "proxy_buffering off;",  # an answer (a 5 MiB object at most) streams to its node: no file, bounded memory
-        "proxy_buffer_size 64k;",
+        "proxy_buffer_size 16k;",
+        "proxy_buffers 4 16k;",
         *_map("$remote_addr", "$stranger_address", known, "$binary_remote_addr"),
         *_map("$ssl_client_s_dn", "$site_key", edge.site_keys, '"-"'),
         f"limit_req_zone $stranger_address zone=stranger_rate:4m rate={STRANGER_RATE}r/s;",
