@@ -347,11 +347,10 @@ def test_a_run_finishes_while_a_peer_holds_idle_connections_and_floods_the_sites
     TCP connections that never started a handshake and 48 TLS connections with a site's certificate
     that never sent a request, re-opening each the server closed, and sent back to back pushes of
     messages as wide as the gate lets in, 8 MiB bodies in chunks, and requests with 15 KB and 60 KB
-    paths. The server closed the idle ones (handshake and request deadlines, the cap per peer),
-    answered a small request within a second (the gate parses off the loop), and logged the floods
-    in bounded lines at a bounded rate."""
-    from incofl.deploy.gate import LOG_BURST
-    from incofl.deploy.logs import LINE_CAP
+    paths. nginx closed the idle ones (handshake and request deadlines, the cap per address),
+    answered a small request within a second, and logged the floods in bounded lines at a bounded
+    rate (deploy/logs.py); the many-address attacks of issue 64: test_federation_edge.py."""
+    from incofl.deploy.logs import BURST, LINE_CAP, RATE
 
     assert deployment.simulated and deployment.hostile, "the first test's run did not complete"
     peer, seconds = deployment.hostile["peer"], deployment.hostile["seconds"]
@@ -363,9 +362,11 @@ def test_a_run_finishes_while_a_peer_holds_idle_connections_and_floods_the_sites
     assert waits[int(0.9 * len(waits))] < 1.0 and waits[-1] < 3.0, waits  # the loop was never held
     logs = [*(deployment.root / "sites" / "logs").glob("*.log*")]
     assert max(len(line) for log in logs for line in log.read_text().splitlines()) <= LINE_CAP + 10
-    refused = (deployment.root / "sites" / "logs" / "superlink.log").read_text().count("incofl.gate: refused")
+    refused = sum(
+        log.read_text().count(" [error] ") for log in (deployment.root / "sites" / "logs").glob("edge*.log*")
+    )
     floods = sum(peer.sent.values())
-    assert refused <= LOG_BURST * (seconds + 2) < floods, (refused, floods, seconds)
+    assert 0 < refused <= BURST + RATE * (seconds + 60), (refused, floods, seconds)  # up ran a minute more at most
     print(  # the evidence docs/federation.md quotes (pytest -rP shows it)
         f"{seconds:.0f} s: closed {dict(peer.closed)}, sent {dict(peer.sent)}, {refused} refusals logged; "
         f"probes {len(waits)}: median {waits[len(waits) // 2]:.3f} s, 90% {waits[int(0.9 * len(waits))]:.3f} s, "
@@ -427,14 +428,15 @@ def test_the_supernode_wrapper_caps_the_sleeps_of_flowers_node_loop():
 def test_a_node_whose_key_is_not_registered_is_refused(deployment):
     """A node showing client 1's site certificate with a key nobody registered: nginx answers its
     activation 401 (its key is not the one bound to that certificate), as Flower answers a key it
-    does not know, and the node stops."""
+    does not know, and the node stops, never having received a message."""
     from incofl.deploy.credentials import node_key
 
     stranger = node_key(deployment.root / "stranger", 0)[0]  # claims client 0, with a key nobody registered
     sites = deployment.root / "sites"
     proc = deployment.supernode("stranger", stranger, 0, sites / "site0.npz", deployment.port + 4)
-    assert proc.wait(timeout=120) != 0
-    assert "Failed to activate SuperNode" in (deployment.root / "stranger.log").read_text()
+    proc.wait(timeout=120)  # Flower's node stops itself on a 401 (SIGINT to itself: exit 0)
+    log = (deployment.root / "stranger.log").read_text()
+    assert "SuperNode terminated gracefully" in log and "Receiving:" not in log
 
 
 def test_only_the_federations_superexecs_can_take_its_runs_work(deployment):

@@ -563,7 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_federation_export)
     p = actions.add_parser(
-        "up", help="a federation on this machine: a SuperLink and one SuperNode per site file, until interrupted"
+        "up",
+        help="a federation on this machine: nginx on the sites' port, a SuperLink behind it and one SuperNode per site "
+        "file, until interrupted (SIGHUP: each site's certificate bound again to its node key in SITES/keys)",
     )
     p.add_argument("--sites", required=True, help="the folder of the site data files (incofl federation export)")
     p.add_argument(
