@@ -174,35 +174,38 @@ def test_the_executor_refuses_a_poll_interval_out_of_flowers_bounds_and_a_loose_
     assert stop.value.code == 2 and "readable by group or others" in capsys.readouterr().err
 
 
-def test_the_superlink_wrapper_keeps_the_control_api_on_loopback(capsys):
+def test_the_superlink_wrapper_keeps_the_control_api_on_loopback(capsys, tmp_path):
     """Its Control and Runtime APIs (Flower's --host) on a loopback address only, or one line, exit 2."""
     from incofl.deploy.superlink import parse
 
-    limits, flower = parse(["--fleet-address", "0.0.0.0:9092", "--host", "127.0.0.1", "--port", "9093", "--insecure"])
-    assert limits.fleet == ("0.0.0.0", 9092) and flower == ["--host", "127.0.0.1", "--port", "9093", "--insecure"]
+    socket = tmp_path / "fleet.sock"
+    limits, flower = parse(["--fleet-socket", str(socket), "--host", "127.0.0.1", "--port", "9093", "--insecure"])
+    assert limits.fleet == socket and flower == ["--host", "127.0.0.1", "--port", "9093", "--insecure"]
     for argv in (["--host", "0.0.0.0"], ["--host=10.0.0.1"], ["--control-api-address", "0.0.0.0:9093"]):
         with pytest.raises(SystemExit) as stop:
-            parse(["--fleet-address", "0.0.0.0:9092", *argv])
+            parse(["--fleet-socket", str(socket), *argv])
         assert stop.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].startswith("python -m")
 
 
-def test_the_sites_ports_limits_are_refused_in_one_line_when_they_cannot_hold(capsys, tmp_path):
-    """TLS without the CA that issues the sites' certificates, and a limit that is not positive, are
-    refused before anything starts (one line, exit 2); with the CA, the port requires its certificates."""
+def test_the_fleet_socket_and_the_message_cap_are_refused_in_one_line_when_they_cannot_hold(capsys, tmp_path):
+    """A Fleet socket in a folder others may enter (uvicorn makes the socket 0666: its folder is what
+    keeps others out) and a cap that is not positive are refused before anything starts (one line,
+    exit 2); so are a site's certificate without its key and a key others may read."""
     from incofl.deploy.superlink import parse
     from incofl.deploy.supernode import parse as node_parse
 
-    fleet = ["--fleet-address", "0.0.0.0:9092", "--host", "127.0.0.1"]
-    tls = ["--ssl-certfile", "s.pem", "--ssl-keyfile", "s.key"]
-    assert parse([*fleet, *tls, "--ssl-ca-certfile", "ca.pem"])[0].sites_ca == "ca.pem"
+    private, shared = tmp_path / "private", tmp_path / "shared"
+    private.mkdir(mode=0o700)
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    assert parse(["--fleet-socket", str(private / "f.sock"), "--insecure"])[0].max_message == 512 << 20
     refused = [
-        (tls, "--ssl-ca-certfile: required with TLS"),
-        (["--insecure", "--request-timeout", "0"], "--request-timeout must be positive"),
-        (["--insecure", "--max-connections-per-peer", "0"], "--max-connections-per-peer must be positive"),
+        (["--fleet-socket", str(shared / "f.sock")], "its folder must exist and be private"),
+        (["--fleet-socket", str(private / "f.sock"), "--max-message-mb", "0"], "--max-message-mb must be positive"),
     ]
     for argv, why in refused:
         with pytest.raises(SystemExit) as stop:
-            parse([*fleet, *argv])
+            parse([*argv, "--insecure"])
         assert stop.value.code == 2 and why in capsys.readouterr().err.strip().splitlines()[-1]
     loose = tmp_path / "node0.key"
     credentials.write_secret(loose, b"k")

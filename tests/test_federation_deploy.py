@@ -362,9 +362,7 @@ def test_a_run_finishes_while_a_peer_holds_idle_connections_and_floods_the_sites
     assert waits[int(0.9 * len(waits))] < 1.0 and waits[-1] < 3.0, waits  # the loop was never held
     logs = [*(deployment.root / "sites" / "logs").glob("*.log*")]
     assert max(len(line) for log in logs for line in log.read_text().splitlines()) <= LINE_CAP + 10
-    refused = sum(
-        log.read_text().count(" [error] ") for log in (deployment.root / "sites" / "logs").glob("edge*.log*")
-    )
+    refused = sum(log.read_text().count(" [error] ") for log in (deployment.root / "sites" / "logs").glob("edge*.log*"))
     floods = sum(peer.sent.values())
     assert 0 < refused <= BURST + RATE * (seconds + 60), (refused, floods, seconds)  # up ran a minute more at most
     print(  # the evidence docs/federation.md quotes (pytest -rP shows it)
