@@ -193,7 +193,6 @@ def _location(path: str, cap: int, bound: bool) -> list[str]:
 def _http(edge: Edge) -> list[str]:
     bound = edge.tls is not None
     known = {address: "" for address in edge.sites_at}
-    site_rate = SITE_RATE * max(edge.sites_at.values(), default=1)
     listen = f"listen unix:{edge.folder}/tls.sock{' ssl' if bound else ''} proxy_protocol;"
     lines = [
         "access_log off;",  # every refusal is already an error-log line, rate-limited where it is written
@@ -223,7 +222,7 @@ def _http(edge: Edge) -> list[str]:
         *_map("$remote_addr", "$stranger_address", known, "$binary_remote_addr"),
         *_map("$ssl_client_s_dn", "$site_key", edge.site_keys, '"-"'),
         f"limit_req_zone $stranger_address zone=stranger_rate:4m rate={STRANGER_RATE}r/s;",
-        f"limit_req_zone $ssl_client_s_dn zone=site_rate:1m rate={site_rate}r/s;",
+        f"limit_req_zone $ssl_client_s_dn zone=site_rate:1m rate={SITE_RATE}r/s;",
         "limit_conn_zone $ssl_client_s_dn zone=per_site:1m;",
         "limit_req_status 429;",
         "limit_conn_status 429;",
@@ -239,7 +238,7 @@ def _http(edge: Edge) -> list[str]:
         "    real_ip_header proxy_protocol;",
         *("    " + line for line in _tls(edge)),
         f"    limit_req zone=stranger_rate burst={STRANGER_RATE * BURST} nodelay;",
-        f"    limit_req zone=site_rate burst={site_rate * BURST} nodelay;",
+        f"    limit_req zone=site_rate burst={SITE_RATE * BURST} nodelay;",
         f"    limit_conn per_site {NODE_CONNECTIONS};",
         *("    " + line for path, cap in sorted(edge.routes.items()) for line in _location(path, cap, bound)),
         "    location / { return 404; }",
