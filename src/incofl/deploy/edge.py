@@ -35,6 +35,7 @@ IDLE = 30  # seconds a connection may wait between two requests
 SITE_RATE, STRANGER_RATE = 200, 20  # requests a second per site (its certificate), per unknown address
 BURST = 4  # a rate's burst: this many seconds' worth at once
 FD_SPARE = 256  # file descriptors kept for nginx's own files, logs and listeners
+MAX_CONNECTIONS = 1 << 16  # nginx allocates its connection table up front (some 0.4 KiB each): 28 MiB at most
 FDS_PER_CONNECTION = 3  # a connection's socket, the stream layer's to the http layer, and the http layer's
 HEAD_BUFFERS = "4 8k"  # a request line or header over 8 KiB: 414 or 494; four such buffers at most
 BODY_BUFFER = "64k"  # a body past this is spooled to a private file, not held in memory
@@ -66,8 +67,8 @@ class Edge:
 
     @property
     def connections(self) -> int:
-        """nginx's worker_connections: every open file it may have, but its spare."""
-        return max(self.fd_limit - FD_SPARE, 64)
+        """nginx's worker_connections: every open file it may have, but its spare (MAX_CONNECTIONS at most)."""
+        return min(max(self.fd_limit - FD_SPARE, 64), MAX_CONNECTIONS)
 
     @property
     def strangers(self) -> int:
