@@ -30,6 +30,7 @@ from incofl.deploy.edge import (  # noqa: E402
     Edge,
     nginx,
     node_key_header,
+    render,
 )
 
 pytestmark = pytest.mark.xdist_group("edge-config")
@@ -223,3 +224,19 @@ def test_an_address_past_its_request_rate_is_answered_429(edge):
     conn.close()
     assert statuses[0] == 200 and 429 in statuses
     assert len(upstream.seen) - before == statuses.count(200) < len(statuses)
+
+
+@pytest.mark.parametrize("fd_limit", [1024, 20_000, 1 << 20])
+def test_every_connection_cap_stays_below_the_open_file_limit_with_room_for_every_known_site(fd_limit):
+    """nginx's connection table within the open files it may have (its spare kept) and at most
+    MAX_CONNECTIONS; strangers' connections together, each FDS_PER_CONNECTION files, within it
+    once every known site has its NODE_CONNECTIONS: no number of unknown addresses takes theirs."""
+    from incofl.deploy.edge import FD_SPARE, FDS_PER_CONNECTION, MAX_CONNECTIONS
+
+    edge = Edge("127.0.0.1:9092", Path("/x"), Path("/x/f.sock"), None, {}, {}, {"127.0.0.1": 9}, fd_limit)
+    assert edge.connections <= min(fd_limit - FD_SPARE, MAX_CONNECTIONS)
+    known = NODE_CONNECTIONS * 9
+    assert (edge.strangers + known) * FDS_PER_CONNECTION <= edge.connections
+    assert edge.strangers >= STRANGER_CONNECTIONS
+    text = render(edge)
+    assert f"worker_rlimit_nofile {fd_limit};" in text and f"limit_conn strangers {edge.strangers};" in text
