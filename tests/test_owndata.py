@@ -131,6 +131,39 @@ def test_unfit_data_and_an_unsigned_declaration_are_refused_before_any_round(tmp
     assert not (tmp_path / "federation" / "metrics.csv").exists()
 
 
+def truncated(folder: Path) -> str:
+    """The first image of `folder` (by file name, the site's order) cut to half its bytes; its path in the folder."""
+    image = min(folder.glob("*/*.png"), key=lambda path: path.name)
+    image.write_bytes(image.read_bytes()[: image.stat().st_size // 2])
+    return image.relative_to(folder).as_posix()
+
+
+def test_a_sites_truncated_image_is_named_in_the_one_line_it_refuses_the_run_with(tmp_path):
+    """A PNG cut short in a site's folder: refused in one line naming the file (relative to the
+    folder); so are a file that is no image and one of another mode. Before, the line named the
+    folder and said only OSError."""
+    from PIL import Image
+
+    from incofl.data.facts import Facts
+    from incofl.deploy.owndata import load_own
+
+    cfg = load_run_config(write_config(tmp_path))
+    facts = Facts((), 10, (1, 8, 8), (0.5,), (0.25,))
+    folder = tmp_path / "own"
+    write_folder(folder, np.random.default_rng(0).integers(0, 256, (3, 1, 8, 8), np.uint8), np.array([0, 3, 3]))
+    bad = truncated(folder)
+    assert bad == "0/00000.png"
+    with pytest.raises(ConfigError) as refused:
+        load_own("data-folder", str(folder), cfg, 0, facts)
+    assert str(refused.value) == f"data-folder {folder}: not data of this run (0/00000.png: image file is truncated)"
+    (folder / bad).write_bytes(b"not an image")
+    with pytest.raises(ConfigError, match=r"\(0/00000\.png: not an image PIL reads\)$"):
+        load_own("data-folder", str(folder), cfg, 0, facts)
+    Image.new("RGBA", (8, 8)).save(folder / bad)
+    with pytest.raises(ConfigError, match=r"\(0/00000\.png: mode RGBA, not grey \(L\) or RGB\)$"):
+        load_own("data-folder", str(folder), cfg, 0, facts)
+
+
 def test_a_declaration_is_taken_only_signed_and_within_the_data_sets_classes():
     """The server's reading of a declaration (already opened: its signature held): refused without
     node-keys, with a class outside the data set, unsorted classes or no samples; else its facts."""
