@@ -191,6 +191,44 @@ def test_a_sites_signed_refusal_stops_the_run_at_once_with_its_line(tmp_path, ca
     assert f"node 101: a query.identify message failed: data-folder {tmp_path / 'own0'}: {line}" in caplog.text
 
 
+def test_the_serverapps_refusal_reaches_flowers_log_as_its_one_line(tmp_path):
+    """What `flwr run --stream` and `flwr log` show of a refused run: Flower's ServerApp process logs
+    what its `flwr` logger and its stdout and stderr carry, then a traceback of the exception the
+    ServerApp raised (run_serverapp.py). The ServerApp logs the refusal's one line first, through
+    Flower's logger, and raises it with no frame of incofl's below `main`: Flower's status details
+    (`flwr ls`) carry the same line. No `<class ...NodeError>` wrapper anywhere."""
+    import traceback
+
+    from flwr.app import Context, RecordDict
+
+    from incofl.deploy.inprocess import InProcessGrid
+    from incofl.deploy.serverapp import app
+
+    config = write_config(tmp_path, methods=["FedAvg"])
+    nodes, pems = own_sites(tmp_path, load_run_config(config), {0: "folder"})
+    bad = truncated(tmp_path / "own0")
+    run_config = {"config": str(config), "out": str(tmp_path / "federation"), "node-keys": str(tmp_path / "keys")}
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    flower = logging.getLogger("flwr")
+    flower.addHandler(handler)
+    try:
+        with no_data_set(), pytest.raises(ConfigError) as refused:
+            app(InProcessGrid(nodes, keys=pems), Context(1, 0, {}, RecordDict(), {**run_config, "join-timeout": 60}))
+    finally:
+        flower.removeHandler(handler)
+    line = (
+        "client 0's site refused the run: node 101: data-folder <data-folder>: not data of this run "
+        f"({bad}: image file is truncated)"
+    )
+    assert str(refused.value) == line
+    said = [(r.getMessage(), r.exc_info) for r in seen if r.levelno >= logging.WARNING]
+    assert said == [(line, None)]
+    frames = [frame.name for frame in traceback.extract_tb(refused.value.__traceback__)]
+    assert frames[-1] == "main" and "identify" not in frames, frames
+
+
 def test_a_declaration_is_taken_only_signed_and_within_the_data_sets_classes():
     """The server's reading of a declaration (already opened: its signature held): refused without
     node-keys, with a class outside the data set, unsorted classes or no samples; else its facts."""

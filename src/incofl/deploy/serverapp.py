@@ -25,6 +25,11 @@ evaluates and checkpoints exactly as in the simulator. No reply can stop the ser
 Restarted with the same `out`, the run resumes from its last checkpoint (and each node from its
 client's store at that round: client.py).
 
+A run refused (a config it cannot run, a site's refusal, a round without its replies: a
+ConfigError or MissingClients, one line each) ends with that line, logged through Flower's logger
+before Flower's traceback of the exception (`flwr run --stream`, `flwr log` show both; Flower's
+status details, `flwr ls`, the line), which holds no frame of incofl's below `main`.
+
 Identity: with `node-keys`, a node's claim to be client C at identify is accepted only if the
 key the SuperLink holds for it is site C's (transport.Identity); another is refused and logged,
 and the run waits for the rightful node. So is a node's refusal of the run (its error reply),
@@ -44,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.common import log as flower_log
 from flwr.serverapp import Grid, ServerApp
 
 from incofl.atomic import write_json
@@ -57,6 +63,7 @@ from incofl.deploy.signing import SERVER, SignatureError
 from incofl.deploy.sitedata import test_sha256
 from incofl.deploy.transport import POLL, FlowerTransport, Identity, failure_line, no_content
 from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.exchange import MissingClients
 from incofl.fl.engine.run import Run, build_assembly
 from incofl.fl.engine.rundir import claimed
 from incofl.fl.engine.server import Server
@@ -312,4 +319,8 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    serve(grid, AppSettings.of(dict(context.run_config)))
+    try:
+        serve(grid, AppSettings.of(dict(context.run_config)))
+    except (ConfigError, MissingClients) as err:  # the run refused: its one line first (module docstring)
+        flower_log(logging.ERROR, "%s", err)
+        raise err.with_traceback(None) from None
