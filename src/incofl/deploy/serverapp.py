@@ -194,14 +194,14 @@ def claim(
     site = identity.site_of(node)
     if reply.has_error():
         if identity.keys is None:
-            raise ConfigError(f"node {node} refused the run: {failure_text(failure_line(reply))[0]}")
+            raise ConfigError(f"node {node} refused the run: {failure_text(failure_line(reply))[0][:300]}")
         try:  # its line, signed by the client's site as its answer to this identify
             why = identity.failure(reply, site, got.answers, IDENTIFY)
         except SignatureError as err:  # perhaps not the node's own: logged, and named if the run ends without it
             log.warning("identify: node %d: %s (not its site's word: %s)", node, no_content(node, reply), err)
             refusals[node] = no_content(node, reply)
             return
-        raise ConfigError(f"client {site}'s site refused the run: {why}")
+        raise ConfigError(f"client {site}'s site refused the run: {why[:300]}")
     try:
         content = identity.opened(reply, site, got.answers, IDENTIFY, 0)
         answer = content.config_records["node"]
