@@ -438,6 +438,21 @@ def test_a_node_without_the_test_split_its_model_is_scored_on_is_refused_before_
     assert not (tmp_path / "federation" / "metrics.csv").exists()
 
 
+def test_without_node_keys_a_nodes_refusal_stops_the_run_in_its_own_words(tmp_path):
+    """Without node-keys any node's refusal stops the run, in the node's one line: not Flower's
+    `<class '...NodeError'>:<'...'>` of it (before: its reason as it came, a traceback in process)."""
+    from incofl.deploy.inprocess import InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
+
+    config = write_config(tmp_path)
+    nodes = export_sites(load_run_config(config), tmp_path)
+    nodes[0]["data-path"] = str(tmp_path / "nowhere.npz")
+    settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=30.0, server_key=_server(tmp_path))
+    with pytest.raises(ConfigError) as refused:
+        serve(InProcessGrid(nodes), settings)
+    assert str(refused.value) == "node 101 refused the run: node 101: data-path <data-path>: not a regular file"
+
+
 def test_the_server_holds_the_facts_and_the_test_split_and_reads_no_data_set(tmp_path):
     """The facts file export writes is the simulator's facts (one rule), with the test split and no
     training image; with it, a server that may read no data set builds its side (run_both runs

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -268,10 +269,79 @@ def test_a_node_reads_only_the_files_its_own_config_names(tmp_path):
 def _reply_or_error(message, context):
     """The client incofl's ClientApp's reply claims, or what its failure tells the server (Flower's
     error reply carries the exception's type and text: here its text, where the type is incofl's
-    NodeError)."""
+    NodeError, without the site's signature at its end)."""
     from incofl.deploy import clientapp
+    from incofl.deploy.codec import failure_text
 
     try:
         return clientapp.app(message, context).content.config_records["node"]["client"]
     except Exception as err:  # noqa: BLE001 (what the server is told)
-        return str(err) if type(err).__name__ == "NodeError" else f"{type(err).__name__}: {err}"
+        return failure_text(str(err))[0] if type(err).__name__ == "NodeError" else f"{type(err).__name__}: {err}"
+
+
+def test_a_nodes_refusal_is_its_sites_word_only_signed_by_its_site_for_the_message_it_answers(tmp_path):
+    """An error reply holds one line: the site's signature at its end (clientapp.signed) binds it
+    to the run, the client and the message it answers; the server takes it only so signed by the
+    site whose key the SuperLink holds for the node."""
+    from flwr.app import Error, Message, RecordDict
+
+    from incofl.deploy.codec import failure_text, sign_failure
+    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.signing import SignatureError, private_key
+    from incofl.deploy.transport import Identity
+
+    nodes, pems = signed_sites(load_run_config(write_config(tmp_path)), tmp_path)
+    grid = InProcessGrid(nodes, keys=pems, run_id=7)
+    identity = Identity.load(grid, tmp_path / "keys", tmp_path / "keys" / "server", len(nodes), 7)
+    site0, site1 = (private_key(tmp_path / "keys" / f"node{c}") for c in (0, 1))
+    line = "node 101: data-folder <data-folder>: not data of this run (0/00000.png: image file is truncated)"
+
+    def refusal(text: str, node: int = FIRST_NODE) -> Message:
+        asked = Message(RecordDict(), node, "query.identify")
+        asked.metadata.__dict__["_message_id"] = "m1"
+        return Message(Error(2, f"<class 'incofl.deploy.clientapp.NodeError'>:<'{text}'>"), reply_to=asked)
+
+    signed = sign_failure(line, site0, 7, 0, "m1", "query.identify")
+    assert failure_text(signed) == (line, signed.rpartition(" [signed ")[2][:-1])
+    assert identity.failure(refusal(signed), 0, "m1", "query.identify") == line
+    for text, client, answers, why in [
+        (signed, 0, "m2", "not client 0's site's"),  # another message's
+        (signed, 1, "m1", "not client 1's site's"),  # checked as another client's
+        (sign_failure(line, site1, 7, 0, "m1", "query.identify"), 0, "m1", "not client 0's site's"),  # another key
+        (sign_failure(line, site0, 8, 0, "m1", "query.identify"), 0, "m1", "not client 0's site's"),  # another run
+        (signed.replace("truncated", "fine"), 0, "m1", "not client 0's site's"),
+        (line, 0, "m1", "it is not signed"),
+        (line + " [signed !!]", 0, "m1", "malformed"),
+        (signed, None, "m1", "key is no site's"),
+    ]:
+        with pytest.raises(SignatureError, match=why):
+            identity.failure(refusal(text), client, answers, "query.identify")
+
+
+def test_a_refusal_from_a_node_that_is_not_the_clients_site_does_not_stop_the_run(tmp_path, caplog):
+    """A node whose key is no site's claims client 0 and refuses the run, its line signed with its
+    own key as client 0's: logged, not taken; client 0's own node joins and the run trains."""
+    from incofl.deploy.credentials import node_key
+    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.serverapp import AppSettings, serve
+
+    config = write_config(tmp_path, rounds=1)
+    sites, pems = signed_sites(load_run_config(config), tmp_path)
+    own = node_key(tmp_path / "impostor", 0)
+    impostor = {**sites[0], "data-path": str(tmp_path / "nowhere.npz"), "node-key": str(own[0])}
+    keys = {FIRST_NODE: _pem(own[1])} | {node + 1: key for node, key in pems.items()}
+    grid = InProcessGrid([impostor, *sites], keys=keys)
+    out = tmp_path / "federation"
+    serve(grid, AppSettings(str(config), {}, out, join_timeout=30.0, node_keys=tmp_path / "keys"))
+    said = f"identify: node {FIRST_NODE}: the node's ClientApp failed: node {FIRST_NODE}: data-path <data-path>: "
+    assert f"{said}not a regular file (not its site's word: node {FIRST_NODE}'s key is no site's)" in caplog.text
+    assert json.loads((out / "federation.json").read_text())["nodes"]["0"] == FIRST_NODE + 1
+    assert (out / "metrics.csv").exists()
+
+
+def _pem(public: Path) -> bytes:
+    """An OpenSSH public key file as a SuperLink holds the key (PEM)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_ssh_public_key(public.read_bytes())
+    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)

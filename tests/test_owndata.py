@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -109,26 +109,124 @@ def test_a_sites_declaration_takes_the_place_of_the_facts_files_row(tmp_path, ca
 
 
 def test_unfit_data_and_an_unsigned_declaration_are_refused_before_any_round(tmp_path, caplog):
-    """Client 0's images of another size, client 1's label outside the classes: each node refuses
-    the run in one line naming its node config key, not its path; client 2's declaration signed with
-    client 3's key is refused by the server; no round runs."""
+    """Client 0's images of another size, or client 1's label outside the classes: the node refuses
+    the run in one line naming its node config key, not its path, signed with its node key, and the
+    run stops at once with that line; client 2's declaration signed with client 3's key is refused
+    by the server, which waits for the rightful node; no round runs."""
     config = write_config(tmp_path, methods=["FedAvg"])
     cfg = load_run_config(config)
     nodes, pems = own_sites(tmp_path, cfg, {0: "folder", 1: "npz", 2: "npz", 3: "npz"})
-    shutil.rmtree(tmp_path / "own0")
-    write_folder(tmp_path / "own0", np.zeros((2, 1, 5, 5), np.uint8), np.zeros(2, np.int64))  # another size
+    good = [dict(node) for node in nodes]
+    write_folder(tmp_path / "unfit0", np.zeros((2, 1, 5, 5), np.uint8), np.zeros(2, np.int64))  # another size
+    nodes[0]["data-folder"] = str(tmp_path / "unfit0")
+    with pytest.raises(ConfigError) as refused:
+        serve_sites(tmp_path, config, [nodes[0], *good[1:]], pems, timeout=60.0)
+    why = str(refused.value)
+    assert why.startswith("client 0's site refused the run: node 101: data-folder <data-folder>: not data of this run")
+    assert "(images uint8 [2, 1, 5, 5], the run's are" in why and "\n" not in why and str(tmp_path) not in why
     with np.load(tmp_path / "own1.npz") as f:
-        np.savez(tmp_path / "own1.npz", x=f["x"], y=np.full_like(f["y"], 10))
+        x, y = f["x"], f["y"]
+    np.savez(tmp_path / "own1.npz", x=x, y=np.full_like(y, 10))
+    with pytest.raises(ConfigError) as refused:
+        serve_sites(tmp_path, config, good, pems, timeout=60.0, run_id=2)  # a run of its own: nodes read anew
+    assert str(refused.value) == (
+        "client 1's site refused the run: node 102: data-npz <data-npz>: not data of this run "
+        "(label 10: the run has classes 0..9)"
+    )
+    np.savez(tmp_path / "own1.npz", x=x, y=y)
     nodes[2]["node-key"] = nodes[3]["node-key"]
     with pytest.raises(ConfigError) as refused:
-        serve_sites(tmp_path, config, nodes, pems, timeout=2.0)
-    why = str(refused.value)
-    assert why.startswith("no node joined for client(s) 0, 1, 2 within 2 s") and "\n" not in why
-    assert "data-folder <data-folder>: not data of this run (images uint8 [2, 1, 5, 5], the run's are" in why
-    assert "data-npz <data-npz>: not data of this run (label 10: the run has classes 0..9)" in why
-    assert str(tmp_path) not in why
+        serve_sites(tmp_path, config, [*good[:2], nodes[2], good[3]], pems, timeout=2.0, run_id=3)
+    assert str(refused.value) == "no node joined for client(s) 2 within 2 s (join-timeout)"
     assert "identify: node 103: refused: its signature is not client 2's site's" in caplog.text
     assert not (tmp_path / "federation" / "metrics.csv").exists()
+
+
+def truncated(folder: Path) -> str:
+    """The first image of `folder` (by file name, the site's order) cut to half its bytes; its path in the folder."""
+    image = min(folder.glob("*/*.png"), key=lambda path: path.name)
+    image.write_bytes(image.read_bytes()[: image.stat().st_size // 2])
+    return image.relative_to(folder).as_posix()
+
+
+def test_a_sites_truncated_image_is_named_in_the_one_line_it_refuses_the_run_with(tmp_path):
+    """A PNG cut short in a site's folder: refused in one line naming the file (relative to the
+    folder); so are a file that is no image and one of another mode. Before, the line named the
+    folder and said only OSError."""
+    from PIL import Image
+
+    from incofl.data.facts import Facts
+    from incofl.deploy.owndata import load_own
+
+    cfg = load_run_config(write_config(tmp_path))
+    facts = Facts((), 10, (1, 8, 8), (0.5,), (0.25,))
+    folder = tmp_path / "own"
+    write_folder(folder, np.random.default_rng(0).integers(0, 256, (3, 1, 8, 8), np.uint8), np.array([0, 3, 3]))
+    bad = truncated(folder)
+    assert bad == "0/00000.png"
+    with pytest.raises(ConfigError) as refused:
+        load_own("data-folder", str(folder), cfg, 0, facts)
+    assert str(refused.value) == f"data-folder {folder}: not data of this run (0/00000.png: image file is truncated)"
+    (folder / bad).write_bytes(b"not an image")
+    with pytest.raises(ConfigError, match=r"\(0/00000\.png: not an image PIL reads\)$"):
+        load_own("data-folder", str(folder), cfg, 0, facts)
+    Image.new("RGBA", (8, 8)).save(folder / bad)
+    with pytest.raises(ConfigError, match=r"\(0/00000\.png: mode RGBA, not grey \(L\) or RGB\)$"):
+        load_own("data-folder", str(folder), cfg, 0, facts)
+
+
+def test_a_sites_signed_refusal_stops_the_run_at_once_with_its_line(tmp_path, caplog):
+    """Client 0's folder holds a truncated PNG: its node logs the line naming the file, and refuses
+    the run, signed with its node key; the server stops at once (not after join-timeout, 60 s here)
+    with that line, the node's files by their node config keys."""
+    config = write_config(tmp_path, methods=["FedAvg"])
+    nodes, pems = own_sites(tmp_path, load_run_config(config), {0: "folder", 1: "folder", 2: "npz"})
+    bad = truncated(tmp_path / "own0")
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as refused:
+        serve_sites(tmp_path, config, nodes, pems, timeout=60.0)
+    assert time.monotonic() - start < 30
+    line = f"not data of this run ({bad}: image file is truncated)"
+    assert str(refused.value) == f"client 0's site refused the run: node 101: data-folder <data-folder>: {line}"
+    assert f"node 101: a query.identify message failed: data-folder {tmp_path / 'own0'}: {line}" in caplog.text
+
+
+def test_the_serverapps_refusal_reaches_flowers_log_as_its_one_line(tmp_path):
+    """What `flwr run --stream` and `flwr log` show of a refused run: Flower's ServerApp process logs
+    what its `flwr` logger and its stdout and stderr carry, then a traceback of the exception the
+    ServerApp raised (run_serverapp.py). The ServerApp logs the refusal's one line first, through
+    Flower's logger, and raises it with no frame of incofl's below `main`: Flower's status details
+    (`flwr ls`) carry the same line. No `<class ...NodeError>` wrapper anywhere."""
+    import traceback
+
+    from flwr.app import Context, RecordDict
+
+    from incofl.deploy.inprocess import InProcessGrid
+    from incofl.deploy.serverapp import app
+
+    config = write_config(tmp_path, methods=["FedAvg"])
+    nodes, pems = own_sites(tmp_path, load_run_config(config), {0: "folder"})
+    bad = truncated(tmp_path / "own0")
+    run_config = {"config": str(config), "out": str(tmp_path / "federation"), "node-keys": str(tmp_path / "keys")}
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    flower = logging.getLogger("flwr")
+    flower.addHandler(handler)
+    try:
+        with no_data_set(), pytest.raises(ConfigError) as refused:
+            app(InProcessGrid(nodes, keys=pems), Context(1, 0, {}, RecordDict(), {**run_config, "join-timeout": 60}))
+    finally:
+        flower.removeHandler(handler)
+    line = (
+        "client 0's site refused the run: node 101: data-folder <data-folder>: not data of this run "
+        f"({bad}: image file is truncated)"
+    )
+    assert str(refused.value) == line
+    said = [(r.getMessage(), r.exc_info) for r in seen if r.levelno >= logging.WARNING]
+    assert said == [(line, None)]
+    frames = [frame.name for frame in traceback.extract_tb(refused.value.__traceback__)]
+    assert frames[-1] == "main" and "identify" not in frames, frames
 
 
 def test_a_declaration_is_taken_only_signed_and_within_the_data_sets_classes():

@@ -12,7 +12,11 @@ would hang the node's reader): no path comes with the run (its schedule, schedul
 run that starts from pretrained weights is refused in one line where the
 node config names none. A failure reaches the server in the node's terms (`NodeError`): an
 incofl refusal's line with the node's files named by their node config keys, else only that the
-node failed; never a path or an exception type of the site's (its log has them). Messages:
+node failed; never a path or an exception type of the site's (its log has them), signed with the
+node's key where it has one (`signed`: an error reply holds no record to sign, so the line carries
+its site's signature, and the server stops the run at once on a refusal at identify that its
+client's site signed). The node logs an incofl refusal's line as it is (a folder's bad image named
+by its path in the folder: owndata.py), anything else with its traceback. Messages:
 
 - `query.identify`: the server's first message, with the run's schedule; the node answers
   with its client id (the ServerApp cannot read node config) and the hash of its test split
@@ -52,6 +56,7 @@ from incofl.deploy.codec import (
     open_instruction,
     read_job,
     scores_content,
+    sign_failure,
     sign_reply,
     signature_of,
     unbundled,
@@ -73,6 +78,7 @@ DATA = (DATA_PATH, *OWN)  # the node config's keys of a node's data: one of them
 FILES = (*DATA, "state-dir", "node-key", "pretrained", "server-key")  # the node config's keys that name files
 PATH = re.compile(r"(?<![\w.-])(?:~|\.{0,2})/[^\s'\",;:)]*")  # a path left in a failure's text (said: <a path>)
 Handler = Callable[[Message, Context], Message]
+REFUSALS = (ValueError, StaleState)  # incofl's refusals (ConfigError, CodecError, SignatureError too): one line each
 
 
 class Refused(RuntimeError):
@@ -83,12 +89,16 @@ class NodeError(RuntimeError):
     """A message the node failed, as the server is told it: in the node's terms (module docstring)."""
 
 
+def first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [""])[0]
+
+
 def in_node_terms(err: Exception, context: Context) -> str:
     """What `err` tells the server: an incofl refusal's first line with the node's files named by
     their node config keys (and any other path by `<a path>`); of anything else, that it failed."""
-    if not isinstance(err, (ValueError, StaleState)):  # ConfigError, CodecError, SignatureError too
+    if not isinstance(err, REFUSALS):
         return "failed on the node (its log says why)"
-    text = (str(err).strip().splitlines() or [""])[0]
+    text = first_line(err)
     named = {key: str(context.node_config[key]) for key in FILES if key in context.node_config}
     if any(key in named for key in DATA):
         named["state-dir"] = str(state_dir(context))  # its default too
@@ -98,20 +108,39 @@ def in_node_terms(err: Exception, context: Context) -> str:
 
 
 def told(handler: Handler) -> Handler:
-    """`handler`, whose failure is logged on the node and raised as a NodeError in the node's terms
-    (a refused instruction as it is)."""
+    """`handler`, whose failure is logged on the node (an incofl refusal: its line, its paths as
+    they are; anything else with its traceback) and raised as a NodeError in the node's terms (a
+    refused instruction as it is), signed (`signed`)."""
 
     @wraps(handler)
     def handle(message: Message, context: Context) -> Message:
         try:
             return handler(message, context)
-        except Refused:  # in the node's terms already, and logged
-            raise
+        except Refused as err:  # in the node's terms already, and logged
+            raise Refused(signed(str(err), message, context)) from None
         except Exception as err:
-            log.error("node %d: a %s message failed", context.node_id, message.metadata.message_type[:40], exc_info=err)
-            raise NodeError(f"node {context.node_id}: {in_node_terms(err, context)}") from None
+            kind, refusal = message.metadata.message_type[:40], isinstance(err, REFUSALS)
+            why = first_line(err) if refusal else f"{type(err).__name__}: {first_line(err)}"
+            log.error("node %d: a %s message failed: %s", context.node_id, kind, why, exc_info=None if refusal else err)
+            said = f"node {context.node_id}: {in_node_terms(err, context)}"
+            raise NodeError(signed(said, message, context)) from None
 
     return handle
+
+
+def signed(text: str, message: Message, context: Context) -> str:
+    """A failure's line `text` as the server is told it: signed with the node's key where it has one,
+    bound to the run, its client and the message it answers (codec.sign_failure; an error reply
+    holds no record to sign), so that the server takes it as the site's word; unsigned where the key
+    cannot be read (the server then does not take it so)."""
+    if not context.node_config.get("node-key"):
+        return text
+    try:
+        key, client = node_key(node_file(context, "node-key")), node_client(context)
+    except Exception:  # noqa: BLE001 (the failure is told all the same)
+        return text
+    meta = message.metadata
+    return sign_failure(text, key, context.run_id, client, meta.message_id, meta.message_type)
 
 
 def node_file(context: Context, key: str) -> str:

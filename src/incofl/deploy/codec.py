@@ -32,6 +32,8 @@ entries it cannot know.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import sys
@@ -66,6 +68,7 @@ WIRE = {"int": int, "float": float, "bool": int}  # a metric field's declared ty
 # a reply's bytes beyond its states' (metrics, configs, its signature, Flower's object headers: a few KB)
 REPLY_OVERHEAD = 1 << 20
 SIGNATURE = "incofl.signature"  # the config record of a message's signature (signing.py)
+SIGNED_LINE = " [signed "  # ends a node's failure line its site signed: the signature in base64, then "]"
 J = TypeVar("J", TrainJob, EvalJob)
 
 
@@ -631,3 +634,34 @@ def open_reply(
         raise SignatureError(f"it is signed for round {signed_round}, asked in round {round_}")
     verify(public, reply_statement(content, run, round_, client, answers, kind), signature, f"client {client}'s site")
     return unsigned(content)
+
+
+def failure_statement(text: str, run: int, client: int, answers: str, kind: str) -> bytes:
+    return statement("failure", run=run, client=client, answers=answers, type=kind, text=text)
+
+
+def sign_failure(text: str, key: Any, run: int, client: int, answers: str, kind: str) -> str:
+    """A node's one-line failure `text` with its site's signature at its end, bound to what it
+    answers (an error reply holds that line only: no record to sign)."""
+    signature = sign(key, failure_statement(text, run, client, answers, kind))
+    return f"{text}{SIGNED_LINE}{base64.b64encode(signature).decode()}]"
+
+
+def failure_text(line: str) -> tuple[str, str]:
+    """A node's failure line: its text and its signature (base64; '' where it carries none)."""
+    text, mark, rest = line.rpartition(SIGNED_LINE)
+    return (text, rest[:-1]) if mark and rest.endswith("]") else (line, "")
+
+
+def open_failure(line: str, public: Any, run: int, client: int, answers: str, kind: str) -> str:
+    """A failure line's text, if client `client`'s site signed it as its answer to the instruction
+    `answers` (of type `kind`, this run); SignatureError otherwise."""
+    text, signature = failure_text(line)
+    if not signature:
+        raise SignatureError("it is not signed")
+    try:
+        raw = base64.b64decode(signature, validate=True)
+    except binascii.Error:
+        raise SignatureError("its signature is malformed") from None
+    verify(public, failure_statement(text, run, client, answers, kind), raw, f"client {client}'s site")
+    return text

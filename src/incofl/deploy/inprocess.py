@@ -6,12 +6,11 @@ network. It drives the real ServerApp and ClientApp: the equality tests and the
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable, Iterable
 from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
@@ -27,8 +26,8 @@ class InProcessGrid(Grid):
     """Nodes FIRST_NODE + i holding `node_configs[i]`; `apps` may replace a node's ClientApp
     (a test's faulty node), `keys` give a node its public key (PEM, as a SuperLink with node
     authentication holds it: `get_nodes`). A ClientApp that raises answers with an error reply,
-    as a SuperNode does. The process takes the identity of a ServerApp task of run `run_id`
-    (Flower's messages read it)."""
+    as a SuperNode does, in Flower's words (`<class 'T'>:<'text'>`). The process takes the
+    identity of a ServerApp task of run `run_id` (Flower's messages read it)."""
 
     def __init__(
         self,
@@ -72,8 +71,9 @@ class InProcessGrid(Grid):
             answer = self.apps.get(node, client_app)
             try:
                 reply = answer(message, self.contexts[node])
-            except Exception:  # noqa: BLE001 (the node reports any failure of its app)
-                reply = Message(Error(1, traceback.format_exc(limit=3)), reply_to=message)
+            except Exception as err:  # noqa: BLE001 (the node reports any failure of its app, as Flower's says it)
+                reason = f"{type(err)}:<'{err}'>"  # flwr-clientapp's (run_clientapp.py)
+                reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=message)
             if reply is not None:  # None: a test's node that never answers
                 reply.metadata.__dict__["_message_id"] = str(uuid4())
                 self.replies[message.metadata.message_id] = reply

@@ -9,7 +9,8 @@ an operator exported (sitedata.py):
 Samples are trained in the order they are read: an .npz's order, a folder's by file name (across
 its class folders), so a site fixes its order by naming its files. The data must fit the run, as
 its schedule tells the data set (schedule.py: the class count, an image's shape): anything else is
-refused in one line naming the file before any round. The site normalises with the schedule's
+refused in one line naming the file before any round (a folder's image by its path in the folder:
+`3/00042.png: image file is truncated`). The site normalises with the schedule's
 normalisation (the data set's, which no site can compute from its share), and holds no test split.
 """
 
@@ -30,9 +31,26 @@ EXTENSIONS = (".png", ".jpg", ".jpeg")
 MODES = {1: "L", 3: "RGB"}  # PIL's mode of an image with that many channels
 
 
+def read_image(path: Path, folder: Path) -> np.ndarray:
+    """One image of a site's folder; a ValueError names it by its path in the folder and says why it
+    cannot be read (cut short, no image, another mode: whatever PIL raises)."""
+    from PIL import Image, UnidentifiedImageError
+
+    name = path.relative_to(folder).as_posix()[:80]
+    try:
+        with Image.open(path) as image:
+            if image.mode not in MODES.values():
+                raise ValueError(f"mode {image.mode}, not grey (L) or RGB")
+            return np.asarray(image)  # decoded here: a file cut short raises now
+    except UnidentifiedImageError:  # its text holds the absolute path
+        raise ValueError(f"{name}: not an image PIL reads") from None
+    except Exception as err:  # noqa: BLE001 (PIL raises OSError, SyntaxError, ValueError, zlib.error ...)
+        why = (str(err).replace(str(path), name).strip().splitlines() or [type(err).__name__])[0][:120]
+        raise ValueError(f"{name}: {why}") from None
+
+
 def read_folder(folder: Path, classes: int) -> tuple[np.ndarray, np.ndarray]:
     """Images (N, H, W[, C]) and labels of an image folder by class index (module docstring)."""
-    from PIL import Image
     from torchvision.datasets import DatasetFolder
 
     found = DatasetFolder(str(folder), loader=str, extensions=EXTENSIONS, allow_empty=True)  # ImageFolder's layout
@@ -40,12 +58,7 @@ def read_folder(folder: Path, classes: int) -> tuple[np.ndarray, np.ndarray]:
     if stray := sorted(set(found.classes) - names):
         raise ValueError(f"class folder {stray[0][:20]!r} is not a class index 0..{classes - 1}")
     samples = sorted(found.samples, key=lambda s: (Path(s[0]).name, s[0]))  # by file name: the site's order
-    images = []
-    for path, _ in samples:
-        with Image.open(path) as image:
-            if image.mode not in MODES.values():
-                raise ValueError(f"{Path(path).name[:40]}: mode {image.mode}, not grey (L) or RGB")
-            images.append(np.asarray(image))
+    images = [read_image(Path(path), folder) for path, _ in samples]
     if not images or len({i.shape for i in images}) != 1:
         raise ValueError("no image, or images of different sizes or modes")
     labels = [int(found.classes[index]) for _, index in samples]

@@ -25,10 +25,17 @@ evaluates and checkpoints exactly as in the simulator. No reply can stop the ser
 Restarted with the same `out`, the run resumes from its last checkpoint (and each node from its
 client's store at that round: client.py).
 
+A run refused (a config it cannot run, a site's refusal, a round without its replies: a
+ConfigError or MissingClients, one line each) ends with that line, logged through Flower's logger
+before Flower's traceback of the exception (`flwr run --stream`, `flwr log` show both; Flower's
+status details, `flwr ls`, the line), which holds no frame of incofl's below `main`.
+
 Identity: with `node-keys`, a node's claim to be client C at identify is accepted only if the
 key the SuperLink holds for it is site C's (transport.Identity); another is refused and logged,
-and the run waits for the rightful node. Without `node-keys`, the start-up line says that any
-node may claim any client. Every instruction is signed with the server's key (`server-key`, by
+and the run waits for the rightful node. So is a node's refusal of the run (its error reply),
+unless site C signed it (clientapp.signed): then the run stops at once with the site's line.
+Without `node-keys`, the start-up line says that any node may claim any client, and any node's
+refusal stops the run. Every instruction is signed with the server's key (`server-key`, by
 default `<node-keys>/server`, made by `incofl federation export`).
 """
 
@@ -42,18 +49,21 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.common import log as flower_log
 from flwr.serverapp import Grid, ServerApp
 
 from incofl.atomic import write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
 from incofl.data.facts import ClientFacts, Facts, client_facts
+from incofl.deploy.codec import failure_text
 from incofl.deploy.inbox import Inbox, Pulled
 from incofl.deploy.schedule import schedule_of
 from incofl.deploy.serverdata import FACTS, load_facts
-from incofl.deploy.signing import SERVER
+from incofl.deploy.signing import SERVER, SignatureError
 from incofl.deploy.sitedata import test_sha256
-from incofl.deploy.transport import POLL, FlowerTransport, Identity, no_content
+from incofl.deploy.transport import POLL, FlowerTransport, Identity, failure_line, no_content
 from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.exchange import MissingClients
 from incofl.fl.engine.run import Run, build_assembly
 from incofl.fl.engine.rundir import claimed
 from incofl.fl.engine.server import Server
@@ -174,19 +184,24 @@ def claim(
     """A node's answer to identify: its client added to `nodes`, or refused (module docstring of
     identify). With site keys, the client is the one whose site's key the SuperLink holds for the
     node, and nothing of the reply is read before that site's signature on it holds; an error reply
-    (which no one signs) cannot stop the run: it is logged, and named if the run ends for want of
-    that client. A site's declaration of its facts (`declared`) is taken only so signed, and checked
-    against the data set's `facts`."""
+    stops the run with its line only if that site signed the line as its answer to this message
+    (the node's refusal, clientapp.signed; without site keys, any does): another is logged, and
+    named if the run ends for want of that client. A site's declaration of its facts (`declared`)
+    is taken only so signed, and checked against the data set's `facts`."""
     nodes, declared = joined
     reply = got.message
     assert reply is not None
+    site = identity.site_of(node)
     if reply.has_error():
-        if identity.keys is not None:  # unsigned: perhaps not the node's own
-            log.warning("identify: node %d: %s", node, no_content(node, reply))
+        if identity.keys is None:
+            raise ConfigError(f"node {node} refused the run: {failure_text(failure_line(reply))[0][:300]}")
+        try:  # its line, signed by the client's site as its answer to this identify
+            why = identity.failure(reply, site, got.answers, IDENTIFY)
+        except SignatureError as err:  # perhaps not the node's own: logged, and named if the run ends without it
+            log.warning("identify: node %d: %s (not its site's word: %s)", node, no_content(node, reply), err)
             refusals[node] = no_content(node, reply)
             return
-        raise ConfigError(f"node {node} refused the run: {reply.error.reason}")
-    site = identity.site_of(node)
+        raise ConfigError(f"client {site}'s site refused the run: {why[:300]}")
     try:
         content = identity.opened(reply, site, got.answers, IDENTIFY, 0)
         answer = content.config_records["node"]
@@ -304,4 +319,8 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    serve(grid, AppSettings.of(dict(context.run_config)))
+    try:
+        serve(grid, AppSettings.of(dict(context.run_config)))
+    except (ConfigError, MissingClients) as err:  # the run refused: its one line first (module docstring)
+        flower_log(logging.ERROR, "%s", err)
+        raise err.with_traceback(None) from None

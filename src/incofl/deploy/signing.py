@@ -11,7 +11,9 @@ record, every entry by name, each value type-tagged, each array's dtype, shape a
 its bytes), so that no header Flower carries (source node, reply-to id) is trusted:
 
 - an instruction: the run, the node it is for, its type and round, its content;
-- a reply: the run, the round, the client, the id and type of the instruction it answers, its content.
+- a reply: the run, the round, the client, the id and type of the instruction it answers, its content;
+- a node's failure (an error reply, whose one line is all it holds: codec.sign_failure): the run,
+  the client, the id and type of the instruction it answers, the line.
 
 ECDSA with SHA-384 over P-384 keys (those `export --keys` and `ssh-keygen -t ecdsa -b 384` make,
 which Flower's node authentication takes), from `cryptography`. This module imports no Flower

@@ -28,6 +28,7 @@ and checkpoints them. federation.csv: the bytes each message's arrays took each 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -43,8 +44,10 @@ from incofl.config import ConfigError
 from incofl.deploy.codec import (
     CodecError,
     bundled,
+    failure_text,
     job_content,
     message_bytes,
+    open_failure,
     open_reply,
     read_scores,
     read_update,
@@ -78,6 +81,10 @@ log = logging.getLogger("incofl.deploy")
 # (the others are likely close behind), doubling to POLL_CAP while none comes; each pull is a request
 # to the SuperLink, whose CPU a round's nodes share (docs/performance.md, Flower)
 POLL, POLL_CAP = 0.05, 0.2
+# the reason of Flower's error reply for a ClientApp that raised (flwr-clientapp's run_clientapp.py,
+# executor.py): "<class 'T'>:<'text'>"; incofl's ClientApp raises these with the node's line as their text
+RAISED = re.compile(r"<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>", re.DOTALL)
+NODE_TERMS = ("NodeError", "Refused")
 
 
 def spki(key: bytes, ssh: bool = False) -> bytes:
@@ -142,6 +149,15 @@ class Identity:
         public = public_key(self.keys[client], f"client {client}'s key")
         return unbundled(open_reply(reply.content, public, self.run, round_, client, answers, kind))
 
+    def failure(self, reply: Message, client: int | None, answers: str, kind: str) -> str:
+        """A node's failure (its error reply's line, `failure_line`), if client `client`'s site signed
+        it as its answer to `answers` (SignatureError otherwise: `client` None, the node's key is no
+        site's), with site keys only."""
+        if self.keys is None or client is None:
+            raise SignatureError(f"node {reply.metadata.src_node_id}'s key is no site's")
+        public = public_key(self.keys[client], f"client {client}'s key")
+        return open_failure(failure_line(reply), public, self.run, client, answers, kind)
+
     def site_of(self, node: int) -> int | None:
         """The client whose site's key the SuperLink holds for `node` (None: no site's, or no site keys)."""
         key = self.key(node) if self.keys is not None else b""
@@ -189,14 +205,26 @@ def pulled(inbox: Inbox, waiting: Iterable[str], timeout: float, caps: dict[str,
         wait = min(2 * wait, POLL_CAP)
 
 
+def failure_line(reply: Message) -> str:
+    """What a node's error reply says, in one line, its signature left on (codec.failure_text): of
+    incofl's ClientApp, the node's line; of another exception, its type and its text's first line;
+    of a reason not in Flower's form, its last line (a traceback's)."""
+    reason = reply.error.reason.strip()
+    if raised := RAISED.fullmatch(reason):
+        kind, text = raised.groups()
+        text = (text.strip().splitlines() or [""])[0]
+        return text if kind in NODE_TERMS else f"{kind}: {text}"
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    return lines[-1] if lines else "no reason given"
+
+
 def no_content(node: int, reply: Message | None) -> str:
-    """Why a node's reply holds no content to decode ('' if it does): none came (in one line,
-    the last of a failed ClientApp's traceback)."""
+    """Why a node's reply holds no content to decode ('' if it does): none came, or its ClientApp
+    failed (its line, unsigned: `failure_line`)."""
     if reply is None:
         return "no reply within round-timeout (node gone?)" if node >= 0 else "no node"
     if reply.has_error():
-        lines = [line.strip() for line in reply.error.reason.strip().splitlines() if line.strip()]
-        return f"the node's ClientApp failed: {lines[-1][:300] if lines else 'no reason given'}"
+        return f"the node's ClientApp failed: {failure_text(failure_line(reply))[0][:300]}"
     return ""
 
 
