@@ -106,7 +106,7 @@ class Hostile:
         from flwr.proto.fleet_pb2 import PushMessagesRequest
         from flwr.proto.message_pb2 import ObjectTree
 
-        from incofl.deploy.gate import PUSH_CAP
+        from incofl.deploy.fleet import PUSH_CAP
 
         tree = ObjectTree(object_id="a" * 64)
         tree.children.extend(ObjectTree() for _ in range(PUSH_CAP // 2 - 64))  # 2 bytes an empty child

@@ -243,7 +243,7 @@ def test_bodies_past_the_caps_are_refused_as_they_arrive_chunked_or_not(node):
     a body sent in chunks, without a Content-Length, is cut off at the cap as one with it is."""
     from starlette.testclient import TestClient
 
-    from incofl.deploy.gate import PUSH_CAP, route_caps
+    from incofl.deploy.fleet import PUSH_CAP, route_caps
 
     gate = TestClient(gate_of(node.app, 16 * MIB))
     protobuf = {"content-type": "application/protobuf"}
@@ -260,7 +260,8 @@ def test_a_reply_tree_is_counted_no_further_than_its_cap(node):
     """A tree of more objects than MAX_OBJECTS, within the body cap, is 413; its count stops at the cap + 1."""
     from flwr.proto.message_pb2 import ObjectTree
 
-    from incofl.deploy.gate import MAX_OBJECTS, count, read
+    from incofl.deploy.fleet import MAX_OBJECTS
+    from incofl.deploy.gate import count, read
 
     wide = ObjectTree(object_id="a" * 64)
     wide.children.extend(ObjectTree() for _ in range(3 * MAX_OBJECTS))
@@ -288,7 +289,7 @@ def test_without_the_gate_flower_stores_the_whole_reply(node):
 def test_the_gate_serves_the_fleet_routes_only_and_refuses_a_body_over_its_cap_unread(node):
     from starlette.testclient import TestClient
 
-    from incofl.deploy.gate import route_caps
+    from incofl.deploy.fleet import route_caps
 
     gate = TestClient(gate_of(node.app, 16 * MIB))
     for path in ("/v1/control/list-runs", "/v1/runtime/acquire-task", "/docs", "/v1/fleet/../control/start-run"):
@@ -449,7 +450,8 @@ def test_the_gates_routes_are_flowers_fleet_routes_each_with_its_request_and_cap
     from flwr.supercore.protobuf.translation import PROTOBUF_REQUEST_TYPES
     from flwr.superlink.routers.fleet.router import router
 
-    from incofl.deploy.gate import PUSH_CAP, ROUTES, request_of, route_caps
+    from incofl.deploy.fleet import PUSH_CAP, ROUTES, route_caps
+    from incofl.deploy.gate import request_of
 
     paths = {route.path for route in router.routes}
     assert set(ROUTES) == paths == {path for _, path in PROTOBUF_REQUEST_TYPES if path.startswith("/v1/fleet/")}
@@ -467,7 +469,7 @@ def test_a_body_past_its_routes_cap_or_not_its_message_or_a_path_of_no_route_is_
     parse as its route's message 400, a path of no route 404; Flower sees none of them."""
     from starlette.testclient import TestClient
 
-    from incofl.deploy.gate import route_caps
+    from incofl.deploy.fleet import route_caps
 
     seen: list[str] = []
     gate = TestClient(gate_of(spied(node.app, seen)))
@@ -548,7 +550,7 @@ def test_a_request_not_of_flowers_content_type_is_refused_unread(node):
     never sees it."""
     from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
 
-    from incofl.deploy.gate import MEDIA_TYPE
+    from incofl.deploy.fleet import MEDIA_TYPE
 
     assert MEDIA_TYPE == PROTOBUF_MEDIA_TYPE.encode()
     seen: list[str] = []

@@ -234,7 +234,7 @@ def cmd_federation_up(args: argparse.Namespace) -> int:
 
 def cmd_federation_edge_config(args: argparse.Namespace) -> int:
     from incofl.deploy.edge import Edge, node_key_header, render
-    from incofl.deploy.gate import route_caps
+    from incofl.deploy.fleet import route_caps
 
     folder, certificates = Path(args.folder).resolve(), Path(args.certificates).resolve()
     tls = tuple(certificates / name for name in ("ca.pem", "server.pem", "server.key"))

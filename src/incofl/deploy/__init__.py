@@ -4,3 +4,6 @@ modules (codec, serverapp, clientapp, inprocess) import flwr, the `flower` extra
 # the node config keys that name a node's data, one of them: an exported share (sitedata.py) or a
 # site's own (owndata.py); here, so that `up` names them without importing the engine
 DATA_PATH, DATA_FOLDER, DATA_NPZ = "data-path", "data-folder", "data-npz"
+# a reply's bytes beyond its states' (metrics, configs, its signature, Flower's object headers: a few KB):
+# codec's, and the reply cap the facts file states (serverdata.py), which `up` reads without Flower
+REPLY_OVERHEAD = 1 << 20

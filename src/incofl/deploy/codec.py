@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from incofl.deploy import REPLY_OVERHEAD
 from incofl.deploy.signing import SignatureError, digest, sign, statement, verify
 from incofl.fl.contracts import ClientPlan, ClientUpdate, State, View
 from incofl.fl.engine.exchange import EvalJob, ExpectedScores, ExpectedUpdate, TrainJob
@@ -65,8 +66,6 @@ DTYPES = {  # the dtypes a state may hold, by the name its index gives them
 }
 MAX_DIMS = 64  # the most dimensions an index entry may have (a model's states have at most 5)
 WIRE = {"int": int, "float": float, "bool": int}  # a metric field's declared type -> the type it travels as
-# a reply's bytes beyond its states' (metrics, configs, its signature, Flower's object headers: a few KB)
-REPLY_OVERHEAD = 1 << 20
 SIGNATURE = "incofl.signature"  # the config record of a message's signature (signing.py)
 SIGNED_LINE = " [signed "  # ends a node's failure line its site signed: the signature in base64, then "]"
 J = TypeVar("J", TrainJob, EvalJob)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from incofl.config import ConfigError
+from incofl.deploy.fleet import KEY_HEADER, MEDIA_TYPE
 
 NODE_CONNECTIONS = 8  # connections a Flower node holds on the sites' port (its loop, heartbeats, 2 pushes at once)
 STRANGER_CONNECTIONS = 2 * NODE_CONNECTIONS  # from an address no site is known to dial from (one site, or none)
@@ -39,8 +40,7 @@ MAX_CONNECTIONS = 1 << 16  # nginx allocates its connection table up front (some
 FDS_PER_CONNECTION = 3  # a connection's socket, the stream layer's to the http layer, and the http layer's
 HEAD_BUFFERS = "4 8k"  # a request line or header over 8 KiB: 414 or 494; four such buffers at most
 BODY_BUFFER = "64k"  # a body past this is spooled to a private file, not held in memory
-KEY_HEADER = "flwr-public-key"  # Flower's FLEET_HTTP_PUBLIC_KEY_HEADER: the node key a request is signed with
-PROTOBUF = "application/protobuf"  # Flower's PROTOBUF_MEDIA_TYPE: the only body type of the Fleet API
+PROTOBUF = MEDIA_TYPE.decode()  # the only body type of the Fleet API
 
 
 @dataclass(frozen=True)

@@ -40,43 +40,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from incofl.deploy.fleet import (
+    AUTH_HEADERS,
+    MAX_OBJECTS,
+    MEDIA_TYPE,
+    MIB,
+    PUSH_CAP,
+    PUSH_MESSAGES,
+    PUSH_OBJECT,
+    ROUTES,
+)
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Who = int  # a node: the node id of its requests, which Flower authenticates (the key must be that node's)
 
-FLEET = "/v1/fleet/"  # the prefix of Flower 1.42's Fleet router (superlink/routers/fleet/router.py)
-PUSH_MESSAGES, PUSH_OBJECT = FLEET + "push-messages", FLEET + "push-object"
-AUTH_HEADERS = (b"flwr-public-key", b"flwr-signature", b"flwr-timestamp")  # Flower's, each read once (the first)
-MEDIA_TYPE = b"application/protobuf"  # Flower's PROTOBUF_MEDIA_TYPE (supercore/protobuf/constants.py)
-MAX_OBJECTS = 4096  # objects one reply may declare (a packed reply: tens; 512 MiB in 5 MiB chunks: about 110)
-PUSH_CAP = 64 * 1024 + 80 * MAX_OBJECTS  # a push's message header, and its tree: an id of 64 hex digits an object
 REPLIES_PER_NODE = 8  # replies of one node whose budgets the gate holds (the oldest forgotten first)
 SPENT_PER_NODE = 4096  # messages per node whose forgotten replies may not be pushed again
 LOG_BURST = 5  # refusal lines a second, at most
-MIB = 1 << 20
-SMALL = 4096  # a request naming a node, a run, an object or a key (a node's PEM key: 215 bytes)
-CHUNK = 5 * MIB  # Flower's FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE (its default): a node's largest object
-ROUTES: dict[str, tuple[str, int]] = {  # Flower 1.42's Fleet router: path -> (its request, under flwr.proto; cap)
-    FLEET + "register-node": ("fleet_pb2.RegisterNodeFleetRequest", SMALL),
-    FLEET + "activate-node": ("fleet_pb2.ActivateNodeRequest", SMALL),
-    FLEET + "deactivate-node": ("fleet_pb2.DeactivateNodeRequest", SMALL),
-    FLEET + "unregister-node": ("fleet_pb2.UnregisterNodeFleetRequest", SMALL),
-    FLEET + "send-node-heartbeat": ("heartbeat_pb2.SendNodeHeartbeatRequest", SMALL),
-    FLEET + "pull-messages": ("fleet_pb2.PullMessagesRequest", SMALL),  # a SuperNode names no message
-    PUSH_MESSAGES: ("fleet_pb2.PushMessagesRequest", PUSH_CAP),
-    FLEET + "get-run": ("run_pb2.GetRunRequest", SMALL),
-    FLEET + "get-fab": ("fab_pb2.GetFabRequest", SMALL),
-    PUSH_OBJECT: ("message_pb2.PushObjectRequest", CHUNK + 64 * 1024),  # a chunk, its header, the ids
-    FLEET + "pull-object": ("message_pb2.PullObjectRequest", SMALL),
-    FLEET + "confirm-message-received": ("message_pb2.ConfirmMessageReceivedRequest", SMALL),
-}
 log = logging.getLogger("incofl.gate")
-
-
-def route_caps() -> dict[str, int]:
-    """Each Fleet route's cap on a request body, in bytes (what the edge proxy may take too)."""
-    return {path: cap for path, (_, cap) in ROUTES.items()}
 
 
 @functools.cache

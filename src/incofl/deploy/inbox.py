@@ -47,7 +47,7 @@ from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents, pull_objects
 from flwr.superlink.grid.http_grid import HttpGrid
 
-from incofl.deploy.codec import REPLY_OVERHEAD
+from incofl.deploy import REPLY_OVERHEAD
 
 log = logging.getLogger("incofl.deploy")
 FLOWER = "1.42.0"  # the HttpGrid whose calls Inbox makes itself

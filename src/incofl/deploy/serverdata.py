@@ -84,11 +84,11 @@ REPLY_STATES = (
 def reply_cap(cfg: RunConfig, data: ImageDataset) -> int:
     """The most bytes one reply of the run may take as Flower moves it: REPLY_STATES times the state
     of the run's largest model (every parameter and buffer, at full width), and the reply's other
-    records (codec.REPLY_OVERHEAD). What a method really sends is checked by the ServerApp
+    records (REPLY_OVERHEAD). What a method really sends is checked by the ServerApp
     (codec.reply_bytes); this bounds what a node can make the SuperLink hold before that."""
     import torch  # the export's process trains nothing: the models are built for their sizes only
 
-    from incofl.deploy.codec import REPLY_OVERHEAD
+    from incofl.deploy import REPLY_OVERHEAD
     from incofl.models.family import build_model, input_size
     from incofl.registry import METHODS
 

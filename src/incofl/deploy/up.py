@@ -443,7 +443,7 @@ def edge_of(fed: LocalFederation, tls: tuple[Path, Path, Path] | None, folder: P
     machine dials from (its nodes and SITES_APART more), each site certificate (`CN=node<K>`) bound
     to the node key `<sites>/keys/node<K>.pub` (none without TLS), the gate's caps per route, and
     this process's open-file limit, raised to its hard limit (children inherit it)."""
-    from incofl.deploy.gate import route_caps
+    from incofl.deploy.fleet import route_caps
 
     bound = {}
     if tls is not None and not fed.insecure:
