@@ -478,6 +478,37 @@ def test_the_server_holds_the_facts_and_the_test_split_and_reads_no_data_set(tmp
         load_facts(tmp_path / "keys" / FACTS, other, public)
 
 
+def test_the_facts_file_states_the_runs_reply_cap_which_up_makes_the_gates(tmp_path):
+    """Export's facts file states the most one reply of the run may take: REPLY_STATES times the
+    state of its largest model and REPLY_OVERHEAD (each of the run's models built here: the cap is
+    the largest); `up` passes it to the SuperLink's gate in MiB, and 512 MiB where a file states none."""
+    from incofl.deploy import REPLY_OVERHEAD
+    from incofl.deploy.serverdata import FACTS, REPLY_STATES, stated_reply_cap
+    from incofl.deploy.up import DEFAULT_REPLY_CAP, LocalFederation, reply_cap_mib
+    from incofl.models.family import build_model
+
+    cfg = load_run_config(write_config(tmp_path))
+    server_facts(cfg, tmp_path)
+    data = dataset_for(cfg)
+    states = [
+        sum(
+            t.numel() * t.element_size()
+            for t in build_model(
+                name, data.num_classes, data.channels, stem=cfg.stem, image_size=data.image_size, scale=cfg.model_scale
+            )
+            .state_dict()
+            .values()
+        )
+        for name in cfg.models
+    ]
+    cap = stated_reply_cap(tmp_path / "keys" / FACTS)
+    assert cap == REPLY_STATES * max(states) + REPLY_OVERHEAD and max(states) > min(states)
+    assert reply_cap_mib(LocalFederation(tmp_path)) == round(cap / (1 << 20), 3)
+    (tmp_path / "keys" / FACTS).unlink()
+    assert stated_reply_cap(tmp_path / "keys" / FACTS) is None
+    assert reply_cap_mib(LocalFederation(tmp_path)) == DEFAULT_REPLY_CAP
+
+
 def test_a_facts_file_not_signed_by_the_servers_key_or_changed_is_refused(tmp_path):
     """The ServerApp checks the facts file's signature with its own key before it reads a fact:
     a file signed with another key, or one fact changed after signing, is refused in one line."""
