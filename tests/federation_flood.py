@@ -457,8 +457,11 @@ def fleet_client(
 class HonestProbe:
     """An honest site's registered node (its certificate, its key; node `node_id`, registered, never
     activated: the server sends it nothing) asking for its messages every `every` seconds, with
-    Flower's own client, from 127.0.0.1; each answer timed: (seconds, status), a request that got
-    no answer within `timeout` counted as `timeout` seconds, status 0."""
+    Flower's own client, from 127.0.0.1, whether earlier requests are answered or not (each in a
+    thread of its own, at most `in_flight` at once: a stalled server delays every request due
+    meanwhile, not just one); each answer timed: (when asked, seconds, status), a request not
+    answered within `timeout`, or not sent because `in_flight` were waiting, counted as `timeout`
+    seconds, status 0."""
 
     port: int
     ca: Path
@@ -468,6 +471,7 @@ class HonestProbe:
     every: float = 0.5
     timeout: float = 10.0
     seconds: float = 300.0
+    in_flight: int = 24
     stop: threading.Event = field(default_factory=threading.Event)
     answers: list[tuple[float, float, int]] = field(default_factory=list)  # (when, seconds, status)
     errors: list[str] = field(default_factory=list)
@@ -480,32 +484,47 @@ class HonestProbe:
 
     def halt(self) -> None:
         self.stop.set()
-        self.thread.join(timeout=self.timeout + 5)
+        self.thread.join(timeout=self.timeout + 10)
 
     def _probe(self) -> None:
-        import httpx
         from flwr.proto.fleet_pb2 import PullMessagesRequest
         from flwr.proto.node_pb2 import Node
 
         client = fleet_client(self.port, self.ca, self.certificate, node_key(self.key), timeout=self.timeout)
         request = PullMessagesRequest(node=Node(node_id=self.node_id))
+        asking: list[threading.Thread] = []
         try:
-            while not self.stop.is_set() and time.monotonic() < self.started + self.seconds:
-                start = time.monotonic()
-                try:
-                    client.PullMessages(request)
-                    status = 200
-                except httpx.HTTPStatusError as err:
-                    status = err.response.status_code
-                except httpx.HTTPError:
-                    status = 0
-                took = time.monotonic() - start
-                self.answers.append((start, self.timeout if status == 0 else took, status))
-                self.stop.wait(max(0.0, self.every - took))
+            tick = time.monotonic()
+            while not self.stop.is_set() and tick < self.started + self.seconds:
+                asking = [thread for thread in asking if thread.is_alive()]
+                if len(asking) < self.in_flight:
+                    thread = threading.Thread(target=self._ask, args=(client, request), daemon=True)
+                    thread.start()
+                    asking.append(thread)
+                else:
+                    self.answers.append((tick, self.timeout, 0))
+                tick += self.every
+                self.stop.wait(max(0.0, tick - time.monotonic()))
         except Exception as err:  # noqa: BLE001 (the test reports it)
             self.errors.append(f"{type(err).__name__}: {err}")
         finally:
+            for thread in asking:
+                thread.join(timeout=self.timeout + 5)
             client.close()
+
+    def _ask(self, client: Any, request: Any) -> None:
+        import httpx
+
+        start = time.monotonic()
+        try:
+            client.PullMessages(request)
+            status = 200
+        except httpx.HTTPStatusError as err:
+            status = err.response.status_code
+        except httpx.HTTPError:
+            status = 0
+        took = time.monotonic() - start
+        self.answers.append((start, self.timeout if status == 0 else took, status))
 
     def between(self, start: float, end: float) -> list[tuple[float, int]]:
         return [(took, status) for when, took, status in self.answers if start <= when <= end]
@@ -556,15 +575,24 @@ def command(pid: int) -> str:
 
 @dataclass
 class RssSampler:
-    """Every `every` seconds, the summed resident memory of `root`'s process tree (`up` and all it
-    started): its peak since `reset`, and the largest process at that peak."""
+    """Every `every` seconds, the resident memory of each process of `root`'s tree (`up` and all it
+    started), from `reset` on: the summed memory's peak (and the largest process then), and
+    `growth`, what the processes grew by, each from its memory at `reset` (0 for one started
+    since) to its own peak, summed; a process whose command line holds one of `apart` is left out
+    of `growth` (a run's ServerApp, a process of each run: whether the run started it or not is
+    not what the memory of up's processes should show)."""
 
     root: int
     every: float = 0.25
+    apart: tuple[str, ...] = ()
     base: int = 0
     peak: int = 0
     peak_by: dict[str, int] = field(default_factory=dict)
+    bases: dict[int, int] = field(default_factory=dict)
+    peaks: dict[int, int] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def start(self) -> RssSampler:
         self.thread = threading.Thread(target=self._sample, daemon=True)
@@ -575,21 +603,47 @@ class RssSampler:
         self.stop.set()
         self.thread.join(timeout=10)
 
-    def now(self) -> tuple[int, dict[str, int]]:
-        by = {f"{pid} {command(pid)[:60]}": rss(pid) for pid in tree(self.root)}
-        return sum(by.values()), by
+    def now(self) -> dict[int, int]:
+        found = {}
+        for pid in tree(self.root):
+            if name := command(pid):  # the latest: between fork and exec it is the parent's
+                self.names[pid] = name
+            found[pid] = rss(pid)
+        return found
 
     def reset(self) -> int:
-        """The summed memory now, which the peak starts from."""
-        self.peak, self.peak_by = self.now()
-        self.base = self.peak
-        return self.peak
+        """The summed memory now, which the peaks start from."""
+        by = self.now()
+        with self.lock:
+            self.bases, self.peaks = dict(by), dict(by)
+            self.base = self.peak = sum(by.values())
+            self.peak_by = {f"{pid} {self.names.get(pid, '')[:60]}": size for pid, size in by.items()}
+        return self.base
 
     def _sample(self) -> None:
         while not self.stop.wait(self.every):
-            total, by = self.now()
-            if total > self.peak:
-                self.peak, self.peak_by = total, by
+            by = self.now()
+            with self.lock:
+                for pid, size in by.items():
+                    self.peaks[pid] = max(self.peaks.get(pid, 0), size)
+                if sum(by.values()) > self.peak:
+                    self.peak = sum(by.values())
+                    self.peak_by = {f"{pid} {self.names.get(pid, '')[:60]}": size for pid, size in by.items()}
+
+    def growth(self) -> int:
+        """What the processes grew by since `reset`, each to its own peak (those of `apart` left out)."""
+        with self.lock:
+            grown = {pid: peak - self.bases.get(pid, 0) for pid, peak in self.peaks.items()}
+        kept = {pid: size for pid, size in grown.items() if not any(m in self.names.get(pid, "") for m in self.apart)}
+        return sum(max(0, size) for size in kept.values())
+
+    def grown_most(self) -> str:
+        """The process that grew most since `reset` (of those `growth` counts)."""
+        with self.lock:
+            grown = {pid: peak - self.bases.get(pid, 0) for pid, peak in self.peaks.items()}
+        grown = {p: size for p, size in grown.items() if not any(m in self.names.get(p, "") for m in self.apart)}
+        pid = max(grown, key=lambda p: grown[p], default=0)
+        return f"{pid} {self.names.get(pid, '')[:60]}: +{grown.get(pid, 0) / 1e6:.0f} MB"
 
     def largest(self) -> str:
         name, size = max(self.peak_by.items(), key=lambda item: item[1], default=("none", 0))

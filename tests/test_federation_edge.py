@@ -13,7 +13,10 @@ waits until it is in full force, runs the same one-round run beside it, stops it
   within a second (the median of its requests, twice a second, through the attack);
 - and the finding's own check (each test's docstring).
 
-Every check of a test is made and the failures reported together. Each run has a hard limit
+The tests run in the order A, F, B, C, D, E: the SuperLink keeps the heap an attack grew (Python
+gives little of it back), which the next attack's allocations then reuse; F's bodies, whose
+memory is the least, run on a heap only A has used. Every check of a test is made and the
+failures reported together. Each run has a hard limit
 (twice the control's time and ALLOWANCE, its join and round timeouts the same): a failing test
 fails in bounded time; a run still going then is stopped (`flwr stop`) and the deployment given
 up to RECOVER seconds to answer the honest node again before the next test.
@@ -182,17 +185,14 @@ class Edge:
 
     def run(self, out: Path, limit: float, node_keys: Path | None = None, **settings: str | int) -> float | None:
         """A one-round run to `out`: its seconds from `flwr run` to its summary, None if not within `limit`
-        (then stopped)."""
+        (left to `stop_runs`)."""
         start = time.monotonic()
         run = self.start_run(out, limit, node_keys, **settings)
         while run is not None and not (out / "summary.json").exists():
             if time.monotonic() - start > limit or self.up.poll() is not None:
                 break
             time.sleep(0.2)
-        if (out / "summary.json").exists():
-            return time.monotonic() - start
-        self.stop_runs()
-        return None
+        return time.monotonic() - start if (out / "summary.json").exists() else None
 
     def start_run(self, out: Path, limit: float, node_keys: Path | None = None, **settings: str | int) -> int | None:
         """`flwr run` of the one-round run (`settings` over the defaults): its id (None: not started in `limit`)."""
@@ -348,6 +348,7 @@ def beside(
         attack.halt()
         probe.halt()
         tail.halt()
+        edge.stop_runs()  # once the attack is over: the Control API shares the SuperLink's loop
     growth = edge.sampler.growth() - edge.control_growth
     outcome = Outcome(seconds, edge.limit, probe.median(began, ended), growth)
     failures = outcome.failures
@@ -416,6 +417,38 @@ def test_a_idle_tls_connections_with_a_sites_certificate_take_no_node_s_slot(edg
     )
     outcome, _ = beside(edge, "a", attack)
     check(outcome)
+
+
+def test_f_large_bodies_and_headers_with_a_certificate_hold_no_memory_and_flood_no_log(edge):
+    """F: a peer with a site's certificate and no node key, on four kept-alive connections sends
+    8 MiB `/v1/fleet/pull-messages` bodies (valid requests, 8 MiB of a field Flower does not know)
+    back to back, and on four more small requests whose Content-Type header is 15 KB. Before, the
+    bodies took the SuperLink to 5.3 GB and tripled the round, and Flower logged an error line for
+    each header (63,000 in under a minute), which filled the log's cap and erased its history.
+    Asserted besides: Flower's error lines in the SuperLink's log during the attack at most
+    LOG_BURST a second (the gate's own rate for the lines of requests it refuses) and 20 more, and
+    every log still holds its first lines (as up started), and the SuperLink wrote at most
+    LOG_BYTES of log lines during the attack."""
+    sources = flood.sources(8, "127.0.4.1")
+    certificate = edge.certificate(3)
+    attack = flood.Together(
+        edge.port,
+        sources,
+        floods=[
+            flood.Bodies(edge.port, sources[:4], ca=edge.ca, certificate=certificate, connections=4),
+            flood.LongHeaders(edge.port, sources[4:], ca=edge.ca, certificate=certificate, connections=4),
+        ],
+    )
+    outcome, tail = beside(edge, "f", attack, watch=("ERROR",))
+    errors, seconds = tail.marked["ERROR"], attack.ended - attack.started
+    check(
+        outcome,
+        f"{errors} error lines of Flower's in {seconds:.0f} s, past {LOG_BURST * seconds + 20:.0f}"
+        if errors > LOG_BURST * seconds + 20
+        else "",
+        f"logs that lost their first lines: {lost}" if (lost := edge.lost_first_lines()) else "",
+        f"the SuperLink logged {tail.bytes / 1e6:.1f} MB during the attack" if tail.bytes > LOG_BYTES else "",
+    )
 
 
 def test_b_a_reply_announced_again_under_a_second_key_header_is_held_to_the_message_cap(edge):
@@ -541,35 +574,3 @@ def test_e_a_flood_of_handshakes_without_a_certificate_does_not_stall_the_run(ed
     attack = flood.Handshakes(edge.port, flood.sources(50, "127.0.3.1"), ca=edge.ca, per_address=4)
     outcome, _ = beside(edge, "e", attack)
     check(outcome)
-
-
-def test_f_large_bodies_and_headers_with_a_certificate_hold_no_memory_and_flood_no_log(edge):
-    """F: a peer with a site's certificate and no node key, on four kept-alive connections sends
-    8 MiB `/v1/fleet/pull-messages` bodies (valid requests, 8 MiB of a field Flower does not know)
-    back to back, and on four more small requests whose Content-Type header is 15 KB. Before, the
-    bodies took the SuperLink to 5.3 GB and tripled the round, and Flower logged an error line for
-    each header (63,000 in under a minute), which filled the log's cap and erased its history.
-    Asserted besides: Flower's error lines in the SuperLink's log during the attack at most
-    LOG_BURST a second (the gate's own rate for the lines of requests it refuses) and 20 more, and
-    every log still holds its first lines (as up started), and the SuperLink wrote at most
-    LOG_BYTES of log lines during the attack."""
-    sources = flood.sources(8, "127.0.4.1")
-    certificate = edge.certificate(3)
-    attack = flood.Together(
-        edge.port,
-        sources,
-        floods=[
-            flood.Bodies(edge.port, sources[:4], ca=edge.ca, certificate=certificate, connections=4),
-            flood.LongHeaders(edge.port, sources[4:], ca=edge.ca, certificate=certificate, connections=4),
-        ],
-    )
-    outcome, tail = beside(edge, "f", attack, watch=("ERROR",))
-    errors, seconds = tail.marked["ERROR"], attack.ended - attack.started
-    check(
-        outcome,
-        f"{errors} error lines of Flower's in {seconds:.0f} s, past {LOG_BURST * seconds + 20:.0f}"
-        if errors > LOG_BURST * seconds + 20
-        else "",
-        f"logs that lost their first lines: {lost}" if (lost := edge.lost_first_lines()) else "",
-        f"the SuperLink logged {tail.bytes / 1e6:.1f} MB during the attack" if tail.bytes > LOG_BYTES else "",
-    )
