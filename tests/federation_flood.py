@@ -5,22 +5,27 @@ own time bound, counting what it did and what the server answered (`Flood.counts
 - `IdleTls` (A): TLS connections with a site's certificate and no node key, the handshake done
   and no request sent, re-opened as the server closes them;
 - `ReAnnounce` (B): a registered node (a key of its own) answers the server's message with a
-  reply larger than the message cap, announcing it again under a second `flwr-public-key` header
-  (Flower authenticates the first, the gate reads the last), and pushes its objects under each;
-  then, once the server has pulled the reply, announces and pushes it again;
+  reply larger than the message cap, announcing it again under second `flwr-public-key` headers
+  (Flower authenticates the first, the gate read the last), and pushes its objects under each;
+  `Claimer`, its bait: a node a run's node-keys bind to a client, which claims it as incofl's node
+  does and never trains (the run stays open past its identify), then announces its claim, pulled
+  already, again under a fresh header;
 - `HalfOpen` (C, D): sockets that connect and, with `hello`, send a TLS ClientHello, then stay
-  silent (no certificate at all), re-opened as the server closes them, held by one thread each
-  with non-blocking sockets (thousands at once);
-- `Handshakes` (E): TLS handshakes without a certificate, back to back (the server's side whole);
+  silent (no certificate at all), re-opened as the server closes them, held by one thread for
+  each 50 addresses with non-blocking sockets (thousands at once);
+- `Handshakes` (E): TLS handshakes without a certificate, many at once, each opened again as soon
+  as it ends (the server's side whole);
 - `Bodies` (F): requests with 8 MiB `/v1/fleet/pull-messages` bodies on kept-alive connections
   (a site's certificate, no node key);
 - `LongHeaders` (F): small requests with a 15 KB Content-Type header, which Flower answers with
   an error it logs, back to back.
 
-And the measures: `HonestProbe`, a registered node of an honest site (its certificate, its key,
-Flower's own Fleet client signing as Flower's node does) asking the SuperLink for its messages
-twice a second, each answer timed; `RssSampler`, the summed resident memory of a process tree
-(`up`'s), its peak. Every address is in 127.0.0.0/8 (`sources` refuses any other)."""
+`Together` runs several at once. And the measures: `HonestProbe`, a registered node of an honest
+site (its certificate, its key, Flower's own Fleet client signing as Flower's node does) asking
+the SuperLink for its messages twice a second, each answer timed; `RssSampler`, the resident
+memory of a process tree (`up`'s): the sum's peak, and what each process grew by; `LogTail`, the
+lines a process logs meanwhile, read as they are written across rotations. Every address is in
+127.0.0.0/8 (`sources` refuses any other)."""
 
 from __future__ import annotations
 
