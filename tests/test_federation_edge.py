@@ -85,6 +85,7 @@ import federation_flood as flood  # noqa: E402
 from federation_helpers import write_config  # noqa: E402
 
 from incofl.cli import run as incofl  # noqa: E402
+from incofl.deploy.credentials import node_certificate, node_key  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("federation_edge"), pytest.mark.timeout(600)]
 
@@ -93,6 +94,7 @@ BIN = Path(sys.executable).parent
 SITES = 5
 DEPLOYED = {"clients": SITES, "ratio": 1.0, "rounds": 1}  # the deploy tests' tiny run, five sites, one round
 CONNECTION = "edge"
+PROBE, CLAIMER, ANNOUNCER = 50, 51, 52  # the tests' own nodes, each as a site of its own (certificate and key)
 NOFILE = 1024  # the soft limit on open files `up` starts under (a login shell's usual)
 # seconds a run may take past twice the control's, for start-up noise: each run starts a fresh
 # ServerApp process (flwr-serverapp, which imports torch: 5-9 s of a 9-15 s warm control here), the
@@ -180,12 +182,11 @@ class Edge:
         argv = [str(BIN / "flwr"), *map(str, args)]
         return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout, check=False)
 
-    def register(self, name: str) -> tuple[Path, int]:
-        """A node key of its own (`name/node0`), registered with the SuperLink: its path and node id."""
-        from incofl.deploy.credentials import node_key
-
-        private, public = node_key(self.root / name, 0)
-        done = self.flwr("supernode", "register", public, CONNECTION)
+    def register(self, client: int) -> tuple[Path, int]:
+        """Client `client`'s node key in SITES/keys (made with its site's certificate before up
+        started: up binds the one to the other), registered with the SuperLink: its path and node id."""
+        private = self.sites / "keys" / f"node{client}"
+        done = self.flwr("supernode", "register", private.with_suffix(".pub"), CONNECTION)
         found = re.search(r"SuperNode (\d+) registered", done.stdout)
         assert found, done.stdout + done.stderr
         return private, int(found[1])
@@ -261,7 +262,7 @@ class Edge:
         return False
 
     def honest(self, seconds: float = 600) -> flood.HonestProbe:
-        return flood.HonestProbe(self.port, self.ca, self.certificate(0), *self.probe, seconds=seconds).start()
+        return flood.HonestProbe(self.port, self.ca, self.certificate(PROBE), *self.probe, seconds=seconds).start()
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +280,9 @@ def edge(tmp_path_factory) -> Iterator[Edge]:
     config = write_config(root, **DEPLOYED)
     sites = root / "sites"
     assert incofl(["federation", "export", "--config", str(config), "--out", str(sites), "--keys"]) == 0
+    for client in (PROBE, CLAIMER, ANNOUNCER):  # nodes of the tests' own, each a site's key and certificate
+        node_key(sites / "keys", client)
+        node_certificate(sites / "certificates", client)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # this process holds C's 4,000 sockets
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16384)), hard))
     port = _free_port(2 + SITES)
@@ -301,7 +305,7 @@ def edge(tmp_path_factory) -> Iterator[Edge]:
             assert up.poll() is None and time.monotonic() < deadline, (root / "up.log").read_text()[-3000:]
             time.sleep(0.5)
         dep.first_lines = {name: text.splitlines()[:3] for name, text in dep.logs().items() if text.strip()}
-        dep.probe = dep.register("probe")
+        dep.probe = dep.register(PROBE)
         assert dep.run(root / "warm-up", 300) is not None, "the warm-up run did not finish"
         sampler.reset()
         dep.control = dep.run(root / "control", 300) or 0.0
@@ -475,19 +479,19 @@ def test_b_a_reply_announced_again_under_a_second_key_header_is_held_to_the_mess
     and the claim, once the ServerApp pulled it, announced again under a fresh header: Flower
     asks for nothing, stores nothing."""
     cap = edge.message_cap()
-    claimer_key, _ = edge.register("claimer")
+    claimer_key, _ = edge.register(CLAIMER)
     bait_keys = edge.root / "bait-keys"
     shutil.copytree(edge.sites / "keys", bait_keys)
     shutil.copy(claimer_key.with_suffix(".pub"), bait_keys / "node4.pub")  # client 4 is the claimer's in the bait
     claimer = flood.Claimer(
-        edge.port, ["127.0.0.8"], ca=edge.ca, certificate=edge.certificate(1), key=claimer_key, client_index=4
+        edge.port, ["127.0.0.8"], ca=edge.ca, certificate=edge.certificate(CLAIMER), key=claimer_key, client_index=4
     )
     attack = flood.ReAnnounce(
         edge.port,
         ["127.0.0.9"],
         ca=edge.ca,
-        certificate=edge.certificate(2),
-        key=edge.register("announcer")[0],
+        certificate=edge.certificate(ANNOUNCER),
+        key=edge.register(ANNOUNCER)[0],
         size=2 * cap,
         after=claimer.trained,
     )

@@ -301,6 +301,7 @@ class Processes:
 
 def up(fed: LocalFederation) -> int:
     """Start the federation, wait until interrupted or a process dies, stop everything; the exit code."""
+    raise_fd_limit()  # before anything starts: every process up starts inherits it (nginx sizes its caps by it)
     sites = fed.node_data()
     check_ports(fed.port, 2 + len(sites))
     tls = fed.tls(sites)
@@ -442,7 +443,7 @@ def edge_of(fed: LocalFederation, tls: tuple[Path, Path, Path] | None, folder: P
     """nginx's settings for this federation: the sites' port on 127.0.0.1, where every node of this
     machine dials from (its nodes and SITES_APART more), each site certificate (`CN=node<K>`) bound
     to the node key `<sites>/keys/node<K>.pub` (none without TLS), the gate's caps per route, and
-    this process's open-file limit, raised to its hard limit (children inherit it)."""
+    this process's open-file limit (`up` raised it to its hard limit first: children inherit it)."""
     from incofl.deploy.fleet import route_caps
 
     bound = {}
