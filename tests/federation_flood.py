@@ -201,18 +201,20 @@ def gone(conn: socket.socket) -> bool:
 @dataclass
 class IdleTls(Flood):
     """A: `per_address` TLS connections from each address with a site's certificate, handshake done,
-    no request ever sent; each the server closes is counted (`closed`) and opened again."""
+    no request ever sent; each the server closes is counted (`closed`) and opened again. In full
+    force once each address has tried all of its (what the server refuses of them is its cap)."""
 
     ca: Path = Path()
     certificate: tuple[Path, Path] = (Path(), Path())
     per_address: int = 70
     held: Counter[str] = field(default_factory=Counter, kw_only=True)
+    tried: Counter[str] = field(default_factory=Counter, kw_only=True)
 
     def workers(self) -> list[Callable[[], None]]:
         return [lambda source=source: self._hold(source) for source in self.addresses]
 
     def ready(self) -> bool:
-        return sum(self.held.values()) >= self.per_address * len(self.addresses)
+        return all(self.tried[source] >= self.per_address for source in self.addresses)
 
     def _hold(self, source: str) -> None:
         context = site_context(self.ca, self.certificate)
@@ -220,6 +222,7 @@ class IdleTls(Flood):
         try:
             while self.running():
                 while len(held) < self.per_address and self.running():
+                    self.tried[source] += 1
                     try:
                         held.append(context.wrap_socket(self.connect(source), server_hostname="127.0.0.1"))
                         self.count("opened")
