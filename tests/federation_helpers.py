@@ -4,6 +4,9 @@ the same run through `incofl train`'s path and through the in-process Flower fed
 from __future__ import annotations
 
 import json
+import os
+import socket
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -166,3 +169,37 @@ WIDTH = {
     "partition": "iid_draw",
     "client_samples": 48,
 }
+
+
+def free_port(n: int) -> int:
+    """The first of `n` consecutive free ports on 127.0.0.1 (a SuperLink's, then its nodes')."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = s.getsockname()[1]
+        if first + n < 65536 and all(_free(first + i) for i in range(n)):
+            return first
+    raise RuntimeError("no free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def flower_env(root: Path, repo: Path, **extra: str) -> dict[str, str]:
+    """This process's environment for Flower's tools and `up` run from `root`: its own Flower home
+    (`root/flwr-home`, made), this checkout's incofl, this venv's commands first; and `extra`."""
+    (root / "flwr-home").mkdir()
+    venv = Path(sys.executable).parent
+    return {
+        **os.environ,
+        "FLWR_HOME": str(root / "flwr-home"),
+        "PYTHONPATH": str(repo / "src"),
+        "PATH": f"{venv}{os.pathsep}{os.environ['PATH']}",
+        **extra,
+    }

@@ -24,6 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from federation_flood import gone
+
 IDLE, FLOOD = "127.0.0.2", "127.0.0.3"  # the attacker's addresses
 
 
@@ -72,7 +74,7 @@ class Hostile:
                     self.closed[kind] += 1
                     time.sleep(0.1)
             for conn in list(held):
-                if _gone(conn):
+                if gone(conn):
                     self.closed[kind] += 1
                     held.remove(conn)
                     conn.close()
@@ -129,16 +131,3 @@ class Hostile:
             status = self._request("/v1/fleet/get-run", b"")
             self.probes.append((time.monotonic() - start, status))
             self.stop.wait(0.5)
-
-
-def _gone(conn: socket.socket) -> bool:
-    """Whether the server has closed `conn` (a read that would not block finds its end or an error)."""
-    try:
-        conn.setblocking(False)
-        return conn.recv(1) == b""
-    except (BlockingIOError, ssl.SSLWantReadError):
-        return False
-    except OSError:
-        return True
-    finally:
-        conn.setblocking(True)

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from federation_helpers import run_both
-from test_federation_deploy import DEPLOYED, REPO, _free_port
+from federation_helpers import free_port, run_both
+from test_federation_deploy import DEPLOYED, REPO
 
 # What a fresh process does before a message's training, step by step (each step includes the ones before).
 NODE_STEPS = {
@@ -96,7 +96,7 @@ def deployed_by_up(folder: Path, idle: float = 30.0, flags: tuple[str, ...] = ()
     seconds before it."""
     env = {**os.environ, "FLWR_HOME": str(folder / "flwr-home"), "PYTHONPATH": str(REPO / "src")}
     incofl = [sys.executable, "-m", "incofl.cli", "federation"]
-    sites, out, port = folder / "sites", folder / "deployed", _free_port(2 + DEPLOYED["clients"])
+    sites, out, port = folder / "sites", folder / "deployed", free_port(2 + DEPLOYED["clients"])
     subprocess.run([*incofl, "export", "--config", folder / "run.yaml", "--out", sites, "--keys"], env=env, check=True)
     with open(folder / "up.log", "w") as log:
         up = subprocess.Popen([*incofl, "up", "--sites", sites, "--port", str(port), *flags], stdout=log, env=env)

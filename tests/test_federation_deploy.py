@@ -45,7 +45,7 @@ if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
 import flwr.supernode.fleet_http_connection as fleet_connection  # noqa: E402
-from federation_helpers import write_config  # noqa: E402
+from federation_helpers import flower_env, free_port, write_config  # noqa: E402
 from federation_hostile import Hostile  # noqa: E402
 from federation_rogue import per_thread_certificates  # noqa: E402
 
@@ -61,26 +61,6 @@ BIN = Path(sys.executable).parent
 DEPLOYED = {"clients": 2, "ratio": 1.0, "rounds": 2}  # two nodes, both training every round
 ELSEWHERE = 1  # the client whose node this module starts (and kills)
 CONNECTION = "deployment"
-
-
-def _free_port(n: int) -> int:
-    """The first of `n` consecutive free ports (the SuperLink's, then its nodes')."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = s.getsockname()[1]
-        if first + n < 65536 and all(_free(first + i) for i in range(n)):
-            return first
-    raise RuntimeError("no free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _stat(pid: int) -> tuple[int, int, int, int] | None:
@@ -235,14 +215,8 @@ class Deployment:
 def deployment(tmp_path_factory):
     """Site 0 under `incofl federation up`, site 1's node started here (module docstring)."""
     root = tmp_path_factory.mktemp("deployment")
-    (root / "flwr-home").mkdir()
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(root / "flwr-home"),
-        "PYTHONPATH": str(REPO / "src"),
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-        "INCOFL_EXECUTOR_TEST_APP": f"{REPO / 'tests' / 'federation_executor_app.py'}:app",  # incofl's, but one push
-    }
+    test_app = f"{REPO / 'tests' / 'federation_executor_app.py'}:app"  # incofl's, but one push
+    env = flower_env(root, REPO, INCOFL_EXECUTOR_TEST_APP=test_app)
     config = write_config(root, **DEPLOYED)
     sites, elsewhere = root / "sites", root / "elsewhere"
     assert incofl(["federation", "export", "--config", str(config), "--out", str(sites), "--keys"]) == 0
@@ -253,7 +227,7 @@ def deployment(tmp_path_factory):
     dep = Deployment(root, config, env, Started())
     fleet_client = fleet_connection.FleetHttpClient  # this process's Fleet clients (the rogues', the tests') show
     per_thread_certificates((sites / "certificates" / "node1.pem", sites / "certificates" / "node1.key"))  # a site's
-    dep.port = _free_port(5)  # the SuperLink's Fleet and Control ports, up's node, the node elsewhere, the stranger
+    dep.port = free_port(5)  # the SuperLink's Fleet and Control ports, up's node, the node elsewhere, the stranger
     argv = [sys.executable, "-m", "incofl.cli", "federation", "up", "--sites", sites, "--port", dep.port]
     dep.up = dep.start([*argv, "--connection", CONNECTION], "up", start_new_session=True)
     try:
@@ -662,7 +636,7 @@ def test_a_site_that_answers_another_sites_message_in_its_name_is_refused(deploy
     deployment.up.send_signal(signal.SIGHUP)
     deployment.wait_for(deployment.root / "up.log", timeout=60, text="certificate bound again")
     data = deployment.root / "elsewhere" / f"site{ELSEWHERE}.npz"
-    deployment.supernode("again", again, ELSEWHERE, data, _free_port(1))
+    deployment.supernode("again", again, ELSEWHERE, data, free_port(1))
     private, public = node_key(deployment.root / "forger", 0)
     register = [BIN / "flwr", "supernode", "register", public, CONNECTION]
     subprocess.run(list(map(str, register)), env=deployment.env, check=True, capture_output=True, timeout=60)

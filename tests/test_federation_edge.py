@@ -67,7 +67,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -82,7 +81,7 @@ if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
 import federation_flood as flood  # noqa: E402
-from federation_helpers import write_config  # noqa: E402
+from federation_helpers import flower_env, free_port, write_config  # noqa: E402
 
 from incofl.cli import run as incofl  # noqa: E402
 from incofl.deploy.credentials import node_certificate, node_key  # noqa: E402
@@ -109,26 +108,6 @@ RECOVER = 90.0  # seconds the deployment gets after an attack to answer the hone
 # log's cap 48 MiB, three files)
 LOG_BYTES = 4e6
 LOG_BURST = 5  # lines a second the gate logs of refused requests (gate.LOG_BURST): the bound on error lines
-
-
-def _free_port(n: int) -> int:
-    """The first of `n` consecutive free ports on 127.0.0.1."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = s.getsockname()[1]
-        if first + n < 65536 and all(_free(first + i) for i in range(n)):
-            return first
-    raise RuntimeError("no free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _low_nofile() -> None:
@@ -270,13 +249,7 @@ def edge(tmp_path_factory) -> Iterator[Edge]:
     """`up` as the docs start it (five sites, TLS, node keys) under a soft limit of NOFILE open files;
     a warm-up run, then the control run timed (module docstring)."""
     root = tmp_path_factory.mktemp("edge")
-    (root / "flwr-home").mkdir()
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(root / "flwr-home"),
-        "PYTHONPATH": str(REPO / "src"),
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-    }
+    env = flower_env(root, REPO)
     config = write_config(root, **DEPLOYED)
     sites = root / "sites"
     assert incofl(["federation", "export", "--config", str(config), "--out", str(sites), "--keys"]) == 0
@@ -285,7 +258,7 @@ def edge(tmp_path_factory) -> Iterator[Edge]:
         node_certificate(sites / "certificates", client)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # this process holds C's 4,000 sockets
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16384)), hard))
-    port = _free_port(2 + SITES)
+    port = free_port(2 + SITES)
     out = open(root / "up.log", "w")  # noqa: SIM115 (closed below)
     argv = [sys.executable, "-m", "incofl.cli", "federation", "up", "--sites", sites, "--port", port]
     argv += ["--connection", CONNECTION]
