@@ -107,6 +107,8 @@ RECOVER = 90.0  # seconds the deployment gets after an attack to answer the hone
 # bytes the SuperLink may log during an attack (a one-round run and the probe: about 0.1 MB here; the
 # log's cap 48 MiB, three files)
 LOG_BYTES = 4e6
+# what the SuperLink grows by in B with nothing stored (its bait run's state, buffers): 13-17 MB seen
+WORKING = 64e6
 LOG_BURST = 5  # lines a second the gate logs of refused requests (gate.LOG_BURST): the bound on error lines
 
 
@@ -445,7 +447,7 @@ def test_b_a_reply_announced_again_under_a_second_key_header_is_held_to_the_mess
     run kept open for it: a bait run whose client 4 is bound to a second registered node
     (`Claimer`) that claims it, signed as incofl's node signs, and never answers its train
     message. Then the one-round run beside what it stored. Asserted: Flower stored at most the
-    cap of that one reply, and the SuperLink's memory grew by at most the cap and half of it
+    cap of that one reply, and the SuperLink's memory grew by at most the cap and half of it and WORKING
     (Flower's copies of what is in flight: a byte stored took 1.47 bytes of resident memory here)
     (up's tree is not bounded at 500 MB here: a node may make the SuperLink hold the cap for each
     message it was sent, docs/federation.md, and the bait's ServerApp is a process of its own);
@@ -494,8 +496,8 @@ def test_b_a_reply_announced_again_under_a_second_key_header_is_held_to_the_mess
         f"Flower stored {attack.stored / 1e6:.0f} MB of one reply, past the cap {cap / 1e6:.0f} MB"
         if attack.stored > cap
         else "",
-        f"the SuperLink grew by {grown / 1e6:.0f} MB, past the cap and half of it ({1.5 * cap / 1e6:.0f} MB)"
-        if grown > 1.5 * cap
+        f"the SuperLink grew by {grown / 1e6:.0f} MB, past the cap and half of it and {WORKING / 1e6:.0f} MB"
+        if grown > 1.5 * cap + WORKING
         else "",
         f"a reply already pulled, announced again: Flower asked for {claimer.asked_after} objects "
         f"and stored {claimer.stored_after} bytes"
