@@ -240,3 +240,50 @@ def test_every_connection_cap_stays_below_the_open_file_limit_with_room_for_ever
     assert edge.strangers >= STRANGER_CONNECTIONS
     text = render(edge)
     assert f"worker_rlimit_nofile {fd_limit};" in text and f"limit_conn strangers {edge.strangers};" in text
+
+
+def test_edge_config_prints_what_nginx_takes_and_refuses_bad_input_in_one_line(tmp_path, capsys):
+    """`incofl federation edge-config`: with a folder of certificates and one of node keys, the
+    configuration nginx accepts (`nginx -t`), each site's certificate bound; a missing certificate
+    or key and a site address that is not one are refused in one line (exit 2)."""
+    from incofl.cli import run
+
+    certificates(tmp_path / "certs", clients=[0])
+    node_key(tmp_path / "keys", 0)
+    (tmp_path / "edge").mkdir(mode=0o700)
+    given = [
+        "federation",
+        "edge-config",
+        "--folder",
+        str(tmp_path / "edge"),
+        "--fleet-socket",
+        str(tmp_path / "f.sock"),
+    ]
+    given += [
+        "--listen",
+        "127.0.0.1:19093",
+        "--certificates",
+        str(tmp_path / "certs"),
+        "--keys",
+        str(tmp_path / "keys"),
+    ]
+    conf = tmp_path / "edge" / "nginx.conf"
+    assert run([*given, "--site-address", "10.0.0.7=3", "--out", str(conf)]) == 0
+    text = conf.read_text()
+    assert '"CN=node0"' in text and '"10.0.0.7" ""' in text
+    user = ["-g", "user root;"] if os.geteuid() == 0 else []
+    done = subprocess.run(
+        [nginx(), "-t", "-p", f"{tmp_path / 'edge'}/", "-e", "stderr", "-c", str(conf), *user],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    for bad, why in [
+        (["--certificates", str(tmp_path)], "no "),
+        (["--keys", str(tmp_path / "certs")], "no nodeK.pub"),
+        (["--site-address", "somewhere"], "not ADDRESS[=SITES]"),
+    ]:
+        capsys.readouterr()
+        assert run([*given, *bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and why in err, err
