@@ -233,21 +233,17 @@ def cmd_federation_up(args: argparse.Namespace) -> int:
 
 
 def cmd_federation_edge_config(args: argparse.Namespace) -> int:
-    from incofl.deploy.edge import Edge, node_key_header, render
+    from incofl.deploy.credentials import given_certificates
+    from incofl.deploy.edge import Edge, render, site_bindings
     from incofl.deploy.fleet import route_caps
 
-    folder, certificates = Path(args.folder).resolve(), Path(args.certificates).resolve()
-    tls = tuple(certificates / name for name in ("ca.pem", "server.pem", "server.key"))
-    missing = [str(path) for path in tls if not path.is_file()]
-    if missing:
-        raise ConfigError(f"--certificates {args.certificates}: no {', '.join(missing)}")
-    keys = sorted(Path(args.keys).glob("node*.pub"))
-    if not keys:
+    tls = given_certificates(Path(args.certificates))
+    bound = site_bindings(Path(args.keys))
+    if not bound:
         raise ConfigError(f"--keys {args.keys}: no nodeK.pub (each site's registered node key, as client K's)")
-    bound = {f"CN={key.name.removesuffix('.pub')}": node_key_header(key) for key in keys}
     sites_at = dict(_site_address(value) for value in args.site_address)
-    fleet = Path(args.fleet_socket).resolve()
-    edge = Edge(args.listen, folder, fleet, tls, bound, route_caps(), sites_at, args.fd_limit)  # type: ignore[arg-type]
+    folder, fleet = Path(args.folder).resolve(), Path(args.fleet_socket).resolve()
+    edge = Edge(args.listen, folder, fleet, tls, bound, route_caps(), sites_at, args.fd_limit)
     text = render(edge)
     if args.out:
         Path(args.out).write_text(text)

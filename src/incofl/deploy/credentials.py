@@ -98,6 +98,16 @@ def certificates(folder: Path, host: str = "127.0.0.1", clients: Iterable[int] =
     return paths
 
 
+def given_certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """`ca.pem`, `server.pem` and `server.key` in one's own `folder` (`--certificates`); refused in one
+    line naming the missing ones."""
+    paths = folder.resolve() / "ca.pem", folder.resolve() / "server.pem", folder.resolve() / "server.key"
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise ConfigError(f"--certificates {folder}: no {', '.join(missing)}")
+    return paths
+
+
 def node_certificate(folder: Path, client: int) -> tuple[Path, Path]:
     """`node<client>.pem` and `node<client>.key` in `folder`: the TLS client certificate with which
     client `client`'s site connects to the sites' port, issued once by the CA whose key is `ca.key`."""

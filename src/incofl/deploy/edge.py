@@ -113,6 +113,13 @@ def node_key_header(public_key: Path) -> str:
     return base64.b64encode(pem).decode()
 
 
+def site_bindings(keys: Path) -> dict[str, str]:
+    """Each site certificate's subject (`CN=node<K>`) -> the header of the node key `node<K>.pub` in `keys`."""
+    return {
+        f"CN={public.name.removesuffix('.pub')}": node_key_header(public) for public in sorted(keys.glob("node*.pub"))
+    }
+
+
 def _quote(text: str) -> str:
     if any(c in text for c in '"\\\n\r;{}$'):
         raise ConfigError(f"{text!r}: not a value nginx's configuration can take")

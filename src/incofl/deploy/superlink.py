@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from incofl.config import ConfigError
+from incofl.deploy.credentials import check_private
 from incofl.deploy.gate import MIB, FleetGate, log
 from incofl.deploy.supernode import require_flower
 
@@ -154,8 +156,10 @@ def parse(argv: list[str]) -> tuple[Limits, list[str]]:
     if not ours.max_message_mb > 0:
         parser.error("--max-message-mb must be positive")
     folder = ours.fleet_socket.resolve().parent
-    if not folder.is_dir() or folder.stat().st_mode & 0o077:
-        parser.error(f"--fleet-socket {ours.fleet_socket}: its folder must exist and be private (mode 0700)")
+    try:
+        check_private(folder)  # uvicorn makes the socket 0666: its folder keeps others out
+    except (ConfigError, OSError) as err:
+        parser.error(f"--fleet-socket {ours.fleet_socket}: its folder must exist and be private (mode 0700): {err}")
     limits = Limits(ours.fleet_socket.resolve(), int(ours.max_message_mb * MIB))
     return limits, flower
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import resource
 import shutil
 import signal
 import socket
@@ -58,7 +59,7 @@ import numpy as np
 from incofl.config import ConfigError
 from incofl.deploy import DATA_FOLDER, DATA_NPZ, DATA_PATH
 from incofl.deploy.credentials import check_private, private_folder
-from incofl.deploy.edge import Edge, nginx, node_key_header
+from incofl.deploy.edge import Edge, nginx, site_bindings
 from incofl.deploy.logs import BoundedLog, pump, raise_fd_limit
 from incofl.numerics import Numerics, NumericsError, conflicts, environment
 
@@ -146,18 +147,15 @@ class LocalFederation:
         by the CA's key there); None when insecure."""
         if self.insecure:
             return None
-        from incofl.deploy.credentials import certificates, node_certificate
+        from incofl.deploy.credentials import certificates, given_certificates, node_certificate
 
         if self.certificates is None:
             return certificates(self.sites.resolve() / "certificates", clients=clients)
-        paths = tuple(self.certificates.resolve() / name for name in ("ca.pem", "server.pem", "server.key"))
-        missing = [p.name for p in paths if not p.is_file()]
-        if missing:
-            raise ConfigError(f"--certificates {self.certificates}: no {', '.join(missing)}")
+        paths = given_certificates(self.certificates)
         check_private(paths[2])
         for client in clients:
             node_certificate(paths[0].parent, client)
-        return paths  # type: ignore[return-value]
+        return paths
 
 
 def site_data(values: Iterable[str]) -> dict[int, Path]:
@@ -446,16 +444,11 @@ def edge_of(fed: LocalFederation, tls: tuple[Path, Path, Path] | None, folder: P
     this process's open-file limit (`up` raised it to its hard limit first: children inherit it)."""
     from incofl.deploy.fleet import route_caps
 
-    bound = {}
-    if tls is not None and not fed.insecure:
-        for public in sorted(fed.keys.glob("node*.pub")):
-            bound[f"CN={public.name.removesuffix('.pub')}"] = node_key_header(public)
+    bound = site_bindings(fed.keys) if tls is not None and not fed.insecure else {}
     sites_at = {"127.0.0.1": nodes + SITES_APART}
     user = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() == 0 else ""
-    routes = route_caps()
-    return Edge(
-        f"127.0.0.1:{fed.port}", folder, folder / "fleet.sock", tls, bound, routes, sites_at, raise_fd_limit(), user
-    )
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return Edge(f"127.0.0.1:{fed.port}", folder, folder / "fleet.sock", tls, bound, route_caps(), sites_at, files, user)
 
 
 def start_edge(edge: Edge, procs: Processes) -> subprocess.Popen:
