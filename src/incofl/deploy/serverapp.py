@@ -55,13 +55,12 @@ from flwr.serverapp import Grid, ServerApp
 from incofl.atomic import write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
 from incofl.data.facts import ClientFacts, Facts, client_facts
-from incofl.deploy.codec import failure_text
 from incofl.deploy.inbox import Inbox, Pulled
 from incofl.deploy.schedule import schedule_of
 from incofl.deploy.serverdata import FACTS, load_facts
 from incofl.deploy.signing import SERVER, SignatureError
 from incofl.deploy.sitedata import test_sha256
-from incofl.deploy.transport import POLL, FlowerTransport, Identity, failure_line, no_content
+from incofl.deploy.transport import POLL, FlowerTransport, Identity, failure_reason, no_content
 from incofl.fl.engine.engine import Engine
 from incofl.fl.engine.exchange import MissingClients
 from incofl.fl.engine.run import Run, build_assembly
@@ -194,7 +193,7 @@ def claim(
     site = identity.site_of(node)
     if reply.has_error():
         if identity.keys is None:
-            raise ConfigError(f"node {node} refused the run: {failure_text(failure_line(reply))[0][:300]}")
+            raise ConfigError(f"node {node} refused the run: {failure_reason(reply)}")
         try:  # its line, signed by the client's site as its answer to this identify
             why = identity.failure(reply, site, got.answers, IDENTIFY)
         except SignatureError as err:  # perhaps not the node's own: logged, and named if the run ends without it

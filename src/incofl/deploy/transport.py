@@ -218,13 +218,18 @@ def failure_line(reply: Message) -> str:
     return lines[-1] if lines else "no reason given"
 
 
+def failure_reason(reply: Message) -> str:
+    """A node's error reply in one line of at most 300 characters, its signature (if any) left off."""
+    return failure_text(failure_line(reply))[0][:300]
+
+
 def no_content(node: int, reply: Message | None) -> str:
     """Why a node's reply holds no content to decode ('' if it does): none came, or its ClientApp
     failed (its line, unsigned: `failure_line`)."""
     if reply is None:
         return "no reply within round-timeout (node gone?)" if node >= 0 else "no node"
     if reply.has_error():
-        return f"the node's ClientApp failed: {failure_text(failure_line(reply))[0][:300]}"
+        return f"the node's ClientApp failed: {failure_reason(reply)}"
     return ""
 
 
