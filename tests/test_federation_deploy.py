@@ -256,6 +256,8 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     assert not (sites / "superlink").exists()  # its state in memory, up's default (--link-state)
     out = deployment.root / "deployed"
     deployment.rogues = _rogues(deployment)  # test_replies_a_node_crafts_... reads what they did
+    refused = []  # Flower's node sends itself SIGINT when a heartbeat gets 401: here, this worker
+    interrupt = signal.signal(signal.SIGINT, lambda *_: refused.append("a rogue's heartbeat got 401"))
     threads = [rogue.start() for rogue in deployment.rogues]
     try:
         deadline = time.monotonic() + 60  # each connected before the run asks every node to identify
@@ -268,6 +270,8 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
             rogue.stop.set()
         for thread in threads:
             thread.join(timeout=30)
+        signal.signal(signal.SIGINT, interrupt)
+    assert not refused, "a rogue's certificate was not yet bound to its key (up's SIGHUP line came too early)"
     deployed = json.loads((out / "summary.json").read_text())
     (deployment.root / "cache").unlink()  # the data set back, for the simulator alone
     (deployment.root / "cache.held").rename(deployment.root / "cache")

