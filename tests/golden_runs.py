@@ -65,6 +65,9 @@ def op_fingerprints() -> dict[str, str]:
     conv = F.conv2d(x, w, padding=1)
     grad_out = torch.randn(conv.shape, generator=g)
     conv_x, conv_w = torch.autograd.grad(conv, (x, w), grad_out)
+    stem = torch.randn(8, 1, 7, 7, generator=g, requires_grad=True)  # a ResNet's stem (7x7/2) and a shortcut (1x1/2)
+    strided = [F.conv2d(x[:, :1], stem, stride=2, padding=3), F.conv2d(x, w[:, :, 1:2, 1:2], stride=2)]
+    strided_grads = torch.autograd.grad(strided, (x, stem, w), [torch.randn(s.shape, generator=g) for s in strided])
     bn = torch.nn.BatchNorm2d(32)
     h = conv.detach().requires_grad_()
     normed = bn(h)
@@ -78,8 +81,8 @@ def op_fingerprints() -> dict[str, str]:
     loss = F.cross_entropy(z, y)
     (ce_z,) = torch.autograd.grad(loss, z)
     return {
-        "conv forward": digest(conv),
-        "conv backward": digest(conv_x, conv_w),
+        "conv forward": digest(conv, *strided),
+        "conv backward": digest(conv_x, conv_w, *strided_grads),
         "batch norm forward": digest(normed, bn.running_mean, bn.running_var),
         "batch norm backward": digest(bn_x),
         "matmul (linear forward, backward)": digest(logits, linear_a, linear_w),

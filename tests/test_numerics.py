@@ -32,9 +32,9 @@ def python(code: str, env: dict[str, str] | None = None) -> subprocess.Completed
 def test_portable_kernels_compute_an_exact_sqrt_and_refuse_the_vector_maths():
     """sqrt is IEEE's (numpy's) in all three forms, with its gradient; exp is refused by name."""
     done = python("""
-        import numpy as np
         from incofl.numerics import activate, mkl_branch, pin
         pin("portable")
+        import numpy as np
         import torch
         activate("portable")
         b = torch.rand(4096, generator=torch.Generator().manual_seed(1)) + 0.1
@@ -97,7 +97,11 @@ def test_incofl_train_pins_before_anything_imports_torch(tmp_path):
 
 def test_pins_are_environment_variables_of_portable_runs_only():
     assert environment("native") == {} and conflicts("native", {"MKL_CBWR": "AVX512"}) == []
-    assert environment("portable") == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
+    assert environment("portable") == {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_CBWR": "COMPATIBLE",
+        "OPENBLAS_CORETYPE": "Haswell",
+    }
     assert conflicts("portable", {"MKL_CBWR": "compatible", "ATEN_CPU_CAPABILITY": "AVX2"}) == []
 
 
@@ -156,32 +160,60 @@ def test_a_pin_in_a_process_that_imported_torch_leaves_its_environment_alone(mon
     assert not PORTABLE_ENV.keys() & os.environ.keys()
 
 
+HASWELL = ("0.3.31.188.0", "Haswell")  # numpy 2.4.6's OpenBLAS, held to its Haswell kernels
+
+
 @pytest.mark.parametrize(
-    ("capability", "avx2", "branch", "why"),
+    ("capability", "avx2", "branch", "blas", "why"),
     [
-        ("AVX2", True, numerics.MKL_CBWR_COMPATIBLE, None),  # an x86-64 CPU with AVX2 (or AVX-512), pinned
-        ("AVX2", False, numerics.MKL_CBWR_COMPATIBLE, "this CPU has no AVX2"),  # ATen trusts the pin: no kernel runs
-        ("DEFAULT", True, numerics.MKL_CBWR_COMPATIBLE, "ATen computes with DEFAULT kernels, not AVX2"),
+        ("AVX2", True, numerics.MKL_CBWR_COMPATIBLE, HASWELL, None),  # an x86-64 CPU with AVX2 (or AVX-512), pinned
+        ("AVX2", False, numerics.MKL_CBWR_COMPATIBLE, HASWELL, "this CPU has no AVX2"),  # ATen trusts the pin
+        ("DEFAULT", True, numerics.MKL_CBWR_COMPATIBLE, HASWELL, "ATen computes with DEFAULT kernels, not AVX2"),
+        (
+            "AVX2",
+            True,
+            numerics.MKL_CBWR_COMPATIBLE,
+            ("0.3.31.188.0", "SkylakeX"),
+            "numpy's OpenBLAS computes with its SkylakeX kernels: OPENBLAS_CORETYPE=Haswell was set too late",
+        ),
+        (
+            "AVX2",
+            True,
+            numerics.MKL_CBWR_COMPATIBLE,
+            ("0.3.29", "Haswell"),
+            "numpy's OpenBLAS is 0.3.29, not 0.3.31 (numpy 2.4.6's wheel)",
+        ),
         (
             "SVE256",
             False,
             None,
-            "this CPU has no AVX2; this torch build has no MKL (portable numerics pin MKL's compatible branch)",
+            ("0.3.31.188.0", "NeoverseV1"),
+            "this CPU has no AVX2; this torch build has no MKL (portable numerics pin MKL's compatible branch); "
+            "numpy's OpenBLAS computes with its NeoverseV1 kernels: OPENBLAS_CORETYPE=Haswell was set too late",
+        ),
+        (
+            "AVX2",
+            True,
+            numerics.MKL_CBWR_COMPATIBLE,
+            None,
+            "numpy links no OpenBLAS of its own (portable convolutions need numpy's wheel's)",
         ),
     ],
-    ids=["avx2", "westmere", "aten-lowered", "graviton3"],
+    ids=["avx2", "westmere", "aten-lowered", "openblas-late", "openblas-other", "graviton3", "numpy-other-blas"],
 )
 def test_portable_numerics_hold_where_aten_computes_avx2_with_mkl_and_say_why_not(
-    monkeypatch, capability, avx2, branch, why
+    monkeypatch, capability, avx2, branch, blas, why
 ):
     """The decision's facts, as a process pinned for portable numerics sees them on each kind of
     CPU: ATen's capability (on a CPU without AVX2 it takes ATEN_CPU_CAPABILITY=avx2 on trust, so
-    the CPU's AVX2 is asked apart), and MKL's branch (none: an aarch64 torch, an Apple Silicon's too)."""
+    the CPU's AVX2 is asked apart), MKL's branch (none: an aarch64 torch, an Apple Silicon's too),
+    and numpy's OpenBLAS (its version and the kernels it computes with)."""
     import torch
 
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     monkeypatch.setattr(numerics, "cpu_has_avx2", lambda: avx2)
     monkeypatch.setattr(numerics, "mkl_branch", lambda: branch)
+    monkeypatch.setattr(numerics, "openblas", lambda: blas)
     assert numerics.obstacle() == why
 
 

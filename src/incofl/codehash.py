@@ -17,7 +17,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).parent
 # What `incofl train` runs: the engine, methods, models, data, the random streams, the config
-# with the method registry and its parameters, the CLI entry and the numerics pins.
+# with the method registry and its parameters, the CLI entry, the numerics pins and their convolutions.
 TRAINING_CODE = (
     "fl",
     "models",
@@ -32,6 +32,7 @@ TRAINING_CODE = (
     "atomic.py",
     "cli.py",
     "numerics.py",
+    "portable_conv.py",
 )
 
 

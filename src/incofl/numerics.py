@@ -3,19 +3,21 @@
 `native` lets torch pick its fastest kernels for the CPU at hand, so a run's bits depend on the
 CPU kind: ATen's vectorised kernels follow the instruction set (AVX2, AVX-512), MKL's SGEMM takes
 another path on an AMD than on an Intel CPU, oneDNN's convolutions block by the caches' sizes,
-NNPACK (convolutions from batch 16 when oneDNN is off) by the L1's, and MKL's vector maths (VML),
-where ATen sends the sqrt, exp, log and a few more of CPU tensors, follow the CPU's branch.
+and MKL's vector maths (VML), where ATen sends the sqrt, exp, log and a few more of CPU tensors,
+follow the CPU's branch.
 
 `portable` pins every one of those choices, so that a CPU run computes the same bits on every
 x86-64 CPU with AVX2, Intel or AMD, AVX-512 or not (for one torch build and thread count):
 ATen's AVX2 kernels (`ATEN_CPU_CAPABILITY=avx2`), MKL's conditional numerical reproducibility
-on its compatible branch (`MKL_CBWR=COMPATIBLE`, the one branch MKL honours on AMD), oneDNN and
-NNPACK off, so convolutions run as ATen's im2col + MKL GEMM, and no VML: sqrt is computed by
-numpy (IEEE's correctly rounded square root, the same bits on every CPU), and the other functions
-ATen sends to VML are refused in one line (no method trains with them). The environment variables are read
-once, when torch first computes, so `pin` must run before torch is imported; `activate` then
-checks that each pin took effect and refuses in one line where one did not (docs/workflow.md,
-"Bit for bit on any CPU").
+on its compatible branch (`MKL_CBWR=COMPATIBLE`, the one branch MKL honours on AMD) for the
+matrix products that remain MKL's (linear layers), convolutions as one im2col and one GEMM of
+numpy's OpenBLAS held to its Haswell kernels (`OPENBLAS_CORETYPE=Haswell`: portable_conv.py,
+registered as ATen's CPU convolution), and no VML: sqrt is computed by numpy (IEEE's correctly
+rounded square root, the same bits on every CPU), and the other functions ATen sends to VML are
+refused in one line (no method trains with them). The environment variables are read once, when
+torch (or numpy's OpenBLAS) first loads, so `pin` must run before torch is imported; `activate`
+then checks that each pin took effect and refuses in one line where one did not
+(docs/workflow.md, "Bit for bit on any CPU").
 
 `auto` is portable where its pins hold on this machine and native where they cannot (a torch
 without MKL, as on every aarch64 CPU, or a CPU without AVX2): `decide` asks a fresh process
@@ -40,7 +42,8 @@ if TYPE_CHECKING:
 
 Numerics = Literal["native", "portable"]
 Requested = Literal["auto", "native", "portable"]  # what a config asks for; auto is decided per machine
-PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
+PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "OPENBLAS_CORETYPE": "Haswell"}
+OPENBLAS_VERSION = "0.3.31"  # numpy 2.4.6's wheels' OpenBLAS: its Haswell kernels and blocking are the pinned ones
 MKL_CBWR_BRANCH, MKL_CBWR_COMPATIBLE = 1, 3  # mkl_service.h: the option to read, the branch wanted
 # Unary functions of float CPU tensors whose bits follow MKL's branch (ATen computes them with MKL's
 # VML): even on the compatible branch, sqrt's differed under emulated AVX2 CPUs (docs/workflow.md).
@@ -79,10 +82,18 @@ def pin(mode: Numerics) -> None:
 
 def cpu_has_avx2() -> bool:
     """Whether the CPU has AVX2 (and the OS its registers), as numpy's dispatch asked CPUID: torch-free,
-    so before the pins, and true to an emulated CPU (QEMU's CPUID), unlike /proc/cpuinfo under qemu-user."""
+    so before the pins, and true to an emulated CPU (QEMU's CPUID), unlike /proc/cpuinfo under qemu-user.
+    Asked in a fresh process while numpy is not loaded here: loading it loads its OpenBLAS, which
+    reads OPENBLAS_CORETYPE once, and the pins are not set yet."""
+    if "numpy" not in sys.modules:
+        done = subprocess.run([sys.executable, "-c", AVX2_PROBE], capture_output=True, text=True, check=True)
+        return done.stdout.strip() == "True"
     from numpy._core._multiarray_umath import __cpu_features__
 
     return bool(__cpu_features__.get("AVX2"))
+
+
+AVX2_PROBE = "from numpy._core._multiarray_umath import __cpu_features__ as f; print(bool(f.get('AVX2')))"
 
 
 def activate(mode: Requested) -> Numerics:
@@ -96,8 +107,7 @@ def activate(mode: Requested) -> Numerics:
         if mode == "auto":
             return "native"
         raise NumericsError(f"numerics: portable cannot hold here: {problem}")
-    torch.backends.mkldnn.enabled = False
-    torch.backends.nnpack.set_flags(False)
+    torch.backends.mkldnn.enabled = False  # oneDNN's other CPU kernels (its matmul on some builds) too
     _register_kernels()
     if problem := _conv_problem():
         raise NumericsError(f"numerics: portable cannot hold here: {problem}")
@@ -109,6 +119,7 @@ def obstacle() -> str | None:
     import torch
 
     problems = [_aten_problem(torch.backends.cpu.get_cpu_capability(), cpu_has_avx2()), _mkl_problem(mkl_branch())]
+    problems.append(_openblas_problem(openblas()))
     return "; ".join(p for p in problems if p) or None
 
 
@@ -177,18 +188,45 @@ def mkl_branch() -> int | None:
     return int(get(MKL_CBWR_BRANCH))
 
 
+def openblas() -> tuple[str, str] | None:
+    """(version, core type) of numpy's OpenBLAS as it reports them (threadpoolctl), or None: numpy
+    links another BLAS."""
+    import numpy  # noqa: F401 (loads its BLAS, which threadpoolctl then finds)
+    import threadpoolctl
+
+    for lib in threadpoolctl.threadpool_info():
+        if lib.get("internal_api") == "openblas" and "numpy" in lib.get("filepath", ""):
+            return str(lib.get("version")), str(lib.get("architecture"))
+    return None
+
+
+def _openblas_problem(found: tuple[str, str] | None) -> str | None:
+    if found is None:
+        return "numpy links no OpenBLAS of its own (portable convolutions need numpy's wheel's)"
+    version, core = found
+    if not version.startswith(OPENBLAS_VERSION):
+        return f"numpy's OpenBLAS is {version}, not {OPENBLAS_VERSION} (numpy 2.4.6's wheel)"
+    if core != "Haswell":
+        return f"numpy's OpenBLAS computes with its {core} kernels: OPENBLAS_CORETYPE=Haswell was set too late"
+    return None
+
+
 def _conv_problem() -> str | None:
-    """The backend ATen would pick for a batch-16 convolution (NNPACK's threshold)."""
+    """Whether ATen's CPU convolutions are portable_conv's."""
     import torch
 
-    x, w = torch.zeros(16, 3, 8, 8), torch.zeros(4, 3, 3, 3)
-    backend = torch._C._select_conv_backend(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, None)
-    return None if backend.name == "Slow2d" else f"convolutions run on {backend.name}, not ATen's Slow2d"
+    if all(torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU") for op in CONVOLUTION_OPS):
+        return None
+    return "ATen's CPU convolutions are not portable_conv's"
+
+
+CONVOLUTION_OPS = ("aten::convolution", "aten::convolution_backward")
 
 
 def _register_kernels() -> None:
-    """Replace ATen's CPU kernels of the VML functions for this process: sqrt by numpy's, the
-    others by a refusal (what a portable run would compute with them differs between CPUs)."""
+    """Replace ATen's CPU kernels for this process: convolutions by portable_conv's; of the VML
+    functions, sqrt by numpy's, the others by a refusal (what a portable run would compute with them
+    differs between CPUs)."""
     if _kernels:
         return
     import torch
@@ -196,6 +234,8 @@ def _register_kernels() -> None:
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():  # "overriding a previously registered kernel": that is the point
         warnings.simplefilter("ignore", UserWarning)
+        lib.impl("convolution", convolution, "CPU")
+        lib.impl("convolution_backward", convolution_backward, "CPU")
         lib.impl("sqrt", exact_sqrt, "CPU")
         lib.impl("sqrt_", lambda x: x.copy_(exact_sqrt(x)), "CPU")
         lib.impl("sqrt.out", lambda x, *, out: out.resize_(x.shape).copy_(exact_sqrt(x)), "CPU")
@@ -203,6 +243,62 @@ def _register_kernels() -> None:
             for overload in (name, f"{name}_", f"{name}.out"):
                 lib.impl(overload, _refusal(name), "CPU")
     _kernels.append(lib)
+
+
+def convolution(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[int],
+    groups: int,
+) -> torch.Tensor:
+    """ATen's `convolution` (every CPU convolution) by portable_conv."""
+    from incofl import portable_conv
+
+    _portable_convolution(x, weight, transposed, groups)
+    return portable_conv.forward(x, weight, bias, _pair(stride), _pair(padding), _pair(dilation))
+
+
+def convolution_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: list[int] | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[int],
+    groups: int,
+    mask: list[bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """ATen's `convolution_backward` by portable_conv."""
+    from incofl import portable_conv
+
+    _portable_convolution(x, weight, transposed, groups)
+    return portable_conv.backward(grad, x, weight, _pair(stride), _pair(padding), _pair(dilation), tuple(mask))
+
+
+def _portable_convolution(x: torch.Tensor, weight: torch.Tensor, transposed: bool, groups: int) -> None:
+    """Refuse in one line what portable_conv does not compute; OpenBLAS's threads set to torch's
+    (its bits depend on the count: one `threads`, as every kernel's)."""
+    from incofl import portable_conv
+
+    try:
+        portable_conv.check(x, weight, transposed, groups)
+    except portable_conv.UnsupportedConvolution as err:
+        raise NumericsError(
+            f"numerics: portable computes 2-D float32 and float64 convolutions of one group, not this one: {err}"
+        ) from None
+    portable_conv.match_threads()
+
+
+def _pair(values: list[int]) -> tuple[int, int]:
+    return int(values[0]), int(values[1])
 
 
 def exact_sqrt(x: torch.Tensor) -> torch.Tensor:
@@ -227,4 +323,4 @@ def _refusal(name: str) -> Callable[..., NoReturn]:
 
 def describe(mode: Numerics) -> str:
     """What summary.json's `hardware` says of the kernels: portable runs are one kind on any CPU."""
-    return "portable (ATen AVX2, MKL compatible, im2col convolutions)" if mode == "portable" else "native"
+    return "portable (ATen AVX2, MKL compatible, OpenBLAS Haswell convolutions)" if mode == "portable" else "native"
