@@ -33,12 +33,14 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 if TYPE_CHECKING:
     import torch
+
+    from incofl.portable_conv import Pair
 
 Numerics = Literal["native", "portable"]
 Requested = Literal["auto", "native", "portable"]  # what a config asks for; auto is decided per machine
@@ -245,49 +247,32 @@ def _register_kernels() -> None:
     _kernels.append(lib)
 
 
-def convolution(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: list[int],
-    padding: list[int],
-    dilation: list[int],
-    transposed: bool,
-    output_padding: list[int],
-    groups: int,
-) -> torch.Tensor:
-    """ATen's `convolution` (every CPU convolution) by portable_conv."""
+def convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *schema: Any) -> torch.Tensor:
+    """ATen's `convolution` (every CPU convolution) by portable_conv; `schema`: the rest of its
+    arguments (stride, padding, dilation, transposed, output_padding, groups)."""
     from incofl import portable_conv
 
-    _portable_convolution(x, weight, transposed, groups)
-    return portable_conv.forward(x, weight, bias, _pair(stride), _pair(padding), _pair(dilation))
+    return portable_conv.forward(x, weight, bias, *_geometry(x, weight, schema))
 
 
 def convolution_backward(
-    grad: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias_sizes: list[int] | None,
-    stride: list[int],
-    padding: list[int],
-    dilation: list[int],
-    transposed: bool,
-    output_padding: list[int],
-    groups: int,
-    mask: list[bool],
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_sizes: list[int] | None, *schema: Any
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """ATen's `convolution_backward` by portable_conv."""
+    """ATen's `convolution_backward` by portable_conv; `schema`: the convolution's arguments after
+    its bias, then the output mask (which of the three gradients to compute)."""
     from incofl import portable_conv
 
-    _portable_convolution(x, weight, transposed, groups)
-    return portable_conv.backward(grad, x, weight, _pair(stride), _pair(padding), _pair(dilation), tuple(mask))
+    *arguments, mask = schema
+    return portable_conv.backward(grad, x, weight, *_geometry(x, weight, arguments), tuple(mask))
 
 
-def _portable_convolution(x: torch.Tensor, weight: torch.Tensor, transposed: bool, groups: int) -> None:
-    """Refuse in one line what portable_conv does not compute; OpenBLAS's threads set to torch's
-    (its bits depend on the count: one `threads`, as every kernel's)."""
+def _geometry(x: torch.Tensor, weight: torch.Tensor, schema: Sequence[Any]) -> tuple[Pair, Pair, Pair]:
+    """(stride, padding, dilation) of a convolution's `schema`; refused in one line where portable_conv
+    does not compute it; OpenBLAS's threads set to torch's (its bits depend on the count: one
+    `threads`, as every kernel's)."""
     from incofl import portable_conv
 
+    stride, padding, dilation, transposed, _, groups = schema
     try:
         portable_conv.check(x, weight, transposed, groups)
     except portable_conv.UnsupportedConvolution as err:
@@ -295,9 +280,10 @@ def _portable_convolution(x: torch.Tensor, weight: torch.Tensor, transposed: boo
             f"numerics: portable computes 2-D float32 and float64 convolutions of one group, not this one: {err}"
         ) from None
     portable_conv.match_threads()
+    return _pair(stride), _pair(padding), _pair(dilation)
 
 
-def _pair(values: list[int]) -> tuple[int, int]:
+def _pair(values: list[int]) -> Pair:
     return int(values[0]), int(values[1])
 
 
