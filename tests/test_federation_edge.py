@@ -105,7 +105,7 @@ NOFILE = 1024  # the soft limit on open files `up` starts under (a login shell's
 # part that varies most with the load on the machine's 2 cores (shared with other jobs; the first
 # run after up started took 33 s, hence the warm-up run), and the attacker's threads run there too
 ALLOWANCE = 10.0
-SLOW = 3  # a run beside an attack is waited for SLOW x its limit: on a machine slower than at the control, it ends
+SLOW = 2  # a run beside an attack is waited for SLOW x its limit: on a machine slower than at the control, it ends
 MEMORY = 500e6  # bytes up's processes may grow by past what the control run added (RssSampler.growth)
 SERVERAPP = "flwr-serverapp"  # a run's ServerApp: left out of that sum (each run's own process)
 ANSWER = 1.0  # seconds: the honest node's median answer
