@@ -109,7 +109,7 @@ def activate(mode: Requested) -> Numerics:
         if mode == "auto":
             return "native"
         raise NumericsError(f"numerics: portable cannot hold here: {problem}")
-    torch.backends.mkldnn.enabled = False  # oneDNN's other CPU kernels (its matmul on some builds) too
+    torch.backends.mkldnn.enabled = False  # no oneDNN kernel, whichever op would pick one
     _register_kernels()
     if problem := _conv_problem():
         raise NumericsError(f"numerics: portable cannot hold here: {problem}")
@@ -120,8 +120,11 @@ def obstacle() -> str | None:
     """Why portable numerics cannot hold in this process (None: they can), from torch's kernels and MKL."""
     import torch
 
-    problems = [_aten_problem(torch.backends.cpu.get_cpu_capability(), cpu_has_avx2()), _mkl_problem(mkl_branch())]
-    problems.append(_openblas_problem(openblas()))
+    problems = [
+        _aten_problem(torch.backends.cpu.get_cpu_capability(), cpu_has_avx2()),
+        _mkl_problem(mkl_branch()),
+        _openblas_problem(openblas()),
+    ]
     return "; ".join(p for p in problems if p) or None
 
 

@@ -130,19 +130,19 @@ def reload(master: int, timeout: float = 10.0) -> None:
 
 
 def _workers(master: int) -> dict[int, str]:
-    """The live children of process `master` -> their process titles (/proc)."""
+    """The live children of process `master` -> their process titles (psutil); an OSError if it is gone."""
+    import psutil
+
+    try:
+        children = psutil.Process(master).children()
+    except psutil.NoSuchProcess:
+        raise OSError(f"nginx (pid {master}) is gone") from None
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            title = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile
-        fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
-        if fields[0] != "Z" and int(fields[1]) == master:
-            found[int(entry.name)] = title
+    for child in children:
+        try:  # a title may come back split at its spaces or padded: joined again
+            found[child.pid] = " ".join(child.cmdline()).strip()
+        except psutil.Error:
+            continue  # gone meanwhile, or a zombie
     return found
 
 
