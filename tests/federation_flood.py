@@ -254,15 +254,17 @@ class HalfOpen(Flood):
     hello: bool = True
     hold: bool = True  # False: closed once the server has answered the ClientHello (`Handshakes`)
     per_thread: int = 50
-    held: Counter[int] = field(default_factory=Counter, kw_only=True)  # thread -> sockets connected
 
     def workers(self) -> list[Callable[[], None]]:
         hello = client_hello(self.ca) if self.hello else b""
         groups = [self.addresses[i : i + self.per_thread] for i in range(0, len(self.addresses), self.per_thread)]
-        return [lambda i=i, group=group: self._hold(i, group, hello) for i, group in enumerate(groups)]
+        return [lambda group=group: self._hold(group, hello) for group in groups]
 
     def ready(self) -> bool:
-        return sum(self.held.values()) >= 0.95 * self.per_address * len(self.addresses)
+        """As many sockets connected as the attack holds at once. Not "held at once": a server that
+        closes the ones past its limit as it accepts them (nginx's limit_conn) leaves the count held
+        at any instant to a race between its accepts and this loop's reopening."""
+        return self.counts["opened"] >= 0.95 * self.per_address * len(self.addresses)
 
     def _open(self, selector: selectors.BaseSelector, source: str) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -280,7 +282,7 @@ class HalfOpen(Flood):
             return
         selector.register(sock, selectors.EVENT_WRITE, [source, False])
 
-    def _hold(self, index: int, group: list[str], hello: bool | bytes) -> None:
+    def _hold(self, group: list[str], hello: bool | bytes) -> None:
         selector = selectors.DefaultSelector()
         wanted = {source: self.per_address for source in group}
         try:
@@ -315,7 +317,6 @@ class HalfOpen(Flood):
                     elif not self.hold:
                         self._drop(selector, sock, "handshakes")  # type: ignore[arg-type]
                 counts = Counter(key.data[0] for key in selector.get_map().values())
-                self.held[index] = sum(1 for key in selector.get_map().values() if key.data[1])
                 for source, n in wanted.items():
                     for _ in range(n - counts[source]):
                         if not self.running():
@@ -325,7 +326,6 @@ class HalfOpen(Flood):
             for key in list(selector.get_map().values()):
                 key.fileobj.close()  # type: ignore[union-attr]
             selector.close()
-            self.held[index] = 0
 
     def _drop(self, selector: selectors.BaseSelector, sock: socket.socket, why: str) -> None:
         selector.unregister(sock)

@@ -8,9 +8,7 @@ waits until it is in full force, runs the same one-round run beside it, stops it
 
 - the run finishes, within twice the control run's time and ALLOWANCE seconds more (where it
   takes longer, the control is run again, with no attack, and the slower of the two counts: a
-  machine busy with other tests, as CI's is, slows both alike; a stall is still a stall, but it
-  must happen twice, a second run beside the same attack: CI has twice seen one run stall (A's,
-  D's) that passes here, its cause not found yet, docs/testing.md);
+  machine busy with other tests, as CI's is, slows both alike; a stall is still a stall);
 - the summed resident memory of up's processes grows by less than 500 MB past what the control
   run added (B: the SuperLink's own, past the message cap: below);
 - an honest site's node (its certificate, its registered key, Flower's own client) is answered
@@ -327,13 +325,13 @@ def beside(
     going, and the common checks made (module docstring). `watch`: marks counted in the
     SuperLink's log meanwhile."""
     assert edge.up.poll() is None, "up is gone"
-    attack.seconds = ready_within + 2 * SLOW * edge.limit + 60  # its own bound, whatever happens here
+    attack.seconds = ready_within + SLOW * edge.limit + 60  # its own bound, whatever happens here
     edge.sampler.reset()
     tail = flood.LogTail(edge.sites / "logs" / "superlink.log", watch).start()
     probe = edge.honest()
     attack.start()
     seconds, began = None, time.monotonic()
-    started, stalled_once = began, False
+    started = began
     try:
         if setup is not None:
             setup()
@@ -341,10 +339,6 @@ def beside(
         began = time.monotonic()
         if ready:
             seconds = edge.run(edge.root / name, SLOW * edge.limit)
-        if ready and seconds is None:  # a stall must repeat to count (module docstring)
-            edge.stop_runs()
-            seconds = edge.run(edge.root / f"{name}-again", SLOW * edge.limit)
-            stalled_once = seconds is not None
         ended = time.monotonic()
     finally:
         attack.halt()
@@ -370,7 +364,6 @@ def beside(
         statuses = sorted({status for _, _, status in probe.answers})
         failures.append(f"the honest node's median answer {outcome.median:.2f} s (statuses {statuses})")
     run = f"{seconds:.1f} s" if seconds is not None else "not finished"
-    run += " (the second run: the first did not finish)" if stalled_once else ""
     outcome.detail = (
         f"{name}: in full force after {began - started:.1f} s; run {run} (limit {limit:.1f} s); up's processes "
         f"+{growth / 1e6:.0f} MB past the control's (grew most: {edge.sampler.grown_most()}); honest node median "

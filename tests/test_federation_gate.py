@@ -571,3 +571,34 @@ def test_a_request_not_of_flowers_content_type_is_refused_unread(node):
 
         assert heartbeat(node, node.client(gate, edit=typed)) == 415, other
     assert seen == [] and heartbeat(node, node.client(gate)) == 200 and seen
+
+
+def test_a_push_is_answered_only_once_the_gate_holds_its_budget(node):
+    """Flower's app answers through Starlette's BaseHTTPMiddleware, which sends the body in one part
+    and then an empty last one: a node has the whole answer to its push from the first part and
+    pushes the reply's objects at once. Every byte of an answer to a push (messages or object) must
+    therefore reach the node only once the gate has entered what the answer says in its ledger.
+    Before, it did so at the last part: under load a node's first object came first and was
+    refused (403, "an object of no reply pushed here"), Flower's node dropped its reply, and the
+    ServerApp waited for it until its deadline (the stalled identify that edge tests saw in CI)."""
+    from incofl.deploy.fleet import PUSH_MESSAGES, PUSH_OBJECT
+
+    gate = gate_of(node.app)
+    answers = node.instruction.metadata.message_id
+    seen: list[tuple[str, bool, bool]] = []  # (route, a reply's budget entered, an object of it charged)
+
+    async def watching(scope: dict, receive: Any, send: Any) -> None:
+        async def watched(message: dict) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                reply = gate.ledger.reply(node.node_id, answers)
+                seen.append((scope["path"], reply is not None, reply is not None and reply.stored))
+            await send(message)
+
+        await gate(scope, receive, watched)
+
+    fleet = node.client(watching)
+    pushed = announce(node, fleet, reply_of(node, 8))
+    assert pushed.status == 200 and set(push_objects(node, fleet, pushed)) == {200}
+    pushes = [entry for entry in seen if entry[0] in (PUSH_MESSAGES, PUSH_OBJECT)]
+    assert pushes[0] == (PUSH_MESSAGES, True, False), seen  # the budget in place before the node has the answer
+    assert all(stored for path, _, stored in pushes if path == PUSH_OBJECT), seen  # each object charged first

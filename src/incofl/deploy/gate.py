@@ -45,7 +45,6 @@ from incofl.deploy.fleet import (
     MAX_OBJECTS,
     MEDIA_TYPE,
     MIB,
-    PUSH_CAP,
     PUSH_MESSAGES,
     PUSH_OBJECT,
     ROUTES,
@@ -329,9 +328,13 @@ async def forward(
     done: Callable[[int, bytes], Awaitable[None]] | None = None,
 ) -> None:
     """Call `app` with the body already read (then the client's own events: a disconnect when it
-    goes); its response sent on, and handed to `done` with its status before its last part is sent
-    (the answer's first PUSH_CAP bytes: what a push's answer takes)."""
-    status, response = [0], bytearray()
+    goes); its response sent on. With `done`, the response's body is held back and handed to `done`
+    with its status, and only then sent: Flower's app answers through Starlette's
+    BaseHTTPMiddleware, which sends the body in one part and then an empty last one, so a node has
+    the whole answer from the first part and pushes what it asks for at once; the gate's ledger
+    must hold what the answer says before that (an answer to a push: the ids of at most the
+    MAX_OBJECTS objects the push declared, within PUSH_CAP)."""
+    status, held = [0], bytearray()
     pending = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replay() -> dict[str, Any]:
@@ -340,10 +343,11 @@ async def forward(
     async def keep(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             status[0] = message["status"]
-        elif message["type"] == "http.response.body" and len(response) < PUSH_CAP:
-            response.extend(message.get("body", b""))
-        if done and message["type"] == "http.response.body" and not message.get("more_body", False):
-            await done(status[0], bytes(response))
-        await send(message)
+        if done is None or message["type"] != "http.response.body":
+            return await send(message)
+        held.extend(message.get("body", b""))
+        if not message.get("more_body", False):
+            await done(status[0], bytes(held))
+            await send({"type": "http.response.body", "body": bytes(held), "more_body": False})
 
     await app(scope, replay, keep)
