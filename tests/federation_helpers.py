@@ -52,9 +52,9 @@ def server_facts(cfg: RunConfig, folder: Path) -> Path:
     """The server's key and facts file in `folder/keys`, as `incofl federation export` writes them; the key's path."""
     from incofl.data.facts import shares
     from incofl.deploy.serverdata import FACTS, export_facts
-    from incofl.deploy.signing import private_key, server_key
+    from incofl.deploy.signing import private_key, server_key_pair
 
-    key = server_key(folder / "keys")[0]
+    key = server_key_pair(folder / "keys")[0]
     data = dataset_for(cfg)
     facts = shares(data, partition_for(cfg, data), cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
     export_facts(cfg, data, facts, folder / "keys" / FACTS, private_key(key))
@@ -82,18 +82,18 @@ def signed_sites(cfg: RunConfig, folder: Path) -> tuple[list[dict[str, int | str
     """As export_sites, signed both ways as `incofl federation export --keys` makes a federation:
     the server's key pair and each client's node key in `folder/keys`, every file carrying the
     server's public key, every node config its node's private key (`node-key`); and each node's
-    public key as a SuperLink holds it (PEM, by the node ids of an InProcessGrid over them)."""
+    public key as a SuperLink holds it (PEM, by the node ids of a DirectGrid over them)."""
     from cryptography.hazmat.primitives import serialization
 
     from incofl.deploy.credentials import node_key
-    from incofl.deploy.inprocess import FIRST_NODE
-    from incofl.deploy.signing import private_key, server_key
+    from incofl.deploy.flower.directgrid import FIRST_NODE
+    from incofl.deploy.signing import private_key, server_key_pair
     from incofl.deploy.sitedata import export_client
     from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     keys = folder / "keys"
     server_facts(cfg, folder)
-    server = server_key(keys)[1].read_bytes()
+    server = server_key_pair(keys)[1].read_bytes()
     data, partition = dataset_for(cfg), partition_for(cfg, dataset_for(cfg))
     nodes, pems = [], {}
     for client in range(cfg.clients):
@@ -108,17 +108,25 @@ def signed_sites(cfg: RunConfig, folder: Path) -> tuple[list[dict[str, int | str
 def run_both(tmp: Path, grid_apps: dict | None = None, **settings: Any) -> tuple[dict, dict, Path, Path]:
     """The run of `settings` by the simulator and by the in-process federation, whose server
     cannot read the data set (only its facts file; the nodes their site files): both summaries and folders."""
-    from incofl.deploy.inprocess import InProcessGrid
     from incofl.deploy.serverapp import AppSettings, serve
 
     config = write_config(tmp, **settings)
     cfg = load_run_config(config)
     sim, fed = tmp / "simulator", tmp / "federation"
     simulated = train(cfg, sim)
-    grid = InProcessGrid(export_sites(cfg, tmp), apps=grid_apps)
+    grid = direct_grid(export_sites(cfg, tmp), apps=grid_apps)
     with no_data_set():
         federated = serve(grid, AppSettings(str(config), {}, fed, join_timeout=5.0, server_key=tmp / "keys" / "server"))
     return simulated, federated, sim, fed
+
+
+def direct_grid(nodes: list[dict[str, int | str]], **options: Any) -> Any:
+    """The test transport (flower/directgrid.py) over `nodes`, each answering with incofl's ClientApp
+    unless `options` (DirectGrid's) give it another."""
+    from incofl.deploy.clientapp import app
+    from incofl.deploy.flower.directgrid import DirectGrid
+
+    return DirectGrid(nodes, app, **options)
 
 
 @contextmanager

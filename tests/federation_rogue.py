@@ -35,7 +35,7 @@ SHOWN = threading.local()  # the site certificate this thread's Fleet clients sh
 def per_thread_certificates(default: tuple[Path, Path]) -> None:
     """Flower's Fleet client, from now on in this process, shows the certificate of the thread that
     makes it (a Peer's own), else `default`."""
-    from incofl.deploy.supernode import shown_certificate
+    from incofl.deploy.flower.node import shown_certificate
 
     shown_certificate(lambda: getattr(SHOWN, "certificate", None) or default)
 
@@ -106,7 +106,9 @@ class Rogue(Peer):
             self.answered.set()
             return
         claim = {"client": 0, "test_sha256": ""}
-        if self.kind == "oversized":  # past what an identify reply may be (inbox.SMALL_REPLY), within the gate's caps
+        if (
+            self.kind == "oversized"
+        ):  # past what an identify reply may be (incofl.deploy.REPLY_OVERHEAD), within the gate's caps
             claim["pad"] = bytes(2 << 20)
         reply = Message(RecordDict({"node": ConfigRecord(claim)}), reply_to=asked)
         contents = {i: o.deflate() for i, o in get_all_nested_objects(reply).items()}

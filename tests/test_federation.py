@@ -423,7 +423,8 @@ def test_static_bn_of_the_width_models_is_refused_by_name():
 def test_a_node_without_the_test_split_its_model_is_scored_on_is_refused_before_the_first_round(tmp_path):
     """FedPer scores client 0's model (its personal layers are on its node) on the test split:
     a node whose file lacks it is refused by name before any round."""
-    from incofl.deploy.inprocess import InProcessGrid
+    from federation_helpers import direct_grid
+
     from incofl.deploy.serverapp import AppSettings, serve
     from incofl.deploy.sitedata import export_client
 
@@ -434,14 +435,15 @@ def test_a_node_without_the_test_split_its_model_is_scored_on_is_refused_before_
     export_client(cfg, data, partition_for(cfg, data), 0, nodes[0]["data-path"])  # without the test split
     settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, server_key=_server(tmp_path))
     with pytest.raises(ConfigError, match=r"\(client 0\): its data file lacks the test split .* export it with --test"):
-        serve(InProcessGrid(nodes), settings)
+        serve(direct_grid(nodes), settings)
     assert not (tmp_path / "federation" / "metrics.csv").exists()
 
 
 def test_without_node_keys_a_nodes_refusal_stops_the_run_in_its_own_words(tmp_path):
     """Without node-keys any node's refusal stops the run, in the node's one line: not Flower's
     `<class '...NodeError'>:<'...'>` of it (before: its reason as it came, a traceback in process)."""
-    from incofl.deploy.inprocess import InProcessGrid
+    from federation_helpers import direct_grid
+
     from incofl.deploy.serverapp import AppSettings, serve
 
     config = write_config(tmp_path)
@@ -449,7 +451,7 @@ def test_without_node_keys_a_nodes_refusal_stops_the_run_in_its_own_words(tmp_pa
     nodes[0]["data-path"] = str(tmp_path / "nowhere.npz")
     settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=30.0, server_key=_server(tmp_path))
     with pytest.raises(ConfigError) as refused:
-        serve(InProcessGrid(nodes), settings)
+        serve(direct_grid(nodes), settings)
     assert str(refused.value) == "node 101 refused the run: node 101: data-path <data-path>: not a regular file"
 
 
@@ -555,9 +557,11 @@ def test_a_node_is_told_its_schedule_and_no_path_or_server_only_setting(tmp_path
     """Every message a node receives in a run holds no path of the server's (its config's data,
     cache and key folders) and, of the run's settings, only the client side's (config.py's
     Role.CLIENT tags): no server-only setting (the sampling ratio, the evaluation's cadence, ...)."""
+    from federation_helpers import direct_grid
+
     from incofl.config import Affects, Role, run_settings
     from incofl.deploy.clientapp import app
-    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.flower.directgrid import FIRST_NODE
     from incofl.deploy.serverapp import AppSettings, serve
 
     config = write_config(tmp_path, rounds=1, data_dir=str(tmp_path / "data"), label="told", eval_every=2)
@@ -571,7 +575,7 @@ def test_a_node_is_told_its_schedule_and_no_path_or_server_only_setting(tmp_path
         return app(message, context)
 
     nodes = export_sites(cfg, tmp_path)
-    grid = InProcessGrid(nodes, apps={FIRST_NODE + c: node for c in range(cfg.clients)})
+    grid = direct_grid(nodes, apps={FIRST_NODE + c: node for c in range(cfg.clients)})
     serve(grid, AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, server_key=_server(tmp_path)))
     assert received and not [entry for entry in received if str(tmp_path) in entry]
     [schedule] = {entry[len("schedule=") :] for entry in received if entry.startswith("schedule=")}
@@ -614,7 +618,7 @@ def _server(folder: Path) -> Path:
 
 
 def _node_of(client: int) -> int:
-    from incofl.deploy.inprocess import FIRST_NODE
+    from incofl.deploy.flower.directgrid import FIRST_NODE
 
     return FIRST_NODE + client  # export_sites lists the clients in order
 
@@ -668,7 +672,8 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
     """Round 2's first client never answers: the run stops naming it, after round 1's checkpoint;
     with its node back, the same command resumes and ends with the simulator's weights, though
     the other nodes' clients (SCAFFOLD's c_i, FedPer's personal layers) had trained round 2 already."""
-    from incofl.deploy.inprocess import InProcessGrid
+    from federation_helpers import direct_grid
+
     from incofl.deploy.serverapp import AppSettings, serve
     from incofl.fl.engine.exchange import MissingClients
 
@@ -680,11 +685,11 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
         str(config), {}, tmp_path / "federation", join_timeout=5.0, round_timeout=1.0, server_key=_server(tmp_path)
     )  # the lost node: missing after 1 s
     with pytest.raises(MissingClients, match=f"round 2: no accepted reply from client\\(s\\) {lost} "):
-        serve(InProcessGrid(nodes, apps={_node_of(lost): silent_from(2)}), settings)
+        serve(direct_grid(nodes, apps={_node_of(lost): silent_from(2)}), settings)
     assert (tmp_path / "federation" / "ckpt.pt").exists() and not (tmp_path / "federation" / "summary.json").exists()
     ahead = [c for c in scheduled(1) if c != lost]  # trained round 2 before the stop
     assert all(list((tmp_path / f"site{c}.state").rglob("after-round-2.pt")) for c in ahead)
-    resumed = serve(InProcessGrid(nodes, run_id=2), settings)
+    resumed = serve(direct_grid(nodes, run_id=2), settings)
     from incofl.fl.engine.run import train
 
     assert resumed["state_sha256"] == train(cfg, tmp_path / "simulator")["state_sha256"]
@@ -697,7 +702,8 @@ def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from
     round it trains next, its node refuses to start from a fresh state, and the run stops naming it."""
     import shutil
 
-    from incofl.deploy.inprocess import InProcessGrid
+    from federation_helpers import direct_grid
+
     from incofl.deploy.serverapp import AppSettings, serve
     from incofl.fl.engine.exchange import MissingClients
 
@@ -716,7 +722,7 @@ def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from
 
     settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, server_key=_server(tmp_path))
     with pytest.raises(MissingClients, match=f"client\\(s\\) {wiped} .*is not the one it reported"):
-        serve(InProcessGrid(nodes, apps={_node_of(wiped): forgetful}), settings)
+        serve(direct_grid(nodes, apps={_node_of(wiped): forgetful}), settings)
 
 
 def test_a_run_and_its_nodes_share_one_rule_of_the_checkpointed_rounds():
@@ -848,7 +854,8 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
     """A reply with a NaN, a wrong shape or another client's id is never averaged in: logged by
     node and client; with allow-missing the run goes on without it and rounds.csv names it."""
 
-    from incofl.deploy.inprocess import InProcessGrid
+    from federation_helpers import direct_grid
+
     from incofl.deploy.serverapp import AppSettings, serve
 
     bad = scheduled(0)[0]
@@ -857,7 +864,7 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
     settings = AppSettings(
         str(config), {}, tmp_path / "federation", join_timeout=5.0, allow_missing=True, server_key=_server(tmp_path)
     )
-    serve(InProcessGrid(nodes, apps={_node_of(bad): _corrupting(change)}), settings)
+    serve(direct_grid(nodes, apps={_node_of(bad): _corrupting(change)}), settings)
     assert f"node {_node_of(bad)}, client {bad}: refused: " in caplog.text and why in caplog.text
     rounds = pd.read_csv(tmp_path / "federation" / "rounds.csv", dtype={"missing": str})
     assert rounds["missing"].tolist() == [str(bad)]
@@ -964,8 +971,10 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
     node may claim any client."""
     import json
 
+    from federation_helpers import direct_grid
+
     from incofl.deploy.credentials import node_key
-    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.flower.directgrid import FIRST_NODE
     from incofl.deploy.serverapp import AppSettings, serve
     from incofl.deploy.transport import Identity
 
@@ -980,7 +989,7 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
     def failing(message, context):
         raise RuntimeError("no data here")
 
-    grid = InProcessGrid(nodes, apps={stranger: failing}, keys=keys)
+    grid = direct_grid(nodes, apps={stranger: failing}, keys=keys)
     settings = AppSettings(str(config), {}, tmp_path / "federation", join_timeout=5.0, node_keys=tmp_path / "keys")
     serve(grid, settings)
     assert f"identify: node {impostor}: refused: node {impostor}'s key is no site's" in caplog.text

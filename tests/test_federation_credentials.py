@@ -129,7 +129,7 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
         (fed.site_files, sites / "site1.npz"),
         (lambda: credentials.node_key(sites / "keys", 1), sites / "keys" / "node1"),
         (lambda: credentials.certificates(sites / "certificates"), sites / "certificates" / "server.key"),
-        (lambda: signing.server_key(sites / "keys"), sites / "keys" / "server"),  # the ServerApp's signing key
+        (lambda: signing.server_key_pair(sites / "keys"), sites / "keys" / "server"),  # the ServerApp's signing key
         (lambda: signing.private_key(sites / "keys" / "node0"), sites / "keys" / "node0"),  # a node's node-key
     ]
     for check, path in checks:

@@ -50,7 +50,7 @@ from federation_rogue import per_thread_certificates  # noqa: E402
 
 from incofl.cli import run as incofl  # noqa: E402
 from incofl.config import load_run_config  # noqa: E402
-from incofl.deploy.inbox import SMALL_REPLY  # noqa: E402
+from incofl.deploy import REPLY_OVERHEAD  # noqa: E402
 from incofl.fl.engine.run import train  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(600)]
@@ -342,24 +342,6 @@ def test_ups_node_runs_every_message_in_its_one_warm_executor(deployment):
     assert spawned >= 3  # elsewhere: identify, 2 trains (Flower's log: the 0.2 s recorder may miss one under load)
 
 
-def test_the_supernode_wrapper_caps_the_sleeps_of_flowers_node_loop():
-    import inspect
-
-    import flwr.supernode.start_client_internal as loop
-
-    from incofl.deploy.supernode import capped_time
-
-    source = inspect.getsource(loop)
-    assert source.count("time.sleep(3)") == 1 and source.count("time.sleep(0.5)") == 2  # what it cuts short, still so
-    shim = capped_time(0.05, 0.001)
-    start = time.monotonic()
-    shim.sleep(3)
-    waited = time.monotonic() - start
-    for _ in range(10):
-        shim.sleep(0.5)
-    assert 0.04 < waited < 1 and time.monotonic() - start - waited < 0.3 and shim.monotonic is time.monotonic
-
-
 def test_a_node_whose_key_is_not_registered_is_refused(deployment):
     """A node showing client 1's site certificate with a key nobody registered: nginx answers its
     activation 401 (its key is not the one bound to that certificate), as Flower answers a key it
@@ -471,7 +453,7 @@ def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_th
     in the first test's run (two rounds) and asked its identify: one answers with bytes Flower
     cannot decode (hash, header and length right: the SuperLink stores them), one with a reply of
     2 MiB, within the gate's caps but past what an identify reply may be (the ServerApp stops
-    pulling it at its cap, `inbox.SMALL_REPLY`, and refuses it: before, it pulled a reply whole
+    pulling it at its cap, `incofl.deploy.REPLY_OVERHEAD`, and refuses it: before, it pulled a reply whole
     before the codec checked its size), four announce a reply
     and never upload it, and one sends the SuperLink a message of its own, never uploaded, through
     the loopback listener (Flower's app whole, as a SuperLink without the gate serves its sites: the
@@ -487,7 +469,7 @@ def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_th
     assert all(rogue.answered.is_set() for rogue in deployment.rogues), [rogue.error for rogue in deployment.rogues]
     deployed = json.loads((deployment.root / "deployed" / "summary.json").read_text())
     assert deployed["state_sha256"] == deployment.simulated["state_sha256"]
-    assert f"refused: its reply passed the {SMALL_REPLY} bytes its plan allows" in deployment.run_log(deployment.run)
+    assert f"refused: its reply passed the {REPLY_OVERHEAD} bytes its plan allows" in deployment.run_log(deployment.run)
 
 
 def test_a_supernode_killed_mid_round_is_left_out_with_allow_missing(deployment):

@@ -42,15 +42,16 @@ pytestmark = pytest.mark.xdist_group("fuzz")
 def honest(tmp_path_factory):
     """Every training and evaluation reply of a 2-round in-process run of each of RUNS, with what
     the server expected of it: (method, reply, expected) and (method, reply, job, expected)."""
+    from federation_helpers import direct_grid
+
     from incofl.deploy import serverapp, transport
-    from incofl.deploy.inprocess import InProcessGrid
 
     train, scores = [], []
     accept_update, accept_scores = transport.accept_update, transport.accept_scores
     for method, extra in RUNS.items():
         tmp = tmp_path_factory.mktemp(method)
         config = write_config(tmp, methods=[method], **extra)
-        grid = InProcessGrid(export_sites(load_run_config(config), tmp))
+        grid = direct_grid(export_sites(load_run_config(config), tmp))
 
         def record_update(reply, expected, content=None, method=method):  # the reply as opened: unbundled
             train.append((method, reply_with(reply, content), expected))

@@ -243,7 +243,7 @@ def test_bodies_past_the_caps_are_refused_as_they_arrive_chunked_or_not(node):
     a body sent in chunks, without a Content-Length, is cut off at the cap as one with it is."""
     from starlette.testclient import TestClient
 
-    from incofl.deploy.fleet import PUSH_CAP, route_caps
+    from incofl.deploy.flower.fleet import PUSH_CAP, route_caps
 
     gate = TestClient(gate_of(node.app, 16 * MIB))
     protobuf = {"content-type": "application/protobuf"}
@@ -260,7 +260,7 @@ def test_a_reply_tree_is_counted_no_further_than_its_cap(node):
     """A tree of more objects than MAX_OBJECTS, within the body cap, is 413; its count stops at the cap + 1."""
     from flwr.proto.message_pb2 import ObjectTree
 
-    from incofl.deploy.fleet import MAX_OBJECTS
+    from incofl.deploy.flower.fleet import MAX_OBJECTS
     from incofl.deploy.gate import count, read
 
     wide = ObjectTree(object_id="a" * 64)
@@ -289,7 +289,7 @@ def test_without_the_gate_flower_stores_the_whole_reply(node):
 def test_the_gate_serves_the_fleet_routes_only_and_refuses_a_body_over_its_cap_unread(node):
     from starlette.testclient import TestClient
 
-    from incofl.deploy.fleet import route_caps
+    from incofl.deploy.flower.fleet import route_caps
 
     gate = TestClient(gate_of(node.app, 16 * MIB))
     for path in ("/v1/control/list-runs", "/v1/runtime/acquire-task", "/docs", "/v1/fleet/../control/start-run"):
@@ -306,7 +306,7 @@ def test_a_finished_runs_messages_and_objects_are_pruned(node):
     superlink.py) cleans every finished run; a running one is left as it is."""
     from flwr.common.constant import SubStatus
 
-    from incofl.deploy.superlink import prune_finished
+    from incofl.deploy.flower.link import prune_finished
 
     pushed = announce(node, node.client(gate_of(node.app, 16 * MIB)), reply_of(node, 8))
     push_objects(node, node.client(node.app), pushed)
@@ -339,7 +339,7 @@ def test_the_serverapp_stops_pulling_a_reply_past_its_cap():
     `inbox.capped`: past the cap it raises, and pulls no object after the one that passed it."""
     from flwr.supercore.inflatable.inflatable_utils import pull_objects
 
-    from incofl.deploy.inbox import ReplyTooLarge, capped
+    from incofl.deploy.flower.inbox import ReplyTooLarge, capped
 
     store = {f"{i:064x}": bytes(MIB) for i in range(10)}  # a reply of 10 MiB, 1 MiB an object
     asked: list[str] = []
@@ -450,7 +450,7 @@ def test_the_gates_routes_are_flowers_fleet_routes_each_with_its_request_and_cap
     from flwr.supercore.protobuf.translation import PROTOBUF_REQUEST_TYPES
     from flwr.superlink.routers.fleet.router import router
 
-    from incofl.deploy.fleet import PUSH_CAP, ROUTES, route_caps
+    from incofl.deploy.flower.fleet import PUSH_CAP, ROUTES, route_caps
     from incofl.deploy.gate import request_of
 
     paths = {route.path for route in router.routes}
@@ -469,7 +469,7 @@ def test_a_body_past_its_routes_cap_or_not_its_message_or_a_path_of_no_route_is_
     parse as its route's message 400, a path of no route 404; Flower sees none of them."""
     from starlette.testclient import TestClient
 
-    from incofl.deploy.fleet import route_caps
+    from incofl.deploy.flower.fleet import route_caps
 
     seen: list[str] = []
     gate = TestClient(gate_of(spied(node.app, seen)))
@@ -550,7 +550,7 @@ def test_a_request_not_of_flowers_content_type_is_refused_unread(node):
     never sees it."""
     from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
 
-    from incofl.deploy.fleet import MEDIA_TYPE
+    from incofl.deploy.flower.fleet import MEDIA_TYPE
 
     assert MEDIA_TYPE == PROTOBUF_MEDIA_TYPE.encode()
     seen: list[str] = []
@@ -581,7 +581,7 @@ def test_a_push_is_answered_only_once_the_gate_holds_its_budget(node):
     Before, it did so at the last part: under load a node's first object came first and was
     refused (403, "an object of no reply pushed here"), Flower's node dropped its reply, and the
     ServerApp waited for it until its deadline (the stalled identify that edge tests saw in CI)."""
-    from incofl.deploy.fleet import PUSH_MESSAGES, PUSH_OBJECT
+    from incofl.deploy.flower.fleet import PUSH_MESSAGES, PUSH_OBJECT
 
     gate = gate_of(node.app)
     answers = node.instruction.metadata.message_id

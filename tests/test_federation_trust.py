@@ -1,5 +1,5 @@
 """A federation that holds against a site that lies (docs/federation.md, Threat model), shown in
-process with the real ServerApp and ClientApp (deploy/inprocess.py) where that shows it: a
+process with the real ServerApp and ClientApp (deploy/flower/directgrid.py) where that shows it: a
 reply in another site's name is refused whatever its header says; an instruction the server did
 not sign (or signed for another node or run) is refused by the node, which is left as it was; a
 second config for a run is refused; a finite update that would overflow the round's sums is
@@ -30,12 +30,13 @@ pytestmark = pytest.mark.slow
 
 def _signed_run(tmp_path, apps=None, **settings):
     """The tiny run, signed both ways, through the in-process federation; its folder."""
-    from incofl.deploy.inprocess import InProcessGrid
+    from federation_helpers import direct_grid
+
     from incofl.deploy.serverapp import AppSettings, serve
 
     config = write_config(tmp_path, **settings)
     nodes, pems = signed_sites(load_run_config(config), tmp_path)
-    grid = InProcessGrid(nodes, apps=apps, keys=pems)
+    grid = direct_grid(nodes, apps=apps, keys=pems)
     out = tmp_path / "federation"
     keys = tmp_path / "keys"
     serve(grid, AppSettings(str(config), {}, out, join_timeout=5.0, allow_missing=True, node_keys=keys))
@@ -53,7 +54,7 @@ def test_a_reply_in_another_sites_name_is_refused_whatever_its_header(tmp_path, 
     """Client B's round-1 reply comes from B's node with B's header and B's honest update, but
     signed with site A's key (as a node that pushes in B's name would sign it), and client C's
     unsigned: both refused before anything in them is read; the other clients averaged."""
-    from incofl.deploy.inprocess import FIRST_NODE
+    from incofl.deploy.flower.directgrid import FIRST_NODE
 
     a, b, c = 0, 1, 2  # every client trains (ratio 1)
     keys = {FIRST_NODE + b: _signing_as(str(tmp_path / "keys" / f"node{a}")), FIRST_NODE + c: _signing_as(None)}
@@ -70,9 +71,10 @@ def test_nothing_of_a_reply_is_read_or_counted_before_its_signature_holds(tmp_pa
     the ServerApp read the claim first, and the trip ended the run); B's round reply signed with
     A's key and C's unsigned are not counted in federation.csv (before: their bytes were, read
     before their signature was checked); the honest clients train."""
+    from federation_helpers import direct_grid
     from flwr.app import ConfigRecord, Message, RecordDict
 
-    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.flower.directgrid import FIRST_NODE
     from incofl.deploy.serverapp import AppSettings, serve
 
     class Tripwire(ConfigRecord):
@@ -91,7 +93,7 @@ def test_nothing_of_a_reply_is_read_or_counted_before_its_signature_holds(tmp_pa
         FIRST_NODE + b: _signing_as(str(tmp_path / "keys" / f"node{a}")),
         FIRST_NODE + c: _signing_as(None),
     }
-    grid = InProcessGrid([*nodes, nodes[a]], apps=apps, keys=pems)  # the stranger's key: none of the sites'
+    grid = direct_grid([*nodes, nodes[a]], apps=apps, keys=pems)  # the stranger's key: none of the sites'
     out = tmp_path / "federation"
     serve(grid, AppSettings(str(config), {}, out, join_timeout=5.0, allow_missing=True, node_keys=tmp_path / "keys"))
     assert f"identify: node {strange}: refused: node {strange}'s key is no site's" in caplog.text
@@ -115,11 +117,10 @@ def _signing_as(key: str | None):
 
 def _node(tmp_path):
     """Client 1's node of a signed federation: its context, and a way to make instructions for it."""
+    from federation_helpers import direct_grid
     from flwr.app import Context, RecordDict
 
-    from incofl.deploy.inprocess import InProcessGrid
-
-    InProcessGrid([], run_id=7)  # this process takes a ServerApp task's identity: Flower's messages read it
+    direct_grid([], run_id=7)  # this process takes a ServerApp task's identity: Flower's messages read it
     config = write_config(tmp_path)
     nodes, _ = signed_sites(load_run_config(config), tmp_path)
     return config, Context(7, 102, dict(nodes[1]), RecordDict(), {})
@@ -187,7 +188,7 @@ def test_a_finite_update_that_would_overflow_the_rounds_sums_is_the_nodes_fault(
     is refused by node and client, not averaged into a run that then reads as diverged."""
     from incofl.deploy.clientapp import answer, app
     from incofl.deploy.codec import from_arrays, to_arrays, unbundled, unsigned
-    from incofl.deploy.inprocess import FIRST_NODE
+    from incofl.deploy.flower.directgrid import FIRST_NODE
 
     bad = scheduled(0)[0]
 
@@ -283,15 +284,16 @@ def test_a_nodes_refusal_is_its_sites_word_only_signed_by_its_site_for_the_messa
     """An error reply holds one line: the site's signature at its end (clientapp.signed) binds it
     to the run, the client and the message it answers; the server takes it only so signed by the
     site whose key the SuperLink holds for the node."""
+    from federation_helpers import direct_grid
     from flwr.app import Error, Message, RecordDict
 
     from incofl.deploy.codec import failure_text, sign_failure
-    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.flower.directgrid import FIRST_NODE
     from incofl.deploy.signing import SignatureError, private_key
     from incofl.deploy.transport import Identity
 
     nodes, pems = signed_sites(load_run_config(write_config(tmp_path)), tmp_path)
-    grid = InProcessGrid(nodes, keys=pems, run_id=7)
+    grid = direct_grid(nodes, keys=pems, run_id=7)
     identity = Identity.load(grid, tmp_path / "keys", tmp_path / "keys" / "server", len(nodes), 7)
     site0, site1 = (private_key(tmp_path / "keys" / f"node{c}") for c in (0, 1))
     line = "node 101: data-folder <data-folder>: not data of this run (0/00000.png: image file is truncated)"
@@ -321,8 +323,10 @@ def test_a_nodes_refusal_is_its_sites_word_only_signed_by_its_site_for_the_messa
 def test_a_refusal_from_a_node_that_is_not_the_clients_site_does_not_stop_the_run(tmp_path, caplog):
     """A node whose key is no site's claims client 0 and refuses the run, its line signed with its
     own key as client 0's: logged, not taken; client 0's own node joins and the run trains."""
+    from federation_helpers import direct_grid
+
     from incofl.deploy.credentials import node_key
-    from incofl.deploy.inprocess import FIRST_NODE, InProcessGrid
+    from incofl.deploy.flower.directgrid import FIRST_NODE
     from incofl.deploy.serverapp import AppSettings, serve
 
     config = write_config(tmp_path, rounds=1)
@@ -330,7 +334,7 @@ def test_a_refusal_from_a_node_that_is_not_the_clients_site_does_not_stop_the_ru
     own = node_key(tmp_path / "impostor", 0)
     impostor = {**sites[0], "data-path": str(tmp_path / "nowhere.npz"), "node-key": str(own[0])}
     keys = {FIRST_NODE: _pem(own[1])} | {node + 1: key for node, key in pems.items()}
-    grid = InProcessGrid([impostor, *sites], keys=keys)
+    grid = direct_grid([impostor, *sites], keys=keys)
     out = tmp_path / "federation"
     serve(grid, AppSettings(str(config), {}, out, join_timeout=30.0, node_keys=tmp_path / "keys"))
     said = f"identify: node {FIRST_NODE}: the node's ClientApp failed: node {FIRST_NODE}: data-path <data-path>: "

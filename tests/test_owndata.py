@@ -68,14 +68,15 @@ def serve_sites(
     tmp: Path, config: Path, nodes: list[dict], pems: dict[int, bytes], timeout: float = 5.0, **grid: Any
 ) -> dict:
     """The run of `config` on `nodes` through the in-process federation with node-keys; `grid`:
-    InProcessGrid's (apps, run_id), and round_timeout: the server's (a silent node's wait)."""
-    from incofl.deploy.inprocess import InProcessGrid
+    DirectGrid's (apps, run_id), and round_timeout: the server's (a silent node's wait)."""
+    from federation_helpers import direct_grid
+
     from incofl.deploy.serverapp import AppSettings, serve
 
     waits = {"join_timeout": timeout, "round_timeout": grid.pop("round_timeout", AppSettings.round_timeout)}
     settings = AppSettings(str(config), {}, tmp / "federation", node_keys=tmp / "keys", **waits)
     with no_data_set():
-        return serve(InProcessGrid(nodes, keys=pems, **grid), settings)
+        return serve(direct_grid(nodes, keys=pems, **grid), settings)
 
 
 def export_declared(tmp: Path, config: Path) -> None:
@@ -199,9 +200,9 @@ def test_the_serverapps_refusal_reaches_flowers_log_as_its_one_line(tmp_path):
     (`flwr ls`) carry the same line. No `<class ...NodeError>` wrapper anywhere."""
     import traceback
 
+    from federation_helpers import direct_grid
     from flwr.app import Context, RecordDict
 
-    from incofl.deploy.inprocess import InProcessGrid
     from incofl.deploy.serverapp import app
 
     config = write_config(tmp_path, methods=["FedAvg"])
@@ -215,7 +216,7 @@ def test_the_serverapps_refusal_reaches_flowers_log_as_its_one_line(tmp_path):
     flower.addHandler(handler)
     try:
         with no_data_set(), pytest.raises(ConfigError) as refused:
-            app(InProcessGrid(nodes, keys=pems), Context(1, 0, {}, RecordDict(), {**run_config, "join-timeout": 60}))
+            app(direct_grid(nodes, keys=pems), Context(1, 0, {}, RecordDict(), {**run_config, "join-timeout": 60}))
     finally:
         flower.removeHandler(handler)
     line = (
@@ -309,7 +310,7 @@ def test_sites_all_serving_their_own_data_need_no_partition_and_resume_on_their_
     no client's row; every site serves its share as its own data and declares it. Round 2's first
     client never answers: the run stops after round 1's checkpoint. Restarted, the nodes declare
     again (an undeclared row would refuse the run) and it ends with the simulator's weights and metrics."""
-    from incofl.deploy.inprocess import FIRST_NODE
+    from incofl.deploy.flower.directgrid import FIRST_NODE
     from incofl.fl.engine.exchange import MissingClients
 
     config = write_config(tmp_path, methods=["SCAFFOLD"])
@@ -330,8 +331,9 @@ def test_a_row_left_to_a_declaration_is_refused_undeclared_or_without_node_keys(
     """With export --declared's facts file, client 3 serving an exported share (which declares
     nothing) is refused by name in one line before any round; so is the file in a run without
     node-keys, and export --declared asked for one client's file."""
+    from federation_helpers import direct_grid
+
     from incofl.cli import run
-    from incofl.deploy.inprocess import InProcessGrid
     from incofl.deploy.serverapp import AppSettings, serve
 
     config = write_config(tmp_path, methods=["FedAvg"])
@@ -343,7 +345,7 @@ def test_a_row_left_to_a_declaration_is_refused_undeclared_or_without_node_keys(
     assert "\n" not in str(refused.value)
     insecure = AppSettings(str(config), {}, tmp_path / "federation", server_key=tmp_path / "keys" / "server")
     with pytest.raises(ConfigError, match=r"^facts .*facts.npz: leaves .*which only a run with node-keys takes$"):
-        serve(InProcessGrid(nodes), insecure)
+        serve(direct_grid(nodes), insecure)
     assert not (tmp_path / "federation" / "metrics.csv").exists()
     argv = ["federation", "export", "--config", str(config), "--out", str(tmp_path / "x.npz"), "--client", "0"]
     assert run([*argv, "--declared"]) == 2
@@ -373,7 +375,7 @@ def test_up_starts_a_node_on_a_sites_own_data_and_refuses_bad_site_data_in_one_l
     from flwr.common.config import parse_config_args
 
     from incofl.cli import run
-    from incofl.deploy.signing import server_key
+    from incofl.deploy.signing import server_key_pair
     from incofl.deploy.up import LocalFederation, site_data, start_nodes
 
     sites, own = tmp_path / "sites", tmp_path / "own0"
@@ -389,7 +391,7 @@ def test_up_starts_a_node_on_a_sites_own_data_and_refuses_bad_site_data_in_one_l
     up = ["federation", "up", "--sites", str(sites)]
     assert run([*up, *given]) == 2  # no server key yet
     assert f"--site-data: no {sites.resolve()}/keys/server.pub, the server's public key" in capsys.readouterr().err
-    public = server_key(sites / "keys")[1]
+    public = server_key_pair(sites / "keys")[1]
     fed = LocalFederation(sites, own=site_data(given[1::2]))
     started = Started()
     start_nodes(fed, fed.node_data(), None, None, started)  # type: ignore[arg-type]

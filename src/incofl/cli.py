@@ -125,7 +125,7 @@ def cmd_federation_export(args: argparse.Namespace) -> int:
     if args.client is None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     keys = (Path(args.out) if args.client is None else Path(args.out).parent) / "keys"
-    server = _server_key(keys)  # every site's file carries its public half: its node acts on nothing else
+    server = _make_server_key(keys)  # every site's file carries its public half: its node acts on nothing else
     if args.declared:  # no partition drawn: each site declares its own data's facts (docs/federation.md)
         facts, what = declared_only(data, cfg.clients, cfg.normalize), "each client's facts left to its site to declare"
         for client in clients if args.keys else []:
@@ -170,11 +170,11 @@ def _site_certificates(folder: Path, clients: Iterable[int]) -> None:
     print(f"certificates in {folder}: {ca.name} for every site, node<K>.pem and node<K>.key for client K's only")
 
 
-def _server_key(folder: Path) -> Path:
+def _make_server_key(folder: Path) -> Path:
     """The server's public key in `folder` (`server.pub`; its private half `server`, for the ServerApp), made once."""
-    from incofl.deploy.signing import server_key
+    from incofl.deploy.signing import server_key_pair
 
-    private, public = server_key(folder)
+    private, public = server_key_pair(folder)
     print(
         f"server key {private} (the ServerApp's: node-keys/server, or server-key); {public} in each site file "
         "(a node on its site's own data: its server-key)"
@@ -235,7 +235,7 @@ def cmd_federation_up(args: argparse.Namespace) -> int:
 def cmd_federation_edge_config(args: argparse.Namespace) -> int:
     from incofl.deploy.credentials import given_certificates
     from incofl.deploy.edge import Edge, render, site_bindings
-    from incofl.deploy.fleet import route_caps
+    from incofl.deploy.flower.fleet import route_caps
 
     tls = given_certificates(Path(args.certificates))
     bound = site_bindings(Path(args.keys))

@@ -1,5 +1,6 @@
-"""Real federations: incofl's methods as a Flower app (docs/federation.md). Only the app
-modules (codec, serverapp, clientapp, inprocess) import flwr, the `flower` extra."""
+"""Real federations: incofl's methods as a Flower app (docs/federation.md). Flower (the `flower`
+extra) is imported by the app's modules through its public API, and past it only in the Flower
+adapter, `incofl.deploy.flower`."""
 
 # the node config keys that name a node's data, one of them: an exported share (sitedata.py) or a
 # site's own (owndata.py); here, so that `up` names them without importing the engine

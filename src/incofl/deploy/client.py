@@ -33,9 +33,10 @@ import torch
 
 from incofl.atomic import save_tensors
 from incofl.config import RunConfig
+from incofl.deploy.exported import test_sha256
 from incofl.deploy.owndata import load_own
 from incofl.deploy.schedule import RUN_FOLDER, Schedule
-from incofl.deploy.sitedata import load_site, test_sha256
+from incofl.deploy.sitedata import load_site
 from incofl.fl.contracts import ClientUpdate, Round
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.checkpoint import last_checkpoint

@@ -170,12 +170,14 @@ def server_public(context: Context) -> ec.EllipticCurvePublicKey | None:
     file `server-key` names (OpenSSH: keys/server.pub); None where there is none."""
     key, path = node_data(context)
     if key == DATA_PATH:
-        return server_key(key, path)
-    return server_key("server-key", node_file(context, "server-key")) if "server-key" in context.node_config else None
+        return server_key_at(key, path)
+    if "server-key" not in context.node_config:
+        return None
+    return server_key_at("server-key", node_file(context, "server-key"))
 
 
 @cache
-def server_key(key: str, path: str) -> ec.EllipticCurvePublicKey | None:
+def server_key_at(key: str, path: str) -> ec.EllipticCurvePublicKey | None:
     """The server's public key in the file the node config names under `key` (None: a data file without one)."""
     raw = site_server_key(path) if key == DATA_PATH else Path(path).read_bytes()
     return public_key(raw, f"{key} {path}: server key") if raw else None

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from incofl.config import ConfigError
-from incofl.deploy.fleet import KEY_HEADER, MEDIA_TYPE
+from incofl.deploy.flower.fleet import KEY_HEADER, MEDIA_TYPE
 
 NODE_CONNECTIONS = 8  # connections a Flower node holds on the sites' port (its loop, heartbeats, 2 pushes at once)
 STRANGER_CONNECTIONS = 2 * NODE_CONNECTIONS  # from an address no site is known to dial from (one site, or none)

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
-import importlib
 import logging
 import time
 from collections import OrderedDict
@@ -40,7 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from incofl.deploy.fleet import (
+from incofl.deploy.flower.fleet import (
     AUTH_HEADERS,
     MAX_OBJECTS,
     MEDIA_TYPE,
@@ -48,6 +46,8 @@ from incofl.deploy.fleet import (
     PUSH_MESSAGES,
     PUSH_OBJECT,
     ROUTES,
+    answer_of,
+    request_of,
 )
 
 Scope = dict[str, Any]
@@ -61,20 +61,13 @@ LOG_BURST = 5  # refusal lines a second, at most
 log = logging.getLogger("incofl.gate")
 
 
-@functools.cache
-def request_of(path: str) -> type:
-    """The protobuf message a Fleet route's body is (ROUTES)."""
-    module, _, name = ROUTES[path][0].rpartition(".")
-    return getattr(importlib.import_module(f"flwr.proto.{module}"), name)
-
-
 @dataclass
-class Reply:
+class Budget:
     """What one reply of one node may still add: its tree (a retry pushes the same), its bytes left,
     and whether Flower stored an object of it (no retry after that)."""
 
     root: str
-    budget: int
+    left: int
     objects: set[str]
     stored: bool = False
 
@@ -84,13 +77,13 @@ class Ledger:
     """Each node's accepted replies (by the message they answer) and which reply owns each object it
     was asked for; at most REPLIES_PER_NODE a node, the oldest forgotten into `spent`."""
 
-    replies: dict[Who, OrderedDict[str, Reply]] = field(default_factory=dict)
+    replies: dict[Who, OrderedDict[str, Budget]] = field(default_factory=dict)
     owner: dict[Who, dict[str, str]] = field(default_factory=dict)  # object asked for -> the message its reply answers
     spent: dict[Who, OrderedDict[str, None]] = field(default_factory=dict)
 
     def accept(self, who: Who, answers: str, root: str, objects: list[str], budget: int) -> None:
         replies = self.replies.setdefault(who, OrderedDict())
-        replies[answers] = Reply(root, budget, set(objects))
+        replies[answers] = Budget(root, budget, set(objects))
         self.owner.setdefault(who, {}).update(dict.fromkeys(objects, answers))
         while len(replies) > REPLIES_PER_NODE:
             old, reply = replies.popitem(last=False)
@@ -102,7 +95,7 @@ class Ledger:
             if len(spent) > SPENT_PER_NODE:
                 spent.popitem(last=False)
 
-    def reply(self, who: Who, answers: str) -> Reply | None:
+    def reply(self, who: Who, answers: str) -> Budget | None:
         return self.replies.get(who, {}).get(answers)
 
     def spent_on(self, who: Who, answers: str) -> bool:
@@ -182,8 +175,6 @@ class FleetGate:
         """A reply, passed on unless this node's answer to the same message was pushed already (its
         own tree again is a retry until an object of it is stored); its budget set when Flower first
         accepts it (before the node has the answer: it pushes objects at once)."""
-        from flwr.proto.fleet_pb2 import PushMessagesResponse
-
         who = pushed.node
         async with self.holding(who, pushed.answers):
             known = self.ledger.reply(who, pushed.answers)
@@ -195,7 +186,7 @@ class FleetGate:
             async def accepted(status: int, answer: bytes) -> None:
                 if status != 200 or known is not None:
                     return
-                response = await asyncio.to_thread(parsed, PushMessagesResponse, answer)
+                response = await asyncio.to_thread(parsed, answer_of(PUSH_MESSAGES), answer)
                 if response is not None and response.objects_to_push:  # Flower stored it (refused: none asked)
                     objects = list(response.objects_to_push)[: pushed.objects]
                     self.ledger.accept(who, pushed.answers, pushed.root, objects, self.max_message)
@@ -204,8 +195,6 @@ class FleetGate:
 
     async def push_object(self, scope: Scope, receive: Receive, send: Send, body: bytes, pushed: Pushed) -> None:
         """An object of one of the node's accepted replies, within its budget; charged once Flower stored it."""
-        from flwr.proto.message_pb2 import PushObjectResponse
-
         who = pushed.node
         answers = self.ledger.answers_for(who, pushed.object_id)
         if answers is None:
@@ -214,13 +203,13 @@ class FleetGate:
             reply = self.ledger.reply(who, answers)
             if reply is None:
                 return await self.refuse(scope, send, 403, "an object of no reply pushed here")
-            if pushed.size > reply.budget:
+            if pushed.size > reply.left:
                 return await self.refuse(scope, send, 413, f"a reply over {self.max_message / MIB:.4g} MiB")
 
             async def charged(status: int, answer: bytes) -> None:
-                response = await asyncio.to_thread(parsed, PushObjectResponse, answer) if status == 200 else None
+                response = await asyncio.to_thread(parsed, answer_of(PUSH_OBJECT), answer) if status == 200 else None
                 if response is not None and response.stored:
-                    reply.budget -= pushed.size
+                    reply.left -= pushed.size
                     reply.stored = True
 
             await forward(self.app, scope, receive, body, send, charged)

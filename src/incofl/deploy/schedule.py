@@ -19,7 +19,7 @@ from typing import Any
 
 from incofl.config import Role, RunConfig, run_settings
 from incofl.data.facts import Facts
-from incofl.deploy.sitedata import PARTITION_KEYS, partition_settings
+from incofl.deploy.exported import PARTITION_KEYS, partition_settings
 from incofl.fl.engine.checkpoint import semantic_config
 
 CLIENT_SETTINGS = run_settings(Role.CLIENT)

@@ -19,9 +19,9 @@ split the file holds), every node is asked which client it is (`query.identify`,
 schedule: schedule.py, no path and no server-only setting), then incofl's `Run` drives the
 rounds through the same `Engine` as the simulator, whose transport is the federation
 (transport.py): incofl's seeded schedule and planner choose the clients, each planned client's
-job goes to its node, each reply is read and checked as it arrives (pulled after 0.05 s doubling to
-0.2 s, `POLL`, not Flower's `send_and_receive`, which pulls every 3 s), and the server side aggregates,
-evaluates and checkpoints exactly as in the simulator. No reply can stop the server.
+job goes to its node, each reply is read and checked as it arrives (pulled after 0.05 s doubling
+to 0.2 s, the Flower adapter's QUICK, not Flower's `send_and_receive`, which pulls every 3 s), and
+the server side aggregates, evaluates and checkpoints exactly as in the simulator. No reply can stop the server.
 Restarted with the same `out`, the run resumes from its last checkpoint (and each node from its
 client's store at that round: client.py).
 
@@ -49,18 +49,19 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, RecordDict
-from flwr.common import log as flower_log
 from flwr.serverapp import Grid, ServerApp
 
 from incofl.atomic import write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
 from incofl.data.facts import ClientFacts, Facts, client_facts
-from incofl.deploy.inbox import Inbox, Pulled
+from incofl.deploy import REPLY_OVERHEAD
+from incofl.deploy.exported import test_sha256
+from incofl.deploy.flower import QUICK, log_error
+from incofl.deploy.flower.inbox import Inbox, Pulled
 from incofl.deploy.schedule import schedule_of
 from incofl.deploy.serverdata import FACTS, load_facts
 from incofl.deploy.signing import SERVER, SignatureError
-from incofl.deploy.sitedata import test_sha256
-from incofl.deploy.transport import POLL, FlowerTransport, Identity, failure_reason, no_content
+from incofl.deploy.transport import FlowerTransport, Identity, failure_reason, no_content
 from incofl.fl.engine.engine import Engine
 from incofl.fl.engine.exchange import MissingClients
 from incofl.fl.engine.run import Run, build_assembly
@@ -159,7 +160,7 @@ def identify(
             else:
                 claim(cfg, facts, node, got, (nodes, declared), test, identity, refusals)
         if len(nodes) < cfg.clients:
-            time.sleep(POLL)
+            time.sleep(QUICK)
     inbox.forget(pending)
     missing = sorted(set(range(cfg.clients)) - set(nodes))
     if missing:
@@ -298,7 +299,7 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
             "(export --declared), which only a run with node-keys takes"
         )
     test = {client: test_sha256(data) for client in tested_on_clients(cfg)}
-    inbox = Inbox(grid)
+    inbox = Inbox(grid, REPLY_OVERHEAD)
     nodes, declared = identify(inbox, cfg, facts, settings.join_timeout, test, identity)
     server = Server(build_assembly(cfg, data, with_declared(facts, declared)))  # replies checked against these
     transport = FlowerTransport(server, inbox, nodes, settings.round_timeout, settings.out, identity)
@@ -321,5 +322,5 @@ def main(grid: Grid, context: Context) -> None:
     try:
         serve(grid, AppSettings.of(dict(context.run_config)))
     except (ConfigError, MissingClients) as err:  # the run refused: its one line first (module docstring)
-        flower_log(logging.ERROR, "%s", err)
+        log_error(str(err))
         raise err.with_traceback(None) from None

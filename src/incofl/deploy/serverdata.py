@@ -23,18 +23,16 @@ from incofl.atomic import atomic_path
 from incofl.config import ConfigError, RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.facts import Facts
+from incofl.deploy.exported import check_settings, partition_settings, split_sha256
 from incofl.deploy.signing import SignatureError, sign, statement, verify
-from incofl.deploy.sitedata import SiteDataset, partition_settings
+from incofl.deploy.sitedata import SiteDataset
 
 FACTS = "facts.npz"  # in the keys folder, beside the server's key
 
 
 def _statement(text: str, x_test: np.ndarray, y_test: np.ndarray) -> bytes:
     """What is signed: the facts' text and the test split's dtypes, shapes and bytes, by SHA-256."""
-    arrays = [
-        f"{a.dtype}{list(a.shape)}{hashlib.sha256(np.ascontiguousarray(a)).hexdigest()}" for a in (x_test, y_test)
-    ]
-    return statement("facts", facts=hashlib.sha256(text.encode()).hexdigest(), test=" ".join(arrays))
+    return statement("facts", facts=hashlib.sha256(text.encode()).hexdigest(), test=split_sha256(x_test, y_test))
 
 
 def export_facts(cfg: RunConfig, data: ImageDataset, facts: Facts, out: Path, key: ec.EllipticCurvePrivateKey) -> None:
@@ -66,10 +64,7 @@ def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tu
         raise ConfigError(
             f"facts {path}: not the server's facts file ({why}); make it with incofl federation export"
         ) from None
-    for setting, value in partition_settings(cfg).items():
-        if saved["settings"].get(setting) != value:
-            theirs = saved["settings"].get(setting)
-            raise ConfigError(f"facts {path}: exported with {setting}={theirs!r}, the run has {setting}={value!r}")
+    check_settings(f"facts {path}", saved["settings"], partition_settings(cfg))
     empty = np.zeros((0, *facts.shape), dtype=np.uint8)
     mean, std = facts.normalisation()
     data = SiteDataset(cfg.dataset, empty, np.zeros(0, np.int64), x_test, y_test, "unknown", facts.classes, mean, std)

@@ -116,10 +116,15 @@ def private_key(path: Path) -> ec.EllipticCurvePrivateKey:
 
 
 def public_key(data: bytes, what: str) -> ec.EllipticCurvePublicKey:
-    """An EC public key, OpenSSH or DER (SubjectPublicKeyInfo); refused in one line naming `what`."""
+    """An EC public key, OpenSSH (a site's file), PEM (as Flower's SuperLink holds a node's) or DER
+    (SubjectPublicKeyInfo); refused in one line naming `what`."""
     try:
-        key = serialization.load_ssh_public_key(data) if data.startswith(b"ecdsa-") else None
-        key = key or serialization.load_der_public_key(data)
+        if data.startswith(b"ecdsa-"):
+            key = serialization.load_ssh_public_key(data)
+        elif data.startswith(b"-----BEGIN"):
+            key = serialization.load_pem_public_key(data)
+        else:
+            key = serialization.load_der_public_key(data)
     except (ValueError, TypeError):
         raise ConfigError(f"{what}: not an ECDSA public key") from None
     if not isinstance(key, ec.EllipticCurvePublicKey):
@@ -127,7 +132,7 @@ def public_key(data: bytes, what: str) -> ec.EllipticCurvePublicKey:
     return key
 
 
-def server_key(folder: Path) -> tuple[Path, Path]:
+def server_key_pair(folder: Path) -> tuple[Path, Path]:
     """The server's key pair in `folder` (`server`, `server.pub`: P-384, OpenSSH), made once."""
     from incofl.deploy.credentials import write_public, write_secret
 

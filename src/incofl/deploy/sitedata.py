@@ -9,14 +9,13 @@ whole training set's, which a node cannot compute from its share) and the settin
 partition was drawn with: a node refuses a run whose config would partition otherwise. With
 `test`, it also holds the data set's test split, on which the node of a client that keeps
 entries of its model scores that model when the run's evaluation asks (each model group's first
-client's, as the simulator reports it); the server checks its hash (`test_sha256`) against its own.
+client's, as the simulator reports it); the server checks its digest (exported.test_sha256) against its own.
 It carries the server's public key too (`server_key`, OpenSSH): the node acts only on
 instructions signed with it (signing.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from incofl.atomic import atomic_path
-from incofl.config import Affects, ConfigError, Role, RunConfig, run_settings
+from incofl.config import ConfigError, RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition
 from incofl.data.tensors import normalisation
-
-# The settings a site file is made with: those its client's share depends on, and the normalisation
-# it holds (a node checks them against those its schedule carries: schedule.py).
-PARTITION_KEYS = tuple(sorted(run_settings(Affects.PARTITION, Role.EXPORTED)))
+from incofl.deploy.exported import check_settings, partition_settings
 
 
 @dataclass(frozen=True)
@@ -49,19 +45,6 @@ class SiteDataset(ImageDataset):
     def channel_stats(self) -> tuple[np.ndarray, np.ndarray]:
         assert self.mean is not None and self.std is not None
         return self.mean, self.std
-
-
-def partition_settings(cfg: RunConfig) -> dict[str, object]:
-    return {key: getattr(cfg, key) for key in PARTITION_KEYS}
-
-
-def test_sha256(data: ImageDataset) -> str:
-    """SHA-256 of a data set's test images and labels ('' without a test split)."""
-    if not len(data.y_test):
-        return ""
-    digest = hashlib.sha256(np.ascontiguousarray(data.x_test).tobytes())
-    digest.update(np.ascontiguousarray(data.y_test).astype(np.int64).tobytes())
-    return digest.hexdigest()
 
 
 def export_client(
@@ -128,10 +111,8 @@ def load_site(
         ) from None
     if int(site["client"]) != client:
         raise ConfigError(f"data-path {path}: holds client {int(site['client'])}'s data, this node is client {client}")
-    saved = json.loads(str(site["settings"]))
-    for key, value in (partition_settings(cfg) if settings is None else settings).items():
-        if saved.get(key) != value:
-            raise ConfigError(f"data-path {path}: exported with {key}={saved.get(key)!r}, the run has {key}={value!r}")
+    wanted = partition_settings(cfg) if settings is None else settings
+    check_settings(f"data-path {path}", json.loads(str(site["settings"])), wanted)
     data = SiteDataset(
         cfg.dataset,
         site["x"],

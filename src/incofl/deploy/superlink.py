@@ -8,7 +8,8 @@ Flower 1.42 serves its Fleet (nodes), Control (`flwr run`, `flwr supernode regis
 Runtime (the ServerApp's) APIs as one FastAPI app on one listener (`--host`, `--port`), and its
 Control API has no user authentication without OIDC: every site that reaches that port could
 start a run (code that runs as the operator), register keys or unregister other sites' nodes.
-This runs Flower's own `flower-superlink` unchanged, with the one app served twice by uvicorn:
+This runs Flower's own `flower-superlink` through the Flower adapter (flower/link.py), with the one
+app served twice by uvicorn:
 
 - whole, on Flower's `--host`/`--port`, which must be a loopback address (the operator's
   `flwr` commands and the ServerApp's processes, on the server machine);
@@ -18,31 +19,25 @@ This runs Flower's own `flower-superlink` unchanged, with the one app served twi
   before a byte reaches this process). The sites' port is nginx's, never this process's.
 
 With `--database FILE` (as `up --link-state disk` starts it) Flower keeps its state and objects in SQLite on disk,
-not in memory. It refuses any Flower but 1.42.0 (its internals are reached into), and a
-non-loopback `--host` (one line, exit 2).
+not in memory. It refuses any Flower but the adapter's, and a non-loopback `--host` (one line,
+exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import importlib
 import ipaddress
 import logging
 import sys
-import types
-from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from incofl.config import ConfigError
 from incofl.deploy.credentials import check_private
+from incofl.deploy.flower import require
+from incofl.deploy.flower.link import run
 from incofl.deploy.gate import MIB, FleetGate, log
-from incofl.deploy.supernode import require_flower
-
-PRUNE_EVERY = 30.0  # seconds between two clean-ups of finished runs (prune_finished)
 
 
 def loopback(host: str) -> bool:
@@ -58,76 +53,6 @@ def loopback(host: str) -> bool:
 class Limits:
     fleet: Path  # the unix socket of the Fleet listener (the edge proxy's upstream)
     max_message: int
-
-
-async def prune(app: Any) -> None:
-    """Every PRUNE_EVERY seconds, `prune_finished` (in a worker thread); a failure logged, tried again."""
-    while True:
-        await asyncio.sleep(PRUNE_EVERY)
-        try:
-            await asyncio.to_thread(prune_finished, app)
-        except Exception as err:  # noqa: BLE001 (a database busy for a moment: the next turn tries again)
-            log.warning("pruning finished runs failed: %s", err)
-
-
-def prune_finished(app: Any) -> list[int]:
-    """Flower's own clean-up of each finished run (`LinkState.cleanup_run`: its messages, their
-    objects and its upload sessions), which Flower 1.42 does only when a later request names that
-    run or `flwr ls` lists it: replies never pulled (a node's late or unasked ones) stay in its
-    database until then. What is kept of a finished run is its row, its logs and its traffic
-    counts (`flwr ls`, `flwr log`); a resume needs none of it (the run's checkpoint is the
-    ServerApp's). The runs cleaned."""
-    from flwr.common.constant import Status
-
-    state = app.state.linkstate_factory.state()
-    finished = [run.run_id for run in state.get_run_info(statuses=[Status.FINISHED])]
-    for run_id in finished:
-        state.cleanup_run(run_id)
-    return finished
-
-
-def two_listeners(limits: Limits) -> types.ModuleType:
-    """`uvicorn`, but with `run` serving Flower's app whole on its own address (loopback) and
-    through FleetGate on the Fleet socket, in one event loop; signals stop both."""
-    import uvicorn
-
-    class Quiet(uvicorn.Server):  # the loopback server handles the signals; this one is stopped with it
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    def run(app: Any, host: str, port: int, **options: Any) -> None:
-        options.pop("workers", None)
-        options.pop("reload", None)
-        whole = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
-        gate = FleetGate(app, limits.max_message)
-        plain = {k: v for k, v in options.items() if not k.startswith("ssl_")}  # nginx terminates the sites' TLS
-        fleet = Quiet(
-            uvicorn.Config(
-                gate,
-                uds=str(limits.fleet),
-                lifespan="off",  # Flower's lifespan (its SuperExec, its state) runs once, in the loopback server
-                **{**plain, "access_log": False},  # refusals: the gate's own bounded lines
-            )
-        )
-
-        async def both() -> None:
-            task, pruning = asyncio.create_task(fleet.serve()), asyncio.create_task(prune(app))
-            try:
-                await whole.serve()
-            finally:
-                fleet.should_exit = True
-                pruning.cancel()
-                await task
-
-        with contextlib.suppress(FileNotFoundError):
-            limits.fleet.unlink()  # an earlier run's socket (its folder is private: no one else's)
-        asyncio.run(both())
-
-    shim = types.ModuleType("uvicorn")
-    shim.__dict__.update(uvicorn.__dict__)
-    shim.run = run  # type: ignore[attr-defined]
-    return shim
 
 
 def flag_value(argv: list[str], flag: str, default: str) -> str:
@@ -165,15 +90,12 @@ def parse(argv: list[str]) -> tuple[Limits, list[str]]:
 
 
 def main() -> None:
-    require_flower("python -m incofl.deploy.superlink")
+    require("python -m incofl.deploy.superlink")
     limits, flower = parse(sys.argv[1:])
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     log.addHandler(handler)
-    cli = importlib.import_module("flwr.superlink.cli.flower_superlink")  # the package exports a function of that name
-    cli.uvicorn = two_listeners(limits)  # type: ignore[assignment]
-    sys.argv = ["flower-superlink", *flower]
-    cli.flower_superlink()
+    run(flower, limits.fleet, partial(FleetGate, max_message=limits.max_message))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ shapes, dtypes, bytes) against what the server side expects of that client (`Ser
 and batches, and what the run's components declare their clients send) before it decodes an
 array; `check_update` / `check_scores` check its values. No reply can stop the server: one that
 fails any check, or raises anything while it is read, is refused in one line naming its node
-and client. Replies are pulled through a guarded inbox (inbox.py): one that does not decode is
+and client. Replies are pulled through a guarded inbox (flower/inbox.py): one that does not decode is
 its node's fault, a message the server did not ask for is ignored, and no reply holds a round
 past its deadline (`round-timeout`).
 
@@ -41,6 +41,7 @@ from flwr.serverapp import Grid
 
 from incofl.atomic import atomic_path
 from incofl.config import ConfigError
+from incofl.deploy import REPLY_OVERHEAD
 from incofl.deploy.codec import (
     CodecError,
     bundled,
@@ -56,7 +57,8 @@ from incofl.deploy.codec import (
     unbundled,
     unsigned,
 )
-from incofl.deploy.inbox import SMALL_REPLY, Inbox, Pulled, one_line
+from incofl.deploy.flower import QUICK, QUICK_CAP
+from incofl.deploy.flower.inbox import Inbox, Pulled, one_line
 from incofl.deploy.signing import SignatureError, private_key, public_key
 from incofl.fl.contracts import ClientPlan, Round, State
 from incofl.fl.engine.exchange import (
@@ -77,24 +79,20 @@ from incofl.fl.stages.evaluation import Scores
 from incofl.fl.stages.layout import ClientEval
 
 log = logging.getLogger("incofl.deploy")
-# seconds between pulls of the replies still awaited: POLL after the messages and after each reply
-# (the others are likely close behind), doubling to POLL_CAP while none comes; each pull is a request
-# to the SuperLink, whose CPU a round's nodes share (docs/performance.md, Flower)
-POLL, POLL_CAP = 0.05, 0.2
 # the reason of Flower's error reply for a ClientApp that raised (flwr-clientapp's run_clientapp.py,
 # executor.py): "<class 'T'>:<'text'>"; incofl's ClientApp raises these with the node's line as their text
 RAISED = re.compile(r"<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>", re.DOTALL)
 NODE_TERMS = ("NodeError", "Refused")
 
 
-def spki(key: bytes, ssh: bool = False) -> bytes:
-    """A public key (PEM, as the SuperLink holds it; `ssh`: OpenSSH, as a site's file holds it) in
-    one form to compare (DER SubjectPublicKeyInfo); b'' if it is not one."""
+def spki(key: bytes) -> bytes:
+    """A public key (PEM, as the SuperLink holds it; OpenSSH, as a site's file holds it) in one form
+    to compare (DER SubjectPublicKeyInfo); b'' if it is not an ECDSA public key (signing.public_key)."""
     from cryptography.hazmat.primitives import serialization
 
     try:
-        public = serialization.load_ssh_public_key(key) if ssh else serialization.load_pem_public_key(key)
-    except (ValueError, TypeError):
+        public = public_key(key, "a node's key")
+    except ConfigError:
         return b""
     return public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
@@ -124,7 +122,7 @@ class Identity:
         keys = {}
         for client in range(clients):
             path = node_keys / f"node{client}.pub"
-            key = spki(path.read_bytes(), ssh=True) if path.is_file() else b""
+            key = spki(path.read_bytes()) if path.is_file() else b""
             if not key:
                 raise ConfigError(f"node-keys: {path}: no OpenSSH public key of client {client}'s site")
             keys[client] = key
@@ -189,20 +187,22 @@ class Opened:
 
 def pulled(inbox: Inbox, waiting: Iterable[str], timeout: float, caps: dict[str, int]) -> Iterator[Pulled]:
     """The replies to the messages `waiting` (their ids), each as it arrives (or why it cannot be
-    read: inbox.py), each pulled no further than its cap in bytes (`caps`, else the inbox's
-    small one): pulled after POLL seconds doubling to POLL_CAP until every one came or `timeout`
-    passed, however long a reply takes to upload."""
-    waiting, deadline, wait = set(waiting), time.monotonic() + timeout, POLL
+    read: flower/inbox.py), each pulled no further than its cap in bytes (`caps`, else the inbox's
+    small one): pulled after QUICK seconds doubling to QUICK_CAP (the Flower adapter's) until every
+    one came or `timeout` passed, however long a reply takes to upload; QUICK again after each reply
+    (the others are likely close behind). Each pull is a request to the SuperLink, whose CPU a round's
+    nodes share (docs/performance.md, Flower)."""
+    waiting, deadline, wait = set(waiting), time.monotonic() + timeout, QUICK
     while waiting:
         for got in inbox.pull(waiting, deadline, caps):
             waiting.discard(got.answers)
-            wait = POLL  # the other replies are likely close behind
+            wait = QUICK
             yield got
         if not waiting or time.monotonic() >= deadline:
             inbox.forget(waiting)
             return
         time.sleep(wait)
-        wait = min(2 * wait, POLL_CAP)
+        wait = min(2 * wait, QUICK_CAP)
 
 
 def failure_line(reply: Message) -> str:
@@ -274,7 +274,7 @@ class Outgoing:
     stops pulling one past it; scores and other replies without states: the inbox's small cap)."""
 
     job: TrainJob | EvalJob
-    cap: int = SMALL_REPLY
+    cap: int = REPLY_OVERHEAD
 
     @property
     def client(self) -> int:

@@ -442,7 +442,7 @@ def edge_of(fed: LocalFederation, tls: tuple[Path, Path, Path] | None, folder: P
     machine dials from (its nodes and SITES_APART more), each site certificate (`CN=node<K>`) bound
     to the node key `<sites>/keys/node<K>.pub` (none without TLS), the gate's caps per route, and
     this process's open-file limit (`up` raised it to its hard limit first: children inherit it)."""
-    from incofl.deploy.fleet import route_caps
+    from incofl.deploy.flower.fleet import route_caps
 
     bound = site_bindings(fed.keys) if tls is not None and not fed.insecure else {}
     sites_at = {"127.0.0.1": nodes + SITES_APART}
@@ -486,13 +486,13 @@ def start_nodes(
             f"supernode{client}",
             [sys.executable, "-m", "incofl.deploy.supernode", *security, *auth, *isolated(secret)]
             + ["--superlink", f"127.0.0.1:{fed.port}", "--port", str(port)]
-            + ["--node-config", f'client={client} {data}="{path}"{server_key(fed, data)}{signer}'],
+            + ["--node-config", f'client={client} {data}="{path}"{server_key_entry(fed, data)}{signer}'],
         )
         # a node's runtime API is plain HTTP on 127.0.0.1 (Flower's default): the secret is what guards it
         start_executor(f"executor{client}", f"127.0.0.1:{port}", secret, node.pid, procs)
 
 
-def server_key(fed: LocalFederation, data: str) -> str:
+def server_key_entry(fed: LocalFederation, data: str) -> str:
     """The node config entry of the server's public key for a node whose `data` is its site's own
     (an exported file carries the key)."""
     return "" if data == DATA_PATH else f' server-key="{fed.server_public}"'

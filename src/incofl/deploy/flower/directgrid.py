@@ -1,7 +1,8 @@
-"""A federation in one process: a Flower `Grid` whose nodes are ClientApps called directly,
-one `Context` per node (its node config and state, as a SuperNode keeps them), no Ray, no
-network. It drives the real ServerApp and ClientApp: the equality tests and the
-`docs/performance.md` timings of the Flower path use it.
+"""The test transport: a federation in one process, a Flower `Grid` whose nodes are ClientApps
+called directly, one `Context` per node (its node config and state, as a SuperNode keeps them), no
+Ray, no network. It drives the real ServerApp and ClientApp: the equality tests and the
+`docs/performance.md` timings of the Flower path use it. Flower's messages read the identity of the
+process's task (`TaskIdentity`), which a ServerApp process is given by Flower: here it is set.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from incofl.deploy.clientapp import app as client_app
-
 NodeApp = Callable[[Message, Context], Message]
 FIRST_NODE = 101  # node ids (1 is the SuperLink's)
 
 
-class InProcessGrid(Grid):
-    """Nodes FIRST_NODE + i holding `node_configs[i]`; `apps` may replace a node's ClientApp
+class DirectGrid(Grid):
+    """Nodes FIRST_NODE + i holding `node_configs[i]`, each answering with `app` (incofl's
+    ClientApp, in the tests); `apps` may replace a node's ClientApp
     (a test's faulty node), `keys` give a node its public key (PEM, as a SuperLink with node
     authentication holds it: `get_nodes`). A ClientApp that raises answers with an error reply,
     as a SuperNode does, in Flower's words (`<class 'T'>:<'text'>`). The process takes the
@@ -32,6 +32,7 @@ class InProcessGrid(Grid):
     def __init__(
         self,
         node_configs: list[dict[str, int | str]],
+        app: NodeApp,
         apps: dict[int, NodeApp] | None = None,
         run_id: int = 1,
         keys: dict[int, bytes] | None = None,
@@ -41,7 +42,7 @@ class InProcessGrid(Grid):
             FIRST_NODE + i: Context(run_id, FIRST_NODE + i, dict(config), RecordDict(), {})
             for i, config in enumerate(node_configs)
         }
-        self.apps, self.keys = apps or {}, keys or {}
+        self.app, self.apps, self.keys = app, apps or {}, keys or {}
         self.replies: dict[str, Message] = {}
         self._run = Run.create_empty(run_id)
 
@@ -68,7 +69,7 @@ class InProcessGrid(Grid):
         for message in messages:
             message.metadata.__dict__["_message_id"] = str(uuid4())  # the SuperLink's part
             node = message.metadata.dst_node_id
-            answer = self.apps.get(node, client_app)
+            answer = self.apps.get(node, self.app)
             try:
                 reply = answer(message, self.contexts[node])
             except Exception as err:  # noqa: BLE001 (the node reports any failure of its app, as Flower's says it)

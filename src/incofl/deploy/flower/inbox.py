@@ -23,8 +23,8 @@ are made message by message (`Inbox.pull`):
 Any other grid (the in-process one of the tests) is pulled through its own `pull_messages`,
 an id at a time once a batch raises. Pushes are guarded too: a push that raises, or a message
 the SuperLink does not take, is logged and left unanswered (its client counts as missing).
-Written against Flower 1.42.0's HttpGrid (its `_runtime_client`, `node` and `_run`); another
-version is refused before the run starts (`check_flower`).
+Written against Flower RELEASE's HttpGrid (its `_runtime_client`, `node` and `_run`); another
+version is refused before the run starts (`Inbox`, in one line).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from importlib.metadata import version
 from typing import Any
 
 from flwr.app import Message
@@ -47,18 +46,11 @@ from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents, pull_objects
 from flwr.superlink.grid.http_grid import HttpGrid
 
-from incofl.deploy import REPLY_OVERHEAD
+from incofl.config import ConfigError
+from incofl.deploy.flower import mismatch
 
 log = logging.getLogger("incofl.deploy")
-FLOWER = "1.42.0"  # the HttpGrid whose calls Inbox makes itself
-SMALL_REPLY = REPLY_OVERHEAD  # the cap of a reply with no states (identify, scores)
 BACKOFF = 1.0  # seconds: the longest wait between two tries of an object not yet uploaded (Flower's: 10)
-
-
-def check_flower(grid: Grid) -> None:
-    """Refuse, in one line, an HttpGrid of a Flower version whose calls this module was not checked against."""
-    if isinstance(grid, HttpGrid) and version("flwr") != FLOWER:
-        raise RuntimeError(f"incofl's ServerApp: written for flwr {FLOWER}'s HttpGrid, found flwr {version('flwr')}")
 
 
 @dataclass(frozen=True)
@@ -99,11 +91,14 @@ def capped(pull: Callable[[str], bytes], cap: int) -> Callable[[str], bytes]:
 
 
 class Inbox:
-    """Guarded pushes and pulls on `grid` (module docstring)."""
+    """Guarded pushes and pulls on `grid` (module docstring); a reply pulled no further than
+    `small` bytes unless its caller gives it a cap of its own. An HttpGrid of another Flower than
+    the adapter's is refused in one line (a ConfigError)."""
 
-    def __init__(self, grid: Grid):
-        check_flower(grid)
-        self.grid = grid
+    def __init__(self, grid: Grid, small: int):
+        if isinstance(grid, HttpGrid) and (why := mismatch()):
+            raise ConfigError(f"incofl's ServerApp: {why}")
+        self.grid, self.small = grid, small
         self.http = isinstance(grid, HttpGrid)
         self.fetching: dict[str, Future[Pulled]] = {}  # awaited id -> its reply's objects being pulled
 
@@ -123,12 +118,12 @@ class Inbox:
 
     def pull(self, awaited: Collection[str], deadline: float, caps: Mapping[str, int] | None = None) -> list[Pulled]:
         """The replies to `awaited` ids that are in (decoded, or why not), none of any other id; each
-        pulled no further than its cap in bytes (`caps`, else SMALL_REPLY)."""
+        pulled no further than its cap in bytes (`caps`, else `small`)."""
         if not awaited:
             return []
         if not self.http:
             return self._pull_other(set(awaited))
-        caps = {i: (caps or {}).get(i, SMALL_REPLY) for i in awaited}
+        caps = {i: (caps or {}).get(i, self.small) for i in awaited}
         self._announce({i for i in awaited if i not in self.fetching}, caps, deadline)
         done = [i for i, future in self.fetching.items() if future.done()]
         return [self.fetching.pop(i).result() for i in done]

@@ -1,10 +1,14 @@
-"""Flower 1.42's Fleet API as the sites' port serves it, without importing Flower: its routes, the
-request each carries (the name of its protobuf message under `flwr.proto`) and the most bytes its
-body may take, its headers and content type. The edge proxy's configuration (edge.py) and the gate
-(gate.py) both read it; `test_federation_gate.py` checks it against Flower's own router.
+"""Flower RELEASE's Fleet API as the sites' port serves it: its routes, the request each carries
+(the name of its protobuf message under `flwr.proto`) and the most bytes its body may take, its
+headers and content type, read without importing Flower (the edge proxy's configuration, edge.py);
+and the protobuf messages of a route's request and of the answer to a push, which the gate (gate.py)
+parses. `test_federation_gate.py` checks the routes against Flower's own router.
 """
 
 from __future__ import annotations
+
+import functools
+import importlib
 
 FLEET = "/v1/fleet/"  # the prefix of Flower 1.42's Fleet router (superlink/routers/fleet/router.py)
 PUSH_MESSAGES, PUSH_OBJECT = FLEET + "push-messages", FLEET + "push-object"
@@ -30,6 +34,30 @@ ROUTES: dict[str, tuple[str, int]] = {  # Flower 1.42's Fleet router: path -> (i
     FLEET + "confirm-message-received": ("message_pb2.ConfirmMessageReceivedRequest", SMALL),
 }
 KEY_HEADER = AUTH_HEADERS[0].decode()  # the node key a request is signed with (Flower's FLEET_HTTP_PUBLIC_KEY_HEADER)
+
+
+ANSWERS = {  # Flower's answer to a push, under flwr.proto
+    PUSH_MESSAGES: "fleet_pb2.PushMessagesResponse",
+    PUSH_OBJECT: "message_pb2.PushObjectResponse",
+}
+
+
+@functools.cache
+def protobuf(name: str) -> type:
+    """The protobuf message `name` (`module.Message`) under `flwr.proto`, imported when first asked
+    for: the edge proxy's configuration reads this module without Flower."""
+    module, _, message = name.rpartition(".")
+    return getattr(importlib.import_module(f"flwr.proto.{module}"), message)
+
+
+def request_of(path: str) -> type:
+    """The protobuf message a Fleet route's body is (ROUTES)."""
+    return protobuf(ROUTES[path][0])
+
+
+def answer_of(path: str) -> type:
+    """The protobuf message Flower answers a push with (PUSH_MESSAGES or PUSH_OBJECT)."""
+    return protobuf(ANSWERS[path])
 
 
 def route_caps() -> dict[str, int]:
