@@ -466,7 +466,8 @@ def test_replies_a_node_crafts_with_flowers_own_client_neither_stop_nor_stall_th
     weights. (The run is the first test's, so that one run serves both: a run of its own cost this
     module about 50 s.)"""
     assert len(deployment.rogues) == STALLED + 3 and deployment.simulated, "the first test's run did not complete"
-    assert all(rogue.answered.is_set() for rogue in deployment.rogues), [rogue.error for rogue in deployment.rogues]
+    unanswered = [(rogue.kind, rogue.node, rogue.error) for rogue in deployment.rogues if not rogue.answered.is_set()]
+    assert not unanswered, f"rogues never asked identify (kind, node id: 0 if never activated, errors): {unanswered}"
     deployed = json.loads((deployment.root / "deployed" / "summary.json").read_text())
     assert deployed["state_sha256"] == deployment.simulated["state_sha256"]
     assert f"refused: its reply passed the {REPLY_OVERHEAD} bytes its plan allows" in deployment.run_log(deployment.run)

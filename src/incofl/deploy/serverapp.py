@@ -56,7 +56,7 @@ from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrid
 from incofl.data.facts import ClientFacts, Facts, client_facts
 from incofl.deploy import REPLY_OVERHEAD
 from incofl.deploy.exported import test_sha256
-from incofl.deploy.flower import QUICK, log_error
+from incofl.deploy.flower import log_error
 from incofl.deploy.flower.inbox import Inbox, Pulled
 from incofl.deploy.schedule import schedule_of
 from incofl.deploy.serverdata import FACTS, load_facts
@@ -145,23 +145,26 @@ def identify(
     nodes: dict[int, int] = {}
     declared: dict[int, ClientFacts] = {}
     asked: set[int] = set()
-    pending: dict[str, int] = {}  # message -> node
+    sent: dict[str, int] = {}  # message -> the node it went to
     refusals: dict[int, str] = {}  # node -> why it refused the run (with site keys: no error stops it)
-    deadline = time.monotonic() + timeout
-    while len(nodes) < cfg.clients and time.monotonic() < deadline:
+
+    def ask_new() -> list[str]:
+        """Identify sent to each node that joined since the last look: the ids of those the SuperLink took."""
         new = [node for node in identity.grid.get_node_ids() if node not in asked]
         asked.update(new)
         queries = [identity.instruction(content, node, IDENTIFY, 0) for node in new]
-        pending |= {i: queries[k].metadata.dst_node_id for i, k in inbox.push(queries).items()}
-        for got in inbox.pull(pending, deadline):
-            node = pending.pop(got.answers)
-            if got.message is None:
-                log.warning("identify: node %d: refused: %s", node, got.why)
-            else:
-                claim(cfg, facts, node, got, (nodes, declared), test, identity, refusals)
-        if len(nodes) < cfg.clients:
-            time.sleep(QUICK)
-    inbox.forget(pending)
+        taken = {i: queries[k].metadata.dst_node_id for i, k in inbox.push(queries).items()}
+        sent.update(taken)
+        return list(taken)
+
+    for got in inbox.arrivals((), time.monotonic() + timeout, more=ask_new):
+        node = sent[got.answers]
+        if got.message is None:
+            log.warning("identify: node %d: refused: %s", node, got.why)
+        else:
+            claim(cfg, facts, node, got, (nodes, declared), test, identity, refusals)
+        if len(nodes) == cfg.clients:
+            break
     missing = sorted(set(range(cfg.clients)) - set(nodes))
     if missing:
         why = "".join(f"; node {node} refused the run: {reason}" for node, reason in refusals.items())

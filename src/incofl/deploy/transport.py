@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -57,7 +57,6 @@ from incofl.deploy.codec import (
     unbundled,
     unsigned,
 )
-from incofl.deploy.flower import QUICK, QUICK_CAP
 from incofl.deploy.flower.inbox import Inbox, Pulled, one_line
 from incofl.deploy.signing import SignatureError, private_key, public_key
 from incofl.fl.contracts import ClientPlan, Round, State
@@ -183,26 +182,6 @@ class Opened:
     message: Message | None = None
     content: RecordDict | None = None
     why: str = ""
-
-
-def pulled(inbox: Inbox, waiting: Iterable[str], timeout: float, caps: dict[str, int]) -> Iterator[Pulled]:
-    """The replies to the messages `waiting` (their ids), each as it arrives (or why it cannot be
-    read: flower/inbox.py), each pulled no further than its cap in bytes (`caps`, else the inbox's
-    small one): pulled after QUICK seconds doubling to QUICK_CAP (the Flower adapter's) until every
-    one came or `timeout` passed, however long a reply takes to upload; QUICK again after each reply
-    (the others are likely close behind). Each pull is a request to the SuperLink, whose CPU a round's
-    nodes share (docs/performance.md, Flower)."""
-    waiting, deadline, wait = set(waiting), time.monotonic() + timeout, QUICK
-    while waiting:
-        for got in inbox.pull(waiting, deadline, caps):
-            waiting.discard(got.answers)
-            wait = QUICK
-            yield got
-        if not waiting or time.monotonic() >= deadline:
-            inbox.forget(waiting)
-            return
-        time.sleep(wait)
-        wait = min(2 * wait, QUICK_CAP)
 
 
 def failure_line(reply: Message) -> str:
@@ -381,7 +360,7 @@ class FlowerTransport:
             messages.append(self.identity.instruction(content, self.nodes[out.client], kind, round_, str(round_)))
         waiting = {message_id: jobs[k] for message_id, k in self.inbox.push(messages).items()}
         caps = {message_id: out.cap for message_id, out in waiting.items()}
-        for got in pulled(self.inbox, waiting, self.timeout, caps):
+        for got in self.inbox.arrivals(waiting, time.monotonic() + self.timeout, caps):
             out = waiting[got.answers]
             opened = self.opened(out.client, got, kind, round_)
             if opened.content is not None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +47,7 @@ from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_conte
 from flwr.superlink.grid.http_grid import HttpGrid
 
 from incofl.config import ConfigError
-from incofl.deploy.flower import mismatch
+from incofl.deploy.flower import QUICK, QUICK_CAP, mismatch
 
 log = logging.getLogger("incofl.deploy")
 BACKOFF = 1.0  # seconds: the longest wait between two tries of an object not yet uploaded (Flower's: 10)
@@ -127,6 +127,35 @@ class Inbox:
         self._announce({i for i in awaited if i not in self.fetching}, caps, deadline)
         done = [i for i, future in self.fetching.items() if future.done()]
         return [self.fetching.pop(i).result() for i in done]
+
+    def arrivals(
+        self,
+        waiting: Iterable[str],
+        deadline: float,
+        caps: Mapping[str, int] | None = None,
+        more: Callable[[], Iterable[str]] | None = None,
+    ) -> Iterator[Pulled]:
+        """The replies to the messages `waiting` (their ids), each as it arrives (or why it cannot be
+        read), each pulled no further than its cap (`pull`), until every one came or `deadline`
+        passed, however long a reply takes to upload; with `more`, the ids it returns are awaited too
+        (asked before each pull: identify's newly joined nodes), until the caller stops. Pulled
+        after QUICK seconds doubling to QUICK_CAP, QUICK again after each reply (the others are
+        likely close behind): each pull is a request to the SuperLink, whose CPU a round's nodes
+        share (docs/performance.md, Flower). The ids still awaited at the end are forgotten."""
+        waiting, wait = set(waiting), QUICK
+        try:
+            while True:
+                waiting |= set(more()) if more is not None else set()
+                for got in self.pull(waiting, deadline, caps):
+                    waiting.discard(got.answers)
+                    wait = QUICK
+                    yield got
+                if (not waiting and more is None) or time.monotonic() >= deadline:
+                    return
+                time.sleep(wait)
+                wait = min(2 * wait, QUICK_CAP)
+        finally:
+            self.forget(waiting)
 
     def forget(self, awaited: Collection[str]) -> None:
         """Stop waiting for these ids (their deadline passed): a pull still running ends by its own bound."""
