@@ -18,7 +18,7 @@ from pathlib import Path
 
 from flwr.app import Context, Message
 
-from incofl.deploy.clientapp import app as incofl_app
+from incofl.deploy.site.clientapp import app as incofl_app
 
 FAILING = "push-fails"
 FORGED = "forged"

@@ -810,7 +810,7 @@ class Claimer(RegisteredNode):
         from flwr.app import ConfigRecord, Message, RecordDict
         from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-        from incofl.deploy.codec import bundled, sign_reply
+        from incofl.deploy.wire.codec import bundled, sign_reply
 
         meta = self.asked.metadata  # signed as incofl's node signs its answer (clientapp.answer)
         claim = bundled(RecordDict({"node": ConfigRecord({"client": self.client_index, "test_sha256": ""})}))

@@ -51,8 +51,8 @@ def write_config(folder: Path, **settings: Any) -> Path:
 def server_facts(cfg: RunConfig, folder: Path) -> Path:
     """The server's key and facts file in `folder/keys`, as `incofl federation export` writes them; the key's path."""
     from incofl.data.facts import shares
-    from incofl.deploy.serverdata import FACTS, export_facts
-    from incofl.deploy.signing import private_key, server_key_pair
+    from incofl.deploy.server.serverdata import FACTS, export_facts
+    from incofl.deploy.wire.signing import private_key, server_key_pair
 
     key = server_key_pair(folder / "keys")[0]
     data = dataset_for(cfg)
@@ -64,7 +64,7 @@ def server_facts(cfg: RunConfig, folder: Path) -> Path:
 def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
     """Every client's data file (with the test split where the run needs it), and the server's
     facts (`server_facts`); the node configs that point at them."""
-    from incofl.deploy.sitedata import export_client
+    from incofl.deploy.site.sitedata import export_client
     from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     server_facts(cfg, folder)
@@ -85,10 +85,10 @@ def signed_sites(cfg: RunConfig, folder: Path) -> tuple[list[dict[str, int | str
     public key as a SuperLink holds it (PEM, by the node ids of a DirectGrid over them)."""
     from cryptography.hazmat.primitives import serialization
 
-    from incofl.deploy.credentials import node_key
     from incofl.deploy.flower.directgrid import FIRST_NODE
-    from incofl.deploy.signing import private_key, server_key_pair
-    from incofl.deploy.sitedata import export_client
+    from incofl.deploy.site.sitedata import export_client
+    from incofl.deploy.wire.credentials import node_key
+    from incofl.deploy.wire.signing import private_key, server_key_pair
     from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     keys = folder / "keys"
@@ -108,7 +108,7 @@ def signed_sites(cfg: RunConfig, folder: Path) -> tuple[list[dict[str, int | str
 def run_both(tmp: Path, grid_apps: dict | None = None, **settings: Any) -> tuple[dict, dict, Path, Path]:
     """The run of `settings` by the simulator and by the in-process federation, whose server
     cannot read the data set (only its facts file; the nodes their site files): both summaries and folders."""
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
 
     config = write_config(tmp, **settings)
     cfg = load_run_config(config)
@@ -123,8 +123,8 @@ def run_both(tmp: Path, grid_apps: dict | None = None, **settings: Any) -> tuple
 def direct_grid(nodes: list[dict[str, int | str]], **options: Any) -> Any:
     """The test transport (flower/directgrid.py) over `nodes`, each answering with incofl's ClientApp
     unless `options` (DirectGrid's) give it another."""
-    from incofl.deploy.clientapp import app
     from incofl.deploy.flower.directgrid import DirectGrid
+    from incofl.deploy.site.clientapp import app
 
     return DirectGrid(nodes, app, **options)
 
@@ -149,7 +149,7 @@ def scheduled(round_: int) -> list[int]:
 
 def silent_from(round_: int) -> Callable[[Any, Any], Any]:
     """A node that dies before replying to its round-`round_` (1-based) training message."""
-    from incofl.deploy.clientapp import app
+    from incofl.deploy.site.clientapp import app
 
     def node(message: Any, context: Any) -> Any:
         dead = message.metadata.message_type == "train" and int(message.metadata.group_id) >= round_

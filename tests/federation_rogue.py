@@ -27,7 +27,7 @@ from flwr.supercore.inflatable.inflatable_object import (
 )
 from flwr.supernode.fleet_http_connection import http_request_response
 
-from incofl.deploy.codec import sign_reply
+from incofl.deploy.wire.codec import sign_reply
 
 SHOWN = threading.local()  # the site certificate this thread's Fleet clients show (`per_thread_certificates`)
 

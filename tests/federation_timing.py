@@ -33,12 +33,12 @@ NODE_STEPS = {
     "and timm, torchvision, pandas (incofl's engine imports them)": (
         "import torch, timm.models.vision_transformer, torchvision.transforms.v2.functional, pandas"
     ),
-    "import flwr's and incofl's ClientApp": "import incofl.deploy.clientapp",
+    "import flwr's and incofl's ClientApp": "import incofl.deploy.site.clientapp",
     "read the site file, build the client's engine": (
-        "import incofl.deploy.clientapp\n"
+        "import incofl.deploy.site.clientapp\n"
         "from incofl.config import load_run_config\n"
-        "from incofl.deploy.client import SiteClient\n"
-        "from incofl.deploy.schedule import Schedule, schedule_of\n"
+        "from incofl.deploy.site.client import SiteClient\n"
+        "from incofl.deploy.wire.schedule import Schedule, schedule_of\n"
         "SiteClient(Schedule.read(schedule_of(load_run_config({config!r}))), 0, {site!r}, {state!r})"
     ),
 }
@@ -61,7 +61,7 @@ def node_costs(folder: Path, repeats: int = 5) -> dict[str, float]:
 def site_read(folder: Path, repeats: int = 5) -> float:
     """Median seconds of reading client 0's site file (an uncompressed .npz) and checking it against the config."""
     from incofl.config import load_run_config
-    from incofl.deploy.sitedata import load_site
+    from incofl.deploy.site.sitedata import load_site
 
     cfg = load_run_config(folder / "run.yaml")
     times = []

@@ -16,7 +16,7 @@ from helpers import QUIET, engine_on, kept_by, small_synthetic
 
 from incofl.cli import user_errors
 from incofl.config import RunConfig
-from incofl.deploy.client import SavedStores
+from incofl.deploy.site.client import SavedStores
 from incofl.fl.contracts import Round
 from incofl.fl.engine import checkpoint
 from incofl.fl.engine.run import train

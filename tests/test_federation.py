@@ -66,7 +66,7 @@ EQUAL = {name: federated(name) for name in sorted(METHODS)} | {
 
 
 def test_codec_round_trip_is_exact():
-    from incofl.deploy.codec import job_content, read_job, read_update, update_content
+    from incofl.deploy.wire.codec import job_content, read_job, read_update, update_content
     from incofl.fl.engine.exchange import ExpectedUpdate, TrainJob
 
     gen = torch.Generator().manual_seed(0)
@@ -128,7 +128,7 @@ def _raw(tensor: torch.Tensor) -> bytes:
 
 
 def test_a_packed_state_is_one_record_of_two_arrays_and_round_trips_bit_for_bit_in_every_dtype():
-    from incofl.deploy.codec import DTYPES, from_arrays, read_state, to_arrays
+    from incofl.deploy.wire.codec import DTYPES, from_arrays, read_state, to_arrays
 
     assert {str(t.dtype).removeprefix("torch.") for t in DTYPES_STATE.values()} == set(DTYPES)
     record = to_arrays(DTYPES_STATE)
@@ -150,7 +150,7 @@ def test_a_messages_states_travel_bundled_as_three_objects_and_unbundle_to_the_s
     from flwr.app import ConfigRecord, RecordDict
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-    from incofl.deploy.codec import BUNDLE, bundled, to_arrays, unbundled
+    from incofl.deploy.wire.codec import BUNDLE, bundled, to_arrays, unbundled
 
     states = {"delta": to_arrays(DTYPES_STATE), "classes": to_arrays({"classes": torch.tensor([1, 4])})}
     content = RecordDict({**states, "kept": ConfigRecord({"sha256": "a"})})
@@ -172,7 +172,7 @@ def _bundle(table, tail: bytes = b"", size: int | None = None):
     """A message whose bundle holds this table (JSON of `table`, or these bytes) and `tail` after it."""
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-    from incofl.deploy.codec import BUNDLE, HEAD, packed_array
+    from incofl.deploy.wire.codec import BUNDLE, HEAD, packed_array
 
     head = table if isinstance(table, bytes) else json.dumps(table).encode()
     blob = (len(head) if size is None else size).to_bytes(HEAD, "little") + head + tail
@@ -196,7 +196,7 @@ def _bundle(table, tail: bytes = b"", size: int | None = None):
     ],
 )
 def test_a_malformed_bundle_is_refused_before_any_state_is_read(content, why):
-    from incofl.deploy.codec import CodecError, unbundled
+    from incofl.deploy.wire.codec import CodecError, unbundled
 
     with pytest.raises(CodecError, match=re.escape(why)):
         unbundled(content())
@@ -205,7 +205,7 @@ def test_a_malformed_bundle_is_refused_before_any_state_is_read(content, why):
 def test_states_beside_or_without_a_bundle_are_refused():
     from flwr.app import ArrayRecord, RecordDict
 
-    from incofl.deploy.codec import BUNDLE, CodecError, bundled, packed_array, to_arrays, unbundled
+    from incofl.deploy.wire.codec import BUNDLE, CodecError, bundled, packed_array, to_arrays, unbundled
 
     travels = bundled(RecordDict({"delta": to_arrays(STATE)}))
     for content in (
@@ -221,7 +221,7 @@ def _pack(index, data: bytes):
     """A record in the packed form with this index (JSON of `index`, or these bytes) and data."""
     from flwr.app import ArrayRecord
 
-    from incofl.deploy.codec import packed_array
+    from incofl.deploy.wire.codec import packed_array
 
     raw = index if isinstance(index, bytes) else json.dumps(index, separators=(",", ":")).encode()
     return ArrayRecord({"index": packed_array(raw), "data": packed_array(data)})
@@ -240,7 +240,7 @@ def _malformed():
     entries' is refused by its length before it is parsed."""
     from flwr.app import Array, ArrayRecord
 
-    from incofl.deploy.codec import PACKED, to_arrays
+    from incofl.deploy.wire.codec import PACKED, to_arrays
 
     honest = to_arrays(STATE)
     longer = "an index of {} bytes, the expected entries' is 40"
@@ -338,7 +338,7 @@ def test_a_malformed_pack_is_refused_before_any_tensor_is_decoded(monkeypatch, c
     """Each way a node's packed state can differ from the expected one (its names, dtypes, shapes,
     length, its index's form and size, its arrays' metadata) is refused in one line, by the
     server and by a node reading it as an instruction, before a byte of its data is read."""
-    from incofl.deploy import codec
+    from incofl.deploy.wire import codec
 
     record, server, node = _malformed()[case]
 
@@ -357,7 +357,7 @@ def test_a_malformed_pack_is_refused_before_any_tensor_is_decoded(monkeypatch, c
 
 
 def test_a_bool_entry_holding_other_bytes_is_refused():
-    from incofl.deploy.codec import CodecError, from_arrays, read_state
+    from incofl.deploy.wire.codec import CodecError, from_arrays, read_state
 
     record = _pack([["mask", "bool", [2]]], bytes([1, 2]))
     with pytest.raises(CodecError, match="mask: bool values other than 0 and 1"):
@@ -369,7 +369,7 @@ def test_a_bool_entry_holding_other_bytes_is_refused():
 def test_a_malformed_pack_in_an_instruction_is_refused_by_the_node():
     from flwr.app import ArrayRecord
 
-    from incofl.deploy.codec import CodecError, job_content, read_job
+    from incofl.deploy.wire.codec import CodecError, job_content, read_job
     from incofl.fl.engine.exchange import EvalJob, TrainJob
 
     plan = ClientPlan(0, 0, 0, 1, trainable=frozenset({"w"}))
@@ -386,7 +386,7 @@ def test_a_malformed_pack_in_an_instruction_is_refused_by_the_node():
 def test_the_byte_budget_refuses_a_message_before_any_state_is_read():
     from flwr.app import RecordDict
 
-    from incofl.deploy.codec import CodecError, check_budget, index_bytes, to_arrays
+    from incofl.deploy.wire.codec import CodecError, check_budget, index_bytes, to_arrays
 
     honest = RecordDict({"delta": to_arrays(STATE), "classes": to_arrays({"classes": torch.tensor([1, 4])})})
     states = [EXPECTED, {"classes": ((2,), torch.int64)}]
@@ -411,7 +411,7 @@ def test_flower_path_equals_the_simulator(tmp_path, case):
 
 
 def test_static_bn_of_the_width_models_is_refused_by_name():
-    from incofl.deploy.serverapp import check_federated
+    from incofl.deploy.server.serverapp import check_federated
 
     with pytest.raises(ConfigError, match="method HeteroFL cannot run .*eval_bn: static gathers BN statistics"):
         check_federated(RunConfig(dataset="digits", method="HeteroFL", models=["preresnet18"]))
@@ -425,8 +425,8 @@ def test_a_node_without_the_test_split_its_model_is_scored_on_is_refused_before_
     a node whose file lacks it is refused by name before any round."""
     from federation_helpers import direct_grid
 
-    from incofl.deploy.serverapp import AppSettings, serve
-    from incofl.deploy.sitedata import export_client
+    from incofl.deploy.server.serverapp import AppSettings, serve
+    from incofl.deploy.site.sitedata import export_client
 
     config = write_config(tmp_path, methods=["FedPer"], holdout=0.2)
     cfg = load_run_config(config)
@@ -444,7 +444,7 @@ def test_without_node_keys_a_nodes_refusal_stops_the_run_in_its_own_words(tmp_pa
     `<class '...NodeError'>:<'...'>` of it (before: its reason as it came, a traceback in process)."""
     from federation_helpers import direct_grid
 
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
 
     config = write_config(tmp_path)
     nodes = export_sites(load_run_config(config), tmp_path)
@@ -460,8 +460,8 @@ def test_the_server_holds_the_facts_and_the_test_split_and_reads_no_data_set(tmp
     training image; with it, a server that may read no data set builds its side (run_both runs
     every equality test so); a run that partitions otherwise is refused naming the setting."""
     from incofl.data.facts import shares
-    from incofl.deploy.serverdata import FACTS, load_facts
-    from incofl.deploy.signing import private_key
+    from incofl.deploy.server.serverdata import FACTS, load_facts
+    from incofl.deploy.wire.signing import private_key
     from incofl.fl.engine.run import build_assembly
 
     cfg = load_run_config(write_config(tmp_path, methods=["FedPer"], holdout=0.2))
@@ -485,7 +485,7 @@ def test_the_facts_file_states_the_runs_reply_cap_which_up_makes_the_gates(tmp_p
     state of its largest model and REPLY_OVERHEAD (each of the run's models built here: the cap is
     the largest); `up` passes it to the SuperLink's gate in MiB, and 512 MiB where a file states none."""
     from incofl.deploy import REPLY_OVERHEAD
-    from incofl.deploy.serverdata import FACTS, REPLY_STATES, stated_reply_cap
+    from incofl.deploy.server.serverdata import FACTS, REPLY_STATES, stated_reply_cap
     from incofl.deploy.up import DEFAULT_REPLY_CAP, LocalFederation, reply_cap_mib
     from incofl.models.family import build_model
 
@@ -514,10 +514,10 @@ def test_the_facts_file_states_the_runs_reply_cap_which_up_makes_the_gates(tmp_p
 def test_a_facts_file_not_signed_by_the_servers_key_or_changed_is_refused(tmp_path):
     """The ServerApp checks the facts file's signature with its own key before it reads a fact:
     a file signed with another key, or one fact changed after signing, is refused in one line."""
-    from incofl.deploy.credentials import node_key
-    from incofl.deploy.serverapp import AppSettings
-    from incofl.deploy.serverdata import FACTS, load_facts
-    from incofl.deploy.signing import private_key
+    from incofl.deploy.server.serverapp import AppSettings
+    from incofl.deploy.server.serverdata import FACTS, load_facts
+    from incofl.deploy.wire.credentials import node_key
+    from incofl.deploy.wire.signing import private_key
 
     cfg = load_run_config(write_config(tmp_path))
     public = private_key(server_facts(cfg, tmp_path)).public_key()
@@ -540,8 +540,8 @@ def test_a_facts_file_not_signed_by_the_servers_key_or_changed_is_refused(tmp_pa
 def test_a_facts_file_whose_signature_ends_in_a_nul_byte_is_read(tmp_path, monkeypatch):
     """One DER signature in 256 ends in 0x00, which numpy's fixed-width bytes drop: the file
     stored its signature so once, and one equality run in a few hundred failed on it."""
-    from incofl.deploy import serverdata
-    from incofl.deploy.signing import private_key
+    from incofl.deploy.server import serverdata
+    from incofl.deploy.wire.signing import private_key
 
     def ending_in_nul(key, statement: bytes) -> bytes:
         return next(s for s in iter(lambda: sign(key, statement), None) if s.endswith(b"\0"))
@@ -560,9 +560,9 @@ def test_a_node_is_told_its_schedule_and_no_path_or_server_only_setting(tmp_path
     from federation_helpers import direct_grid
 
     from incofl.config import Affects, Role, run_settings
-    from incofl.deploy.clientapp import app
     from incofl.deploy.flower.directgrid import FIRST_NODE
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
+    from incofl.deploy.site.clientapp import app
 
     config = write_config(tmp_path, rounds=1, data_dir=str(tmp_path / "data"), label="told", eval_every=2)
     cfg = load_run_config(config)
@@ -588,7 +588,7 @@ def test_a_node_is_told_its_schedule_and_no_path_or_server_only_setting(tmp_path
 
 
 def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):
-    from incofl.deploy.sitedata import load_site
+    from incofl.deploy.site.sitedata import load_site
 
     cfg = load_run_config(write_config(tmp_path))
     nodes = export_sites(cfg, tmp_path)
@@ -603,7 +603,7 @@ def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):
 @pytest.mark.parametrize(("key", "value"), [("min_size", 3), ("max_retries", 7)])
 def test_a_site_file_drawn_with_another_partition_setting_is_refused(tmp_path, key, value):
     """A node checks every setting the partition is drawn with (config.Affects.PARTITION), not a list of its own."""
-    from incofl.deploy.sitedata import load_site
+    from incofl.deploy.site.sitedata import load_site
 
     cfg = load_run_config(write_config(tmp_path))
     nodes = export_sites(cfg, tmp_path)
@@ -626,8 +626,8 @@ def _node_of(client: int) -> int:
 def _corrupting(change):
     """A node whose training replies are changed by `change(content)` after honest training (its
     states unbundled for the change, bundled again as they travel)."""
-    from incofl.deploy.clientapp import app
-    from incofl.deploy.codec import bundled, unbundled
+    from incofl.deploy.site.clientapp import app
+    from incofl.deploy.wire.codec import bundled, unbundled
 
     def node(message, context):
         reply = app(message, context)
@@ -641,7 +641,7 @@ def _corrupting(change):
 
 
 def _first_delta(content, change):
-    from incofl.deploy.codec import from_arrays, to_arrays
+    from incofl.deploy.wire.codec import from_arrays, to_arrays
 
     delta = from_arrays(content.array_records["delta"])
     name = next(iter(delta))
@@ -674,7 +674,7 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
     the other nodes' clients (SCAFFOLD's c_i, FedPer's personal layers) had trained round 2 already."""
     from federation_helpers import direct_grid
 
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
     from incofl.fl.engine.exchange import MissingClients
 
     lost = scheduled(1)[0]
@@ -704,7 +704,7 @@ def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from
 
     from federation_helpers import direct_grid
 
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
     from incofl.fl.engine.exchange import MissingClients
 
     config = write_config(tmp_path, methods=["SCAFFOLD"], rounds=4)
@@ -712,7 +712,7 @@ def test_a_node_whose_saved_state_is_gone_stops_the_run_instead_of_training_from
     nodes = export_sites(cfg, tmp_path)
     first = set(scheduled(0))
     wiped = next(c for r in range(1, 4) for c in scheduled(r) if c in first)  # trains in round 1 and again
-    from incofl.deploy.clientapp import app
+    from incofl.deploy.site.clientapp import app
 
     def forgetful(message, context):  # the node's state folder deleted after its first round
         reply = app(message, context)
@@ -742,7 +742,7 @@ def test_the_apps_run_config_defaults_are_its_settings():
     """flower-app/pyproject.toml repeats AppSettings' defaults for `flwr run`: one set of numbers."""
     import tomllib
 
-    from incofl.deploy.serverapp import AppSettings
+    from incofl.deploy.server.serverapp import AppSettings
 
     app = tomllib.loads((Path(__file__).resolve().parents[1] / "flower-app" / "pyproject.toml").read_text())["tool"][
         "flwr"
@@ -789,7 +789,7 @@ def test_a_node_keeps_the_states_a_checkpoint_of_the_server_can_resume_from(tmp_
     """Saved after rounds 1, 2, 4, 5 with checkpoints every 2 rounds: the state after round 2
     (the checkpoint at 4 resumes from it for a client that did not train in 3 or 4) is kept
     until one at or before a later checkpoint replaces it; a resumed round reads the last state before it."""
-    from incofl.deploy.client import SavedStores
+    from incofl.deploy.site.client import SavedStores
 
     every2 = RunConfig(checkpoint_every=2)
     states = SavedStores(tmp_path / "client0", every2)
@@ -811,8 +811,8 @@ def test_a_nodes_disk_holds_what_a_resume_needs_and_no_more(tmp_path):
     (which may still resume) are kept; what is not a run's folder is left alone."""
     import os
 
-    from incofl.deploy.client import SavedStores, SiteClient
-    from incofl.deploy.schedule import Schedule, run_key, schedule_of
+    from incofl.deploy.site.client import SavedStores, SiteClient
+    from incofl.deploy.wire.schedule import Schedule, run_key, schedule_of
 
     every5 = SavedStores(tmp_path / "client0", RunConfig(checkpoint_every=5))
     for round_ in range(1, 10):
@@ -856,7 +856,7 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
 
     from federation_helpers import direct_grid
 
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
 
     bad = scheduled(0)[0]
     config = write_config(tmp_path, rounds=1)
@@ -873,7 +873,7 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
 
 def test_export_writes_one_clients_samples_and_refuses_a_client_out_of_range(tmp_path, capsys):
     from incofl.cli import run
-    from incofl.deploy.sitedata import load_site
+    from incofl.deploy.site.sitedata import load_site
 
     config = write_config(tmp_path)
     out = tmp_path / "site1.npz"
@@ -887,7 +887,7 @@ def test_export_writes_one_clients_samples_and_refuses_a_client_out_of_range(tmp
 
 def test_export_without_client_writes_every_clients_file_with_the_test_split_where_the_run_needs_it(tmp_path):
     from incofl.cli import run
-    from incofl.deploy.sitedata import load_site
+    from incofl.deploy.site.sitedata import load_site
     from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     config = write_config(tmp_path, methods=["FedPer"], holdout=0.2)
@@ -973,10 +973,10 @@ def test_a_node_claiming_another_sites_client_is_refused_and_the_run_goes_on(tmp
 
     from federation_helpers import direct_grid
 
-    from incofl.deploy.credentials import node_key
     from incofl.deploy.flower.directgrid import FIRST_NODE
-    from incofl.deploy.serverapp import AppSettings, serve
-    from incofl.deploy.transport import Identity
+    from incofl.deploy.server.serverapp import AppSettings, serve
+    from incofl.deploy.server.transport import Identity
+    from incofl.deploy.wire.credentials import node_key
 
     config = write_config(tmp_path, rounds=1)
     sites, pems = signed_sites(load_run_config(config), tmp_path)
@@ -1006,7 +1006,7 @@ def test_the_codec_maps_every_field_of_the_plan_and_the_update_by_its_type():
 
     from flwr.app import RecordDict
 
-    from incofl.deploy.codec import CodecError, decode_fields, encode_fields, update_metrics
+    from incofl.deploy.wire.codec import CodecError, decode_fields, encode_fields, update_metrics
 
     @dataclass(frozen=True)
     class Planned(ClientPlan):

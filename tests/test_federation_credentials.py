@@ -1,4 +1,4 @@
-"""What `incofl federation up` and `export --keys` secure a federation with (deploy/credentials.py,
+"""What `incofl federation up` and `export --keys` secure a federation with (deploy/wire/credentials.py,
 up.py): private keys that no other user can read at any moment, node keys made once, a
 server certificate the CA signs for 127.0.0.1, and a start-up line that says what is secured
 and who can run code. Fast: nothing is started."""
@@ -13,8 +13,8 @@ import pytest
 if not os.environ.get("CI"):
     pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from incofl.deploy import credentials, signing  # noqa: E402
 from incofl.deploy.up import LocalFederation, startup_line  # noqa: E402
+from incofl.deploy.wire import credentials, signing  # noqa: E402
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
     from federation_helpers import write_config
 
     from incofl.config import ConfigError, load_run_config
-    from incofl.deploy.sitedata import load_site
+    from incofl.deploy.site.sitedata import load_site
     from incofl.deploy.up import Processes
 
     config = write_config(tmp_path, clients=2, ratio=1.0, rounds=1)
@@ -144,7 +144,7 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
     import torch
 
     from incofl.config import RunConfig
-    from incofl.deploy.client import SavedStores
+    from incofl.deploy.site.client import SavedStores
 
     states = SavedStores(tmp_path / "site0.state" / "run", RunConfig(checkpoint_every=1))  # a node's saved stores
     states.save(1, {"c": torch.zeros(2)})
@@ -223,7 +223,7 @@ def test_a_run_without_node_keys_is_refused_unless_insecure():
     """Binding clients to their sites' keys is the default: a run config without `node-keys` is
     refused in one line unless it says `insecure=true` (issue 51: it was a warning)."""
     from incofl.config import ConfigError
-    from incofl.deploy.serverapp import AppSettings
+    from incofl.deploy.server.serverapp import AppSettings
 
     with pytest.raises(ConfigError, match="^run config: node-keys: set the folder .* or insecure=true"):
         AppSettings.of({"out": "run"})

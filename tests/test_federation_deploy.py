@@ -291,7 +291,7 @@ def _rogues(deployment: Deployment) -> list:
     the last the SuperLink's loopback listener (Flower's app whole)."""
     from federation_rogue import Rogue
 
-    from incofl.deploy.credentials import node_certificate, node_key
+    from incofl.deploy.wire.credentials import node_certificate, node_key
 
     sites = deployment.root / "sites"
     ca = (sites / "certificates" / "ca.pem").read_bytes()
@@ -346,7 +346,7 @@ def test_a_node_whose_key_is_not_registered_is_refused(deployment):
     """A node showing client 1's site certificate with a key nobody registered: nginx answers its
     activation 401 (its key is not the one bound to that certificate), as Flower answers a key it
     does not know, and the node stops, never having received a message."""
-    from incofl.deploy.credentials import node_key
+    from incofl.deploy.wire.credentials import node_key
 
     stranger = node_key(deployment.root / "stranger", 0)[0]  # claims client 0, with a key nobody registered
     sites = deployment.root / "sites"
@@ -386,7 +386,7 @@ def test_a_site_that_reaches_the_fleet_port_cannot_use_the_control_api(deploymen
     toml = deployment.root / "flwr-home" / "config.toml"
     with open(toml, "a") as fh:
         fh.write(f'\n[superlink.site]\naddress = "127.0.0.1:{deployment.port}"\nroot-certificates = "{ca}"\n')
-    from incofl.deploy.credentials import node_key
+    from incofl.deploy.wire.credentials import node_key
 
     key = node_key(deployment.root / "site-key", 0)[1]  # a key of the site's own making
     for connection, refused in [("site", True), (CONNECTION, False)]:
@@ -507,8 +507,8 @@ def test_an_app_that_raises_or_a_push_the_node_refuses_fails_its_task_and_the_wa
     (One test, so that the run after the raise is the push that fails: a run fewer, 10 s.)"""
     from federation_executor_app import FAILING
 
-    from incofl.deploy.serverdata import FACTS, export_facts, load_facts
-    from incofl.deploy.signing import private_key
+    from incofl.deploy.server.serverdata import FACTS, export_facts, load_facts
+    from incofl.deploy.wire.signing import private_key
 
     log = deployment.root / "sites" / "logs" / "executor0.log"
     node = deployment.root / "sites" / "logs" / "supernode0.log"
@@ -566,7 +566,7 @@ def test_a_site_that_answers_another_sites_message_in_its_name_is_refused(deploy
     from federation_executor_app import FORGED
     from federation_rogue import Forger
 
-    from incofl.deploy.credentials import node_key
+    from incofl.deploy.wire.credentials import node_key
 
     sites = deployment.root / "sites"
     # client 1's site again, with a key of its own (the killed node's may still count as in use) and

@@ -87,7 +87,7 @@ import federation_flood as flood  # noqa: E402
 from federation_helpers import flower_env, free_port, write_config  # noqa: E402
 
 from incofl.cli import run as incofl  # noqa: E402
-from incofl.deploy.credentials import node_certificate, node_key  # noqa: E402
+from incofl.deploy.wire.credentials import node_certificate, node_key  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("federation_edge"), pytest.mark.timeout(600)]
 

@@ -22,7 +22,6 @@ import pytest
 
 pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
-from incofl.deploy.credentials import certificates, node_key  # noqa: E402
 from incofl.deploy.edge import (  # noqa: E402
     NODE_CONNECTIONS,
     PROTOBUF,
@@ -34,6 +33,7 @@ from incofl.deploy.edge import (  # noqa: E402
     reload,
     render,
 )
+from incofl.deploy.wire.credentials import certificates, node_key  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("edge-config")
 ROUTE, SMALL = "/v1/fleet/pull-messages", 4096

@@ -44,7 +44,7 @@ def honest(tmp_path_factory):
     the server expected of it: (method, reply, expected) and (method, reply, job, expected)."""
     from federation_helpers import direct_grid
 
-    from incofl.deploy import serverapp, transport
+    from incofl.deploy.server import serverapp, transport
 
     train, scores = [], []
     accept_update, accept_scores = transport.accept_update, transport.accept_scores
@@ -97,7 +97,7 @@ def reply_with(original: Message, content: RecordDict) -> Message:
 
 
 def test_every_honest_reply_is_accepted(honest):
-    from incofl.deploy.transport import accept_scores, accept_update
+    from incofl.deploy.server.transport import accept_scores, accept_update
 
     train, scores = honest
     assert {m for m, *_ in train} == set(RUNS) and {m for m, *_ in scores} == {"FedLAG"}
@@ -133,7 +133,7 @@ def _first(train, method):
     ],
 )
 def test_a_lie_about_the_counts_is_refused(honest, method, lie, why):
-    from incofl.deploy.transport import accept_update
+    from incofl.deploy.server.transport import accept_update
 
     reply, expected = _first(honest[0], method)
     refused = accept_update(reply_with(reply, lie(reply.content)), expected)
@@ -141,8 +141,8 @@ def test_a_lie_about_the_counts_is_refused(honest, method, lie, why):
 
 
 def test_an_unasked_extra_array_is_refused_before_it_is_decoded(honest):
-    from incofl.deploy.codec import to_arrays
-    from incofl.deploy.transport import accept_update
+    from incofl.deploy.server.transport import accept_update
+    from incofl.deploy.wire.codec import to_arrays
 
     reply, expected = _first(honest[0], "SCAFFOLD")
     changed = clone(reply.content)
@@ -155,8 +155,8 @@ def test_a_float64_delta_where_the_plan_holds_float32_is_refused(honest):
     """Refused by the message's byte budget before any index is read (the budget is exact: the
     expected states' bytes and indexes); an index that reads an entry's float32 bytes as half as
     many float64 values (the data as long as expected): by that entry's dtype and shape."""
-    from incofl.deploy.codec import from_arrays, index_bytes, packed_array, to_arrays
-    from incofl.deploy.transport import accept_update
+    from incofl.deploy.server.transport import accept_update
+    from incofl.deploy.wire.codec import from_arrays, index_bytes, packed_array, to_arrays
 
     reply, expected = _first(honest[0], "SCAFFOLD")
     delta = from_arrays(reply.content.array_records["delta"])
@@ -177,7 +177,7 @@ def test_a_float64_delta_where_the_plan_holds_float32_is_refused(honest):
 
 
 def test_scores_without_counts_and_a_negative_sample_count_are_refused(honest):
-    from incofl.deploy.transport import accept_scores
+    from incofl.deploy.server.transport import accept_scores
 
     _, reply, job, expected = honest[1][0]
     changed = clone(reply.content)
@@ -264,7 +264,7 @@ def _change_record(content: RecordDict, data) -> bool:
     name = data.draw(names.filter(lambda n: n not in content))
     kind = data.draw(st.sampled_from(["array", "metric", "config"]))
     if kind == "array":  # packed, or one array per tensor as before
-        from incofl.deploy.codec import to_arrays
+        from incofl.deploy.wire.codec import to_arrays
 
         zeros = np.zeros(data.draw(st.integers(0, 4)), dtype=np.float32)
         packed = data.draw(st.booleans())
@@ -367,7 +367,7 @@ def _same_index(changed: bytes, original: bytes) -> bool:
 def _change_entry(content: RecordDict, name: str, data) -> bool:
     """An entry of a packed state removed, added, renamed, of another dtype or shape, NaN or Inf
     written into it; the classes changed: the state packed again."""
-    from incofl.deploy.codec import CodecError, from_arrays, to_arrays
+    from incofl.deploy.wire.codec import CodecError, from_arrays, to_arrays
 
     try:
         state = from_arrays(content.array_records[name])
@@ -436,7 +436,7 @@ CHANGES = [_change_metric, _change_record, _change_array, _change_hash]
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_randomly_changed_reply_is_refused_and_never_raises(honest, data):
-    from incofl.deploy.transport import accept_scores, accept_update
+    from incofl.deploy.server.transport import accept_scores, accept_update
 
     train, scores = honest
     if data.draw(st.booleans(), label="scores"):
@@ -475,8 +475,8 @@ def test_a_randomly_changed_bundle_is_refused_and_never_raises(honest, data):
     """A reply's states as they travel (one bundle: codec.bundled) with bytes of its head, table or
     states changed: unbundling refuses it (CodecError) or the reply's checks do, unless nothing
     the server reads changed."""
-    from incofl.deploy.codec import BUNDLE, CodecError, bundled, packed_array, unbundled
-    from incofl.deploy.transport import accept_update
+    from incofl.deploy.server.transport import accept_update
+    from incofl.deploy.wire.codec import BUNDLE, CodecError, bundled, packed_array, unbundled
 
     train, _ = honest
     method, reply, expected = train[data.draw(st.integers(0, len(train) - 1), label="reply")]

@@ -34,7 +34,7 @@ class Edited:
 
 def gate_of(app: Any, max_message: int = 16 * MIB) -> Any:
     """The gate in front of `app`, a reply of a node capped at `max_message`."""
-    from incofl.deploy.gate import FleetGate
+    from incofl.deploy.server.gate import FleetGate
 
     return FleetGate(app, max_message)
 
@@ -221,7 +221,7 @@ def test_pushes_flower_refuses_leave_no_entry_and_evict_nothing(node):
     honest reply's objects accepted."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
-    from incofl.deploy.gate import REPLIES_PER_NODE
+    from incofl.deploy.server.gate import REPLIES_PER_NODE
 
     gate = gate_of(node.app, 16 * MIB)
     fleet = node.client(gate)
@@ -261,7 +261,7 @@ def test_a_reply_tree_is_counted_no_further_than_its_cap(node):
     from flwr.proto.message_pb2 import ObjectTree
 
     from incofl.deploy.flower.fleet import MAX_OBJECTS
-    from incofl.deploy.gate import count, read
+    from incofl.deploy.server.gate import count, read
 
     wide = ObjectTree(object_id="a" * 64)
     wide.children.extend(ObjectTree() for _ in range(3 * MAX_OBJECTS))
@@ -451,7 +451,7 @@ def test_the_gates_routes_are_flowers_fleet_routes_each_with_its_request_and_cap
     from flwr.superlink.routers.fleet.router import router
 
     from incofl.deploy.flower.fleet import PUSH_CAP, ROUTES, route_caps
-    from incofl.deploy.gate import request_of
+    from incofl.deploy.server.gate import request_of
 
     paths = {route.path for route in router.routes}
     assert set(ROUTES) == paths == {path for _, path in PROTOBUF_REQUEST_TYPES if path.startswith("/v1/fleet/")}
@@ -500,7 +500,7 @@ def test_what_a_supernode_sends_passes_and_is_parsed_off_the_loop(node, monkeypa
     from flwr.proto.run_pb2 import GetRunRequest
     from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
-    import incofl.deploy.gate as module
+    import incofl.deploy.server.gate as module
 
     where: list[tuple[str, bool]] = []  # each parse: the message, whether on an event loop
 

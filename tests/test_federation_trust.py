@@ -32,7 +32,7 @@ def _signed_run(tmp_path, apps=None, **settings):
     """The tiny run, signed both ways, through the in-process federation; its folder."""
     from federation_helpers import direct_grid
 
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
 
     config = write_config(tmp_path, **settings)
     nodes, pems = signed_sites(load_run_config(config), tmp_path)
@@ -75,7 +75,7 @@ def test_nothing_of_a_reply_is_read_or_counted_before_its_signature_holds(tmp_pa
     from flwr.app import ConfigRecord, Message, RecordDict
 
     from incofl.deploy.flower.directgrid import FIRST_NODE
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
 
     class Tripwire(ConfigRecord):
         def __getitem__(self, key: str):
@@ -104,7 +104,7 @@ def test_nothing_of_a_reply_is_read_or_counted_before_its_signature_holds(tmp_pa
 
 def _signing_as(key: str | None):
     """incofl's ClientApp, whose train replies are signed with the node key at `key` (None: unsigned)."""
-    from incofl.deploy.clientapp import app
+    from incofl.deploy.site.clientapp import app
 
     def node(message, context):
         if message.metadata.message_type == "train":  # it joined as itself
@@ -133,7 +133,7 @@ def _instruction(content, kind: str, node: int = 102, run: int = 7, key=None, si
 
     from flwr.app import Message
 
-    from incofl.deploy.codec import sign_instruction
+    from incofl.deploy.wire.codec import sign_instruction
 
     if key is not None:
         content = sign_instruction(content, key, run, node, signed_as or kind, 0)
@@ -149,9 +149,9 @@ def test_an_instruction_the_server_did_not_sign_is_refused_and_the_node_left_as_
     taken, and a second config for the same run refused."""
     from flwr.app import ConfigRecord, RecordDict
 
-    from incofl.deploy import clientapp
-    from incofl.deploy.schedule import schedule_of
-    from incofl.deploy.signing import private_key
+    from incofl.deploy.site import clientapp
+    from incofl.deploy.wire.schedule import schedule_of
+    from incofl.deploy.wire.signing import private_key
 
     clientapp._sites.clear()  # the clients other tests' nodes built in this process
     config, context = _node(tmp_path)
@@ -186,9 +186,9 @@ def test_an_instruction_the_server_did_not_sign_is_refused_and_the_node_left_as_
 def test_a_finite_update_that_would_overflow_the_rounds_sums_is_the_nodes_fault(tmp_path, caplog):
     """A delta of +-3e38 is finite (and its float32 sum overflows before any check sees a NaN): it
     is refused by node and client, not averaged into a run that then reads as diverged."""
-    from incofl.deploy.clientapp import answer, app
-    from incofl.deploy.codec import from_arrays, to_arrays, unbundled, unsigned
     from incofl.deploy.flower.directgrid import FIRST_NODE
+    from incofl.deploy.site.clientapp import answer, app
+    from incofl.deploy.wire.codec import from_arrays, to_arrays, unbundled, unsigned
 
     bad = scheduled(0)[0]
 
@@ -224,9 +224,9 @@ def test_a_node_reads_only_the_files_its_own_config_names(tmp_path):
 
     from flwr.app import ConfigRecord, Context, RecordDict
 
-    from incofl.deploy import clientapp
-    from incofl.deploy.schedule import schedule_of
-    from incofl.deploy.signing import private_key
+    from incofl.deploy.site import clientapp
+    from incofl.deploy.wire.schedule import schedule_of
+    from incofl.deploy.wire.signing import private_key
     from incofl.models.family import build_model
 
     config, context = _node(tmp_path)
@@ -271,8 +271,8 @@ def _reply_or_error(message, context):
     """The client incofl's ClientApp's reply claims, or what its failure tells the server (Flower's
     error reply carries the exception's type and text: here its text, where the type is incofl's
     NodeError, without the site's signature at its end)."""
-    from incofl.deploy import clientapp
-    from incofl.deploy.codec import failure_text
+    from incofl.deploy.site import clientapp
+    from incofl.deploy.wire.codec import failure_text
 
     try:
         return clientapp.app(message, context).content.config_records["node"]["client"]
@@ -287,10 +287,10 @@ def test_a_nodes_refusal_is_its_sites_word_only_signed_by_its_site_for_the_messa
     from federation_helpers import direct_grid
     from flwr.app import Error, Message, RecordDict
 
-    from incofl.deploy.codec import failure_text, sign_failure
     from incofl.deploy.flower.directgrid import FIRST_NODE
-    from incofl.deploy.signing import SignatureError, private_key
-    from incofl.deploy.transport import Identity
+    from incofl.deploy.server.transport import Identity
+    from incofl.deploy.wire.codec import failure_text, sign_failure
+    from incofl.deploy.wire.signing import SignatureError, private_key
 
     nodes, pems = signed_sites(load_run_config(write_config(tmp_path)), tmp_path)
     grid = direct_grid(nodes, keys=pems, run_id=7)
@@ -301,7 +301,7 @@ def test_a_nodes_refusal_is_its_sites_word_only_signed_by_its_site_for_the_messa
     def refusal(text: str, node: int = FIRST_NODE) -> Message:
         asked = Message(RecordDict(), node, "query.identify")
         asked.metadata.__dict__["_message_id"] = "m1"
-        return Message(Error(2, f"<class 'incofl.deploy.clientapp.NodeError'>:<'{text}'>"), reply_to=asked)
+        return Message(Error(2, f"<class 'incofl.deploy.site.clientapp.NodeError'>:<'{text}'>"), reply_to=asked)
 
     signed = sign_failure(line, site0, 7, 0, "m1", "query.identify")
     assert failure_text(signed) == (line, signed.rpartition(" [signed ")[2][:-1])
@@ -325,9 +325,9 @@ def test_a_refusal_from_a_node_that_is_not_the_clients_site_does_not_stop_the_ru
     own key as client 0's: logged, not taken; client 0's own node joins and the run trains."""
     from federation_helpers import direct_grid
 
-    from incofl.deploy.credentials import node_key
     from incofl.deploy.flower.directgrid import FIRST_NODE
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
+    from incofl.deploy.wire.credentials import node_key
 
     config = write_config(tmp_path, rounds=1)
     sites, pems = signed_sites(load_run_config(config), tmp_path)

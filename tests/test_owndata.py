@@ -1,4 +1,4 @@
-"""Sites serving their own data (deploy/owndata.py, docs/federation.md "A site's own data"): an
+"""Sites serving their own data (deploy/site/owndata.py, docs/federation.md "A site's own data"): an
 image folder or an .npz named in the node config trains with the simulator's numbers where it
 holds the partition's share in its order; its facts, declared at identify and signed with the
 node key, take the place of the facts file's row; unfit data and an unsigned declaration are
@@ -71,7 +71,7 @@ def serve_sites(
     DirectGrid's (apps, run_id), and round_timeout: the server's (a silent node's wait)."""
     from federation_helpers import direct_grid
 
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
 
     waits = {"join_timeout": timeout, "round_timeout": grid.pop("round_timeout", AppSettings.round_timeout)}
     settings = AppSettings(str(config), {}, tmp / "federation", node_keys=tmp / "keys", **waits)
@@ -157,7 +157,7 @@ def test_a_sites_truncated_image_is_named_in_the_one_line_it_refuses_the_run_wit
     from PIL import Image
 
     from incofl.data.facts import Facts
-    from incofl.deploy.owndata import load_own
+    from incofl.deploy.site.owndata import load_own
 
     cfg = load_run_config(write_config(tmp_path))
     facts = Facts((), 10, (1, 8, 8), (0.5,), (0.25,))
@@ -203,7 +203,7 @@ def test_the_serverapps_refusal_reaches_flowers_log_as_its_one_line(tmp_path):
     from federation_helpers import direct_grid
     from flwr.app import Context, RecordDict
 
-    from incofl.deploy.serverapp import app
+    from incofl.deploy.server.serverapp import app
 
     config = write_config(tmp_path, methods=["FedAvg"])
     nodes, pems = own_sites(tmp_path, load_run_config(config), {0: "folder"})
@@ -236,7 +236,7 @@ def test_a_declaration_is_taken_only_signed_and_within_the_data_sets_classes():
     from flwr.app import ConfigRecord, RecordDict
 
     from incofl.data.facts import ClientFacts, Facts
-    from incofl.deploy.serverapp import declared_facts
+    from incofl.deploy.server.serverapp import declared_facts
 
     facts = Facts((), 10, (1, 8, 8), (0.5,), (0.25,))
 
@@ -262,8 +262,8 @@ def test_a_folder_names_its_classes_by_index_and_a_node_names_its_data_once(tmp_
     from flwr.app import Context, RecordDict
 
     from incofl.data.facts import Facts
-    from incofl.deploy.clientapp import node_data
-    from incofl.deploy.owndata import load_own
+    from incofl.deploy.site.clientapp import node_data
+    from incofl.deploy.site.owndata import load_own
 
     write_folder(tmp_path / "own", np.zeros((2, 1, 8, 8), np.uint8), np.zeros(2, np.int64))
     (tmp_path / "own" / "0").rename(tmp_path / "own" / "cat")
@@ -334,7 +334,7 @@ def test_a_row_left_to_a_declaration_is_refused_undeclared_or_without_node_keys(
     from federation_helpers import direct_grid
 
     from incofl.cli import run
-    from incofl.deploy.serverapp import AppSettings, serve
+    from incofl.deploy.server.serverapp import AppSettings, serve
 
     config = write_config(tmp_path, methods=["FedAvg"])
     nodes, pems = own_sites(tmp_path, load_run_config(config), {0: "folder", 1: "npz", 2: "npz"})
@@ -375,8 +375,8 @@ def test_up_starts_a_node_on_a_sites_own_data_and_refuses_bad_site_data_in_one_l
     from flwr.common.config import parse_config_args
 
     from incofl.cli import run
-    from incofl.deploy.signing import server_key_pair
     from incofl.deploy.up import LocalFederation, site_data, start_nodes
+    from incofl.deploy.wire.signing import server_key_pair
 
     sites, own = tmp_path / "sites", tmp_path / "own0"
     sites.mkdir()

@@ -144,7 +144,7 @@ def _export_sites(
     """Each of `clients`' data file (its share of the partition), said in one line each; the run's facts."""
     from incofl.data.facts import shares
     from incofl.data.partition import partition_for
-    from incofl.deploy.sitedata import export_client
+    from incofl.deploy.site.sitedata import export_client
     from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     partition = partition_for(cfg, data)
@@ -164,7 +164,7 @@ def _export_sites(
 def _site_certificates(folder: Path, clients: Iterable[int]) -> None:
     """The federation's CA and server certificate (for 127.0.0.1) in `folder`, made once, and each
     client's site certificate, without which the sites' port takes no connection."""
-    from incofl.deploy.credentials import certificates
+    from incofl.deploy.wire.credentials import certificates
 
     ca = certificates(folder, clients=clients)[0]
     print(f"certificates in {folder}: {ca.name} for every site, node<K>.pem and node<K>.key for client K's only")
@@ -172,7 +172,7 @@ def _site_certificates(folder: Path, clients: Iterable[int]) -> None:
 
 def _make_server_key(folder: Path) -> Path:
     """The server's public key in `folder` (`server.pub`; its private half `server`, for the ServerApp), made once."""
-    from incofl.deploy.signing import server_key_pair
+    from incofl.deploy.wire.signing import server_key_pair
 
     private, public = server_key_pair(folder)
     print(
@@ -183,9 +183,9 @@ def _make_server_key(folder: Path) -> Path:
 
 
 def _server_facts(cfg: RunConfig, data: ImageDataset, facts: Facts, keys: Path) -> Path:
-    """The server's facts file in `keys` (deploy/serverdata.py), signed with the server's key there."""
-    from incofl.deploy.serverdata import FACTS, export_facts
-    from incofl.deploy.signing import SERVER, private_key
+    """The server's facts file in `keys` (deploy/server/serverdata.py), signed with the server's key there."""
+    from incofl.deploy.server.serverdata import FACTS, export_facts
+    from incofl.deploy.wire.signing import SERVER, private_key
 
     out = keys / FACTS
     export_facts(cfg, data, facts, out, private_key(keys / SERVER))
@@ -193,7 +193,7 @@ def _server_facts(cfg: RunConfig, data: ImageDataset, facts: Facts, keys: Path) 
 
 
 def _node_key(folder: Path, client: int) -> Path:
-    from incofl.deploy.credentials import node_key  # cryptography comes with the flower extra
+    from incofl.deploy.wire.credentials import node_key  # cryptography comes with the flower extra
 
     return node_key(folder, client)[0]
 
@@ -233,9 +233,9 @@ def cmd_federation_up(args: argparse.Namespace) -> int:
 
 
 def cmd_federation_edge_config(args: argparse.Namespace) -> int:
-    from incofl.deploy.credentials import given_certificates
     from incofl.deploy.edge import Edge, render, site_bindings
     from incofl.deploy.flower.fleet import route_caps
+    from incofl.deploy.wire.credentials import given_certificates
 
     tls = given_certificates(Path(args.certificates))
     bound = site_bindings(Path(args.keys))

@@ -64,7 +64,7 @@ class Role(Enum):
     EXPORTED = "exported"  # a site's data file holds what it gives (the normalisation): a node checks it
     REPLICATE = "replicate"  # the runs of one experiment differ in it (the seed)
     # the client side computes with it: a federation's node is told it (its schedule:
-    # deploy/schedule.py), and no setting without this tag
+    # deploy/wire/schedule.py), and no setting without this tag
     CLIENT = "client"
     PATH = "path"  # names a file or folder of the server's: never sent to a node, whose own config names its files
 

@@ -2,7 +2,7 @@
 the size of its training share, of its held-out share and the classes its training share holds;
 of the data set its class count, an image's shape and the normalisation its splits are served
 with. One rule derives them from the partition (`derive`): the simulator derives them in
-process, `incofl federation export` writes them for a federation's server (deploy/serverdata.py),
+process, `incofl federation export` writes them for a federation's server (deploy/server/serverdata.py),
 which never reads a training image; `export --declared` leaves every client's to its site's
 declaration (`declared_only`), for a federation whose sites all serve their own data.
 """
@@ -35,7 +35,7 @@ UNDECLARED = ClientFacts(0, 0, ())  # the row of a client whose site declares it
 class Facts:
     """Every client's facts, in client order, and the data set's (module docstring). A client in
     `to_declare` has the UNDECLARED row until its site's signed declaration fills it (a federation's
-    server: deploy/serverapp.py, which runs no round before every one is filled)."""
+    server: deploy/server/serverapp.py, which runs no round before every one is filled)."""
 
     clients: tuple[ClientFacts, ...]
     classes: int

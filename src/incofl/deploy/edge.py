@@ -5,7 +5,7 @@ own nginx takes (`incofl federation edge-config`).
     site --TLS--> nginx stream, on the sites' port: connections per address and from strangers
          --PROXY protocol, unix socket--> nginx http: mutual TLS, a site's certificate bound to its
          node key, heads, bodies per route, requests per address and per site, timeouts
-         --HTTP, unix socket--> superlink.py's Fleet listener: gate.py (the protocol's own rules)
+         --HTTP, unix socket--> superlink.py's Fleet listener: server/gate.py (the protocol's own rules)
 
 Every limit is nginx's own directive, set from the hardening its authors publish (docs/federation.md,
 "The edge proxy", cites each source): no TLS handshake and no byte a peer sends reaches Python before
@@ -55,7 +55,7 @@ class Edge:
     bodies); `fleet`: the unix socket of superlink.py's Fleet listener; `tls`: (ca.pem, server.pem,
     server.key), None for plain HTTP; `site_keys`: a site certificate's subject (`CN=node<K>`) -> the
     node key Flower's header carries (`node_key_header`), one binding per site; `routes`: a Fleet
-    path -> its body cap in bytes (gate.py's); `sites_at`: an address sites are known to dial from
+    path -> its body cap in bytes (server/gate.py's); `sites_at`: an address sites are known to dial from
     -> how many (up's nodes all dial from 127.0.0.1); `fd_limit`: the open files nginx may have;
     `user`: where nginx starts as root, the user its worker runs as (`up`: the user running it)."""
 

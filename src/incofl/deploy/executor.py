@@ -6,7 +6,7 @@ Flower's `flower-superexec`.
 
 One long-lived process that asks its node for work as Flower's SuperExec does and runs each
 ClientApp task in-process as `flwr-clientapp` would (the Flower adapter's loop: flower/superexec.py),
-with incofl's own ClientApp (`incofl.deploy.clientapp.app`): no app bundle is installed
+with incofl's own ClientApp (`incofl.deploy.site.clientapp.app`): no app bundle is installed
 or loaded, so this node runs incofl's code only, whatever app a `flwr run` names. Its imports and
 the client built for a run (`clientapp._sites`) stay between messages: a message pays its
 training, not a fresh process's torch import and engine build (docs/performance.md, Flower).
@@ -31,10 +31,10 @@ from incofl.deploy.flower import require
 
 require("python -m incofl.deploy.executor")  # before the adapter imports Flower's internals
 
-from incofl.deploy.clientapp import app  # noqa: E402
-from incofl.deploy.credentials import check_private  # noqa: E402
 from incofl.deploy.flower import superexec  # noqa: E402
 from incofl.deploy.flower.superexec import ClientAppFn  # noqa: E402
+from incofl.deploy.site.clientapp import app  # noqa: E402
+from incofl.deploy.wire.credentials import check_private  # noqa: E402
 
 TEST_APP = "INCOFL_EXECUTOR_TEST_APP"  # tests only: the module docstring
 

@@ -13,7 +13,7 @@ app served twice by uvicorn:
 
 - whole, on Flower's `--host`/`--port`, which must be a loopback address (the operator's
   `flwr` commands and the ServerApp's processes, on the server machine);
-- the Fleet API alone, through `FleetGate` (gate.py: the protocol's own rules), as plain HTTP on
+- the Fleet API alone, through `FleetGate` (server/gate.py: the protocol's own rules), as plain HTTP on
   the unix socket `--fleet-socket` (made 0600 in a private folder), which only the edge proxy
   dials (edge.py: nginx terminates the sites' TLS and bounds every connection, head and body
   before a byte reaches this process). The sites' port is nginx's, never this process's.
@@ -34,10 +34,10 @@ from functools import partial
 from pathlib import Path
 
 from incofl.config import ConfigError
-from incofl.deploy.credentials import check_private
 from incofl.deploy.flower import require
 from incofl.deploy.flower.link import run
-from incofl.deploy.gate import MIB, FleetGate, log
+from incofl.deploy.server.gate import MIB, FleetGate, log
+from incofl.deploy.wire.credentials import check_private
 
 
 def loopback(host: str) -> bool:

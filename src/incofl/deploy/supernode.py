@@ -25,7 +25,7 @@ from incofl.deploy.flower.node import run
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """This wrapper's flags (both or neither; the key private, one line otherwise), and Flower's."""
     from incofl.config import ConfigError
-    from incofl.deploy.credentials import check_private
+    from incofl.deploy.wire.credentials import check_private
 
     parser = argparse.ArgumentParser(prog="python -m incofl.deploy.supernode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--client-certificate", type=Path, help="the site's TLS certificate (nodeK.pem)")

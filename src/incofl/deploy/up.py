@@ -1,6 +1,6 @@
 """A federation on this machine (`incofl federation up`): a SuperLink on 127.0.0.1 and one
 SuperNode per site data file (`incofl federation export`) or site's own data (`--site-data
-CLIENT=PATH`: a folder, its node's `data-folder`, or an .npz, its `data-npz`: deploy/owndata.py,
+CLIENT=PATH`: a folder, its node's `data-folder`, or an .npz, its `data-npz`: deploy/site/owndata.py,
 in place of that client's exported file, if any), each node told its client and data,
 and a connection in Flower's config (`$FLWR_HOME/config.toml`, `~/.flwr/config.toml` by default)
 for `flwr run`. It runs until interrupted (Ctrl-C or SIGTERM), then stops every process it
@@ -23,7 +23,7 @@ hard-coded 3 s wait after an empty pull cut short).
 The sites' port (`port`, what nodes dial) is nginx's (edge.py), which `up` starts in front of the
 SuperLink: it terminates TLS (mutual: a site's certificate, bound to its node key), bounds every
 connection, head, body and request rate, and passes what it lets through, over a private unix
-socket, to the SuperLink's Fleet API and its gate (superlink.py, gate.py: the protocol's own rules,
+socket, to the SuperLink's Fleet API and its gate (superlink.py, server/gate.py: the protocol's own rules,
 the budget of a reply from the run's models: the facts file's `reply_cap`). The SuperLink's Control
 and Runtime APIs are on `port + 1`, on 127.0.0.1; its state in memory (`link_state`; `disk`: in
 SQLite in `<sites>/superlink/`); the nodes take
@@ -58,9 +58,9 @@ import numpy as np
 
 from incofl.config import ConfigError
 from incofl.deploy import DATA_FOLDER, DATA_NPZ, DATA_PATH
-from incofl.deploy.credentials import check_private, private_folder
 from incofl.deploy.edge import Edge, nginx, reload, site_bindings
 from incofl.deploy.logs import BoundedLog, pump, raise_fd_limit
+from incofl.deploy.wire.credentials import check_private, private_folder
 from incofl.numerics import Numerics, NumericsError, conflicts, environment
 
 LinkState = Literal["memory", "disk"]
@@ -99,7 +99,7 @@ class LocalFederation:
     @property
     def server_public(self) -> Path:
         """The server's public key (`incofl federation export` made it), which a site serving its own data acts on."""
-        from incofl.deploy.signing import SERVER  # cryptography: the flower extra's
+        from incofl.deploy.wire.signing import SERVER  # cryptography: the flower extra's
 
         return self.keys / f"{SERVER}.pub"
 
@@ -147,7 +147,7 @@ class LocalFederation:
         by the CA's key there); None when insecure."""
         if self.insecure:
             return None
-        from incofl.deploy.credentials import certificates, given_certificates, node_certificate
+        from incofl.deploy.wire.credentials import certificates, given_certificates, node_certificate
 
         if self.certificates is None:
             return certificates(self.sites.resolve() / "certificates", clients=clients)
@@ -346,7 +346,7 @@ def superexec_secret(path: Path) -> Path:
     the run's ServerApp task from the SuperLink's port and a node's messages from the node's."""
     import secrets
 
-    from incofl.deploy.credentials import write_secret
+    from incofl.deploy.wire.credentials import write_secret
 
     write_secret(path, secrets.token_bytes(32))
     return path
@@ -431,7 +431,7 @@ def start_link(
 def reply_cap_mib(fed: LocalFederation) -> float:
     """The gate's cap on one reply, in MiB: what the facts file (`incofl federation export`) states
     from the run's models, else DEFAULT_REPLY_CAP."""
-    from incofl.deploy.serverdata import FACTS, stated_reply_cap
+    from incofl.deploy.server.serverdata import FACTS, stated_reply_cap
 
     cap = stated_reply_cap(fed.keys / FACTS)
     return DEFAULT_REPLY_CAP if cap is None else round(cap / (1 << 20), 3)
@@ -468,7 +468,7 @@ def start_nodes(
 ) -> None:
     """One SuperNode per client's data (`LocalFederation.node_data`; unless insecure, its key
     registered first) and its executor."""
-    from incofl.deploy.credentials import node_certificate, node_key
+    from incofl.deploy.wire.credentials import node_certificate, node_key
 
     for i, (client, (data, path)) in enumerate(sorted(sites.items())):
         security = ["--insecure"] if tls is None else ["--root-certificates", str(tls[0])]
@@ -480,7 +480,7 @@ def start_nodes(
             private, public = node_key(fed.keys, client)
             procs.run([flower_tool("flwr"), "supernode", "register", str(public), fed.connection])
             auth = ["--auth-supernode-private-key", str(private)]
-            signer = f' node-key="{private}"'  # its replies signed with its key (signing.py)
+            signer = f' node-key="{private}"'  # its replies signed with its key (wire/signing.py)
         port = fed.port + 2 + i
         node = procs.start(
             f"supernode{client}",
@@ -503,7 +503,7 @@ def startup_line(fed: LocalFederation, sites: Collection[int], tls: bool, config
     clients = ", ".join(map(str, sorted(sites)))
     if fed.insecure:
         security = "no TLS, no node authentication: any node may claim any client and traffic is plain"
-        server = fed.keys / "server"  # export's: the nodes act only on what it signs (signing.py)
+        server = fed.keys / "server"  # export's: the nodes act only on what it signs (wire/signing.py)
         keys = (f' server-key="{server}"' if server.exists() else "") + " insecure=true"  # no node-keys: say so
     else:
         security = f"TLS, node authentication: client K is the node with key {fed.keys}/nodeK"

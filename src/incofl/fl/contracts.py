@@ -144,7 +144,7 @@ class ConfigPick:
 @dataclass(frozen=True)
 class StageSettings(ConfigPick):
     """The run settings stage components read (on a federation's node, those it is not told
-    are the defaults: deploy/schedule.py)."""
+    are the defaults: deploy/wire/schedule.py)."""
 
     seed: int  # the random streams of update noise, FedPart's order and dynamic width levels
     clients: int  # K: the planner's clients

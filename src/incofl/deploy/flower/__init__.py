@@ -11,7 +11,7 @@ every other module of incofl off Flower's internals (`flwr.common`, `flwr.proto`
 what it runs (the gate, incofl's ClientApp) is handed to it by the entry points that start processes
 (`incofl.deploy.superlink`, `.supernode`, `.executor`).
 
-- `fleet`: the routes, headers and protobuf messages of Flower's Fleet API: what the gate (gate.py)
+- `fleet`: the routes, headers and protobuf messages of Flower's Fleet API: what the gate (server/gate.py)
   and the edge proxy (edge.py) enforce.
 - `inbox`: the ServerApp's pulls of replies, message by message through the Runtime API calls of
   Flower's HttpGrid (its private client, node and run), in place of `HttpGrid.pull_messages`, which

@@ -1,7 +1,7 @@
 """Flower RELEASE's Fleet API as the sites' port serves it: its routes, the request each carries
 (the name of its protobuf message under `flwr.proto`) and the most bytes its body may take, its
 headers and content type, read without importing Flower (the edge proxy's configuration, edge.py);
-and the protobuf messages of a route's request and of the answer to a push, which the gate (gate.py)
+and the protobuf messages of a route's request and of the answer to a push, which the gate (server/gate.py)
 parses. `test_federation_gate.py` checks the routes against Flower's own router.
 """
 

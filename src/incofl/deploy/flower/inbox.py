@@ -134,11 +134,13 @@ class Inbox:
         deadline: float,
         caps: Mapping[str, int] | None = None,
         more: Callable[[], Iterable[str]] | None = None,
+        until: Callable[[], bool] | None = None,
     ) -> Iterator[Pulled]:
         """The replies to the messages `waiting` (their ids), each as it arrives (or why it cannot be
         read), each pulled no further than its cap (`pull`), until every one came or `deadline`
         passed, however long a reply takes to upload; with `more`, the ids it returns are awaited too
-        (asked before each pull: identify's newly joined nodes), until the caller stops. Pulled
+        (asked before each pull: identify's newly joined nodes); with `until`, it ends once that holds
+        after a pull's replies were all yielded (never within one pull's batch). Pulled
         after QUICK seconds doubling to QUICK_CAP, QUICK again after each reply (the others are
         likely close behind): each pull is a request to the SuperLink, whose CPU a round's nodes
         share (docs/performance.md, Flower). The ids still awaited at the end are forgotten."""
@@ -150,7 +152,7 @@ class Inbox:
                     waiting.discard(got.answers)
                     wait = QUICK
                     yield got
-                if (not waiting and more is None) or time.monotonic() >= deadline:
+                if (not waiting and more is None) or (until and until()) or time.monotonic() >= deadline:
                     return
                 time.sleep(wait)
                 wait = min(2 * wait, QUICK_CAP)

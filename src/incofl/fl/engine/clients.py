@@ -8,7 +8,7 @@ model on the client's data. It
 holds no server state: the server sends each planned client its plan and start weights and its
 objective's broadcast (exchange.py), and the client side trains from them to the update. The
 simulator builds one for every client; a federation's node one for its own client, from its own
-data alone (incofl.deploy.client).
+data alone (incofl.deploy.site.client).
 
 `InProcess` is the simulator's transport: the same exchange, called directly, and answered by
 the function a federation's node answers with (`Clients.train`). The broadcast is copied on the

@@ -7,7 +7,7 @@ objective broadcasts; a transport (exchange.py) carries them to the client side 
 which trains each planned client to its update, and carries the updates back; the server folds
 each into the round as it arrives (fold.py) and concludes it. The simulator's transport calls
 the client side in process (`simulator`); a Flower federation's sends messages to SuperNodes
-(incofl.deploy.transport). The engine is the same for both: it names no transport, method,
+(incofl.deploy.server.transport). The engine is the same for both: it names no transport, method,
 model family or model (a test greps it).
 """
 

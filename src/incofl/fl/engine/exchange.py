@@ -10,7 +10,7 @@ round it trains (`TrainJob.round`), or the round after which a model is scored (
 
 Two transports carry it: the simulator's, in process (fl/engine/clients.py: the client side
 called directly, nothing copied but what a network would copy), and a Flower federation's
-(incofl.deploy.transport: messages to SuperNodes). What the server accepts of a client that
+(incofl.deploy.server.transport: messages to SuperNodes). What the server accepts of a client that
 trains or scores elsewhere is derived from what it knows (`ExpectedUpdate`, `ExpectedScores`)
 and checked before an update is averaged (`check_update`, `check_scores`); the in-process
 transport, whose client side is the server's own code, is not checked.

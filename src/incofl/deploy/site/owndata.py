@@ -8,7 +8,7 @@ an operator exported (sitedata.py):
 
 Samples are trained in the order they are read: an .npz's order, a folder's by file name (across
 its class folders), so a site fixes its order by naming its files. The data must fit the run, as
-its schedule tells the data set (schedule.py: the class count, an image's shape): anything else is
+its schedule tells the data set (wire/schedule.py: the class count, an image's shape): anything else is
 refused in one line naming the file before any round (a folder's image by its path in the folder:
 `3/00042.png: image file is truncated`). The site normalises with the schedule's
 normalisation (the data set's, which no site can compute from its share), and holds no test split.
@@ -24,7 +24,7 @@ from incofl.config import ConfigError, RunConfig
 from incofl.data.facts import Facts
 from incofl.data.partition import Partition
 from incofl.deploy import DATA_FOLDER, DATA_NPZ
-from incofl.deploy.sitedata import SiteDataset, site_partition
+from incofl.deploy.site.sitedata import SiteDataset, site_partition
 
 OWN = (DATA_FOLDER, DATA_NPZ)  # the node config's keys of a site's own data
 EXTENSIONS = (".png", ".jpg", ".jpeg")

@@ -42,7 +42,8 @@ from flwr.serverapp import Grid
 from incofl.atomic import atomic_path
 from incofl.config import ConfigError
 from incofl.deploy import REPLY_OVERHEAD
-from incofl.deploy.codec import (
+from incofl.deploy.flower.inbox import Inbox, Pulled, one_line
+from incofl.deploy.wire.codec import (
     CodecError,
     bundled,
     failure_text,
@@ -57,8 +58,7 @@ from incofl.deploy.codec import (
     unbundled,
     unsigned,
 )
-from incofl.deploy.flower.inbox import Inbox, Pulled, one_line
-from incofl.deploy.signing import SignatureError, private_key, public_key
+from incofl.deploy.wire.signing import SignatureError, private_key, public_key
 from incofl.fl.contracts import ClientPlan, Round, State
 from incofl.fl.engine.exchange import (
     EvalJob,

@@ -16,14 +16,14 @@ The run: the config is validated and refused if it cannot run federated (`check_
 the run's server side is built from the facts file, whose signature the server's key checks
 (fl/engine/server.py; it never reads a training image, and scores the global model on the test
 split the file holds), every node is asked which client it is (`query.identify`, with its
-schedule: schedule.py, no path and no server-only setting), then incofl's `Run` drives the
+schedule: wire/schedule.py, no path and no server-only setting), then incofl's `Run` drives the
 rounds through the same `Engine` as the simulator, whose transport is the federation
 (transport.py): incofl's seeded schedule and planner choose the clients, each planned client's
 job goes to its node, each reply is read and checked as it arrives (pulled after 0.05 s doubling
 to 0.2 s, the Flower adapter's QUICK, not Flower's `send_and_receive`, which pulls every 3 s), and
 the server side aggregates, evaluates and checkpoints exactly as in the simulator. No reply can stop the server.
 Restarted with the same `out`, the run resumes from its last checkpoint (and each node from its
-client's store at that round: client.py).
+client's store at that round: site/client.py).
 
 A run refused (a config it cannot run, a site's refusal, a round without its replies: a
 ConfigError or MissingClients, one line each) ends with that line, logged through Flower's logger
@@ -55,13 +55,13 @@ from incofl.atomic import write_json
 from incofl.config import ConfigError, RunConfig, load_run_config, parse_overrides
 from incofl.data.facts import ClientFacts, Facts, client_facts
 from incofl.deploy import REPLY_OVERHEAD
-from incofl.deploy.exported import test_sha256
 from incofl.deploy.flower import log_error
 from incofl.deploy.flower.inbox import Inbox, Pulled
-from incofl.deploy.schedule import schedule_of
-from incofl.deploy.serverdata import FACTS, load_facts
-from incofl.deploy.signing import SERVER, SignatureError
-from incofl.deploy.transport import FlowerTransport, Identity, failure_reason, no_content
+from incofl.deploy.server.serverdata import FACTS, load_facts
+from incofl.deploy.server.transport import FlowerTransport, Identity, failure_reason, no_content
+from incofl.deploy.wire.exported import test_sha256
+from incofl.deploy.wire.schedule import schedule_of
+from incofl.deploy.wire.signing import SERVER, SignatureError
 from incofl.fl.engine.engine import Engine
 from incofl.fl.engine.exchange import MissingClients
 from incofl.fl.engine.run import Run, build_assembly
@@ -157,14 +157,15 @@ def identify(
         sent.update(taken)
         return list(taken)
 
-    for got in inbox.arrivals((), time.monotonic() + timeout, more=ask_new):
+    def joined() -> bool:
+        return len(nodes) == cfg.clients
+
+    for got in inbox.arrivals((), time.monotonic() + timeout, more=ask_new, until=joined):
         node = sent[got.answers]
         if got.message is None:
             log.warning("identify: node %d: refused: %s", node, got.why)
         else:
             claim(cfg, facts, node, got, (nodes, declared), test, identity, refusals)
-        if len(nodes) == cfg.clients:
-            break
     missing = sorted(set(range(cfg.clients)) - set(nodes))
     if missing:
         why = "".join(f"; node {node} refused the run: {reason}" for node, reason in refusals.items())

@@ -8,7 +8,7 @@ the pretrained weights a run may start from (the server's, copied to the site). 
 own data names it by `data-folder` or `data-npz` in place of `data-path` (owndata.py), and the
 server's public key by `server-key` (an exported file carries it). Every file a node
 reads is one its node config names, a regular file (a FIFO or a device is refused in one line: it
-would hang the node's reader): no path comes with the run (its schedule, schedule.py), and a
+would hang the node's reader): no path comes with the run (its schedule, wire/schedule.py), and a
 run that starts from pretrained weights is refused in one line where the
 node config names none. A failure reaches the server in the node's terms (`NodeError`): an
 incofl refusal's line with the node's files named by their node config keys, else only that the
@@ -23,10 +23,10 @@ by its path in the folder: owndata.py), anything else with its traceback. Messag
   (if its file holds one) after checking its data against the schedule, and, serving its own
   data, its facts (`declared`: samples, held out, classes), which the server takes in place of
   its facts file's row;
-- `train`: one planned round (codec.py); the reply is the client's update;
+- `train`: one planned round (wire/codec.py); the reply is the client's update;
 - `evaluate`: the client's model scored on its held-out share or the test split; the reply is the scores.
 
-Signed both ways (signing.py): where the node's data file carries the server's public key
+Signed both ways (wire/signing.py): where the node's data file carries the server's public key
 (`incofl federation export` puts it there), the node acts only on an instruction the server
 signed for this run, this node and this type; any other is refused and logged before the node
 reads or changes anything (its state, its schedule, its saved client states). A run's schedule is
@@ -49,8 +49,10 @@ from flwr.clientapp import ClientApp
 
 from incofl.config import ConfigError
 from incofl.deploy import DATA_FOLDER, DATA_PATH
-from incofl.deploy.client import SiteClient, StaleState
-from incofl.deploy.codec import (
+from incofl.deploy.site.client import SiteClient, StaleState
+from incofl.deploy.site.owndata import OWN
+from incofl.deploy.site.sitedata import site_server_key
+from incofl.deploy.wire.codec import (
     SIGNATURE,
     bundled,
     open_instruction,
@@ -63,14 +65,12 @@ from incofl.deploy.codec import (
     unsigned,
     update_content,
 )
-from incofl.deploy.owndata import OWN
-from incofl.deploy.schedule import Schedule
-from incofl.deploy.signing import SignatureError, private_key, public_key
-from incofl.deploy.sitedata import site_server_key
+from incofl.deploy.wire.schedule import Schedule
+from incofl.deploy.wire.signing import SignatureError, private_key, public_key
 from incofl.fl.engine.exchange import EvalJob, TrainJob
 
 log = logging.getLogger("incofl.deploy")
-STATE = "incofl"  # the node's Context.state record: the run's schedule (schedule.py)
+STATE = "incofl"  # the node's Context.state record: the run's schedule (wire/schedule.py)
 app = ClientApp()
 # (run, node, config, data) -> its client, built once; a node's executor (executor.py) keeps it between messages
 _sites: dict[tuple[int, int, str, str], SiteClient] = {}

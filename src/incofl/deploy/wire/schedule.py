@@ -5,7 +5,7 @@ partition settings its data file must have been exported with (less any path), w
 starts from pretrained weights (the node's own file holds them), the name of the run's folder
 of saved states (`run_key`, of the server's whole config) and the data set's facts (class count,
 image shape, normalisation: data/facts.py), which a site serving its own data checks it against
-and normalises with (owndata.py). No path and no setting only the server
+and normalises with (site/owndata.py). No path and no setting only the server
 computes with travels: the node's files are those its own node config names.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from incofl.config import Role, RunConfig, run_settings
 from incofl.data.facts import Facts
-from incofl.deploy.exported import PARTITION_KEYS, partition_settings
+from incofl.deploy.wire.exported import PARTITION_KEYS, partition_settings
 from incofl.fl.engine.checkpoint import semantic_config
 
 CLIENT_SETTINGS = run_settings(Role.CLIENT)

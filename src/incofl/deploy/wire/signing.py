@@ -2,7 +2,7 @@
 
 Every instruction the ServerApp sends (identify, train, evaluate) is signed with the server's
 key, `keys/server` (made by `incofl federation export`, whose public half each site's data file
-carries: sitedata.py), and a node acts on nothing else; every reply a node sends is signed with
+carries: site/sitedata.py), and a node acts on nothing else; every reply a node sends is signed with
 its site's node key (`keys/node<client>`, the key it authenticates to the SuperLink with), and
 the ServerApp checks it against that client's registered public key before it reads anything
 else. What is signed is a statement (`statement`): a canonical encoding (JSON, keys sorted, no
@@ -102,7 +102,7 @@ def verify(public: ec.EllipticCurvePublicKey, text: bytes, signature: bytes, sig
 def private_key(path: Path) -> ec.EllipticCurvePrivateKey:
     """An EC private key in OpenSSH format (a node's, the server's); refused in one line, as is one
     that group or others may read (it may have been read already: credentials.check_private)."""
-    from incofl.deploy.credentials import check_private
+    from incofl.deploy.wire.credentials import check_private
 
     try:
         key = serialization.load_ssh_private_key(check_private(path).read_bytes(), password=None)
@@ -134,7 +134,7 @@ def public_key(data: bytes, what: str) -> ec.EllipticCurvePublicKey:
 
 def server_key_pair(folder: Path) -> tuple[Path, Path]:
     """The server's key pair in `folder` (`server`, `server.pub`: P-384, OpenSSH), made once."""
-    from incofl.deploy.credentials import write_public, write_secret
+    from incofl.deploy.wire.credentials import write_public, write_secret
 
     private, public = folder / SERVER, folder / f"{SERVER}.pub"
     if private.exists():

@@ -1,5 +1,5 @@
 """One client of a real federation, without Flower: the run's client side (fl/engine/clients.py)
-built on the node from the schedule it was told (schedule.py) and that client's data alone (sitedata.py).
+built on the node from the schedule it was told (wire/schedule.py) and that client's data alone (sitedata.py).
 
 A job (fl/engine/exchange.py) is answered by the function the simulator's in-process transport
 answers with (`Clients.train`, `Clients.score`): a TrainJob's broadcast (SCAFFOLD's c) is
@@ -33,10 +33,10 @@ import torch
 
 from incofl.atomic import save_tensors
 from incofl.config import RunConfig
-from incofl.deploy.exported import test_sha256
-from incofl.deploy.owndata import load_own
-from incofl.deploy.schedule import RUN_FOLDER, Schedule
-from incofl.deploy.sitedata import load_site
+from incofl.deploy.site.owndata import load_own
+from incofl.deploy.site.sitedata import load_site
+from incofl.deploy.wire.exported import test_sha256
+from incofl.deploy.wire.schedule import RUN_FOLDER, Schedule
 from incofl.fl.contracts import ClientUpdate, Round
 from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.checkpoint import last_checkpoint
@@ -70,7 +70,7 @@ class SavedStores:
         saved = [r for r in self.rounds() if r <= round_]
         if not saved:
             return None
-        from incofl.deploy.credentials import check_private  # a folder others may enter: refused, naming it
+        from incofl.deploy.wire.credentials import check_private  # a folder others may enter: refused, naming it
 
         check_private(self.folder)
         return torch.load(self.path(saved[-1]), map_location="cpu", weights_only=True)

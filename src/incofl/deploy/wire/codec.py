@@ -46,7 +46,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from incofl.deploy import REPLY_OVERHEAD
-from incofl.deploy.signing import SignatureError, digest, sign, statement, verify
+from incofl.deploy.wire.signing import SignatureError, digest, sign, statement, verify
 from incofl.fl.contracts import ClientPlan, ClientUpdate, State, View
 from incofl.fl.engine.exchange import EvalJob, ExpectedScores, ExpectedUpdate, TrainJob
 from incofl.fl.stages.component import Expected

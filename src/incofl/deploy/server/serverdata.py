@@ -23,9 +23,9 @@ from incofl.atomic import atomic_path
 from incofl.config import ConfigError, RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.facts import Facts
-from incofl.deploy.exported import check_settings, partition_settings, split_sha256
-from incofl.deploy.signing import SignatureError, sign, statement, verify
-from incofl.deploy.sitedata import SiteDataset
+from incofl.deploy.site.sitedata import SiteDataset
+from incofl.deploy.wire.exported import check_settings, partition_settings, split_sha256
+from incofl.deploy.wire.signing import SignatureError, sign, statement, verify
 
 FACTS = "facts.npz"  # in the keys folder, beside the server's key
 

@@ -11,7 +11,7 @@ partition was drawn with: a node refuses a run whose config would partition othe
 entries of its model scores that model when the run's evaluation asks (each model group's first
 client's, as the simulator reports it); the server checks its digest (exported.test_sha256) against its own.
 It carries the server's public key too (`server_key`, OpenSSH): the node acts only on
-instructions signed with it (signing.py).
+instructions signed with it (wire/signing.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from incofl.config import ConfigError, RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition
 from incofl.data.tensors import normalisation
-from incofl.deploy.exported import check_settings, partition_settings
+from incofl.deploy.wire.exported import check_settings, partition_settings
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def load_site(
     holds samples. A file of another client or drawn with other partition `settings` than the
     run's (those a node was told; None: `cfg`'s own, where the whole config is known), or that
     group or others may read, is refused in one line."""
-    from incofl.deploy.credentials import check_private
+    from incofl.deploy.wire.credentials import check_private
 
     if Path(path).exists():
         check_private(Path(path))
