@@ -54,6 +54,7 @@ from incofl.deploy.site.owndata import OWN
 from incofl.deploy.site.sitedata import site_server_key
 from incofl.deploy.wire.codec import (
     SIGNATURE,
+    J,
     bundled,
     open_instruction,
     read_job,
@@ -271,12 +272,18 @@ def identify(message: Message, context: Context) -> Message:
     return answer(message, context, reply, signed_round)
 
 
+def job_of(message: Message, context: Context, kind: type[J]) -> tuple[J, SiteClient, int]:
+    """The job an instruction carries (once the server's signature on it holds), the site's client,
+    and the round the server signed it for."""
+    content, signed_round = instruction(message, context)
+    client = site(context)
+    return read_job(kind, content, client.device), client, signed_round
+
+
 @app.train()
 @told
 def train(message: Message, context: Context) -> Message:
-    content, signed_round = instruction(message, context)
-    client = site(context)
-    job = read_job(TrainJob, content, client.device)
+    job, client, signed_round = job_of(message, context, TrainJob)
     update, kept, state = client.train(job)
     return answer(message, context, update_content(update, kept, state), signed_round)
 
@@ -284,8 +291,6 @@ def train(message: Message, context: Context) -> Message:
 @app.evaluate()
 @told
 def evaluate(message: Message, context: Context) -> Message:
-    content, signed_round = instruction(message, context)
-    client = site(context)
-    job = read_job(EvalJob, content, client.device)
+    job, client, signed_round = job_of(message, context, EvalJob)
     scores = client.evaluate(job)
     return answer(message, context, scores_content(job.client, job.splits, scores), signed_round)
