@@ -71,10 +71,10 @@ def seen(data: ImageDataset, n_train: int | None = None, n_test: int | None = No
 
 def learned(engine: Engine, rounds: int = 1) -> dict[str, float]:
     """Runs `rounds` rounds and checks that they trained (`assert_learned`); the last evaluation."""
-    start, before = engine.fingerprint(), engine.evaluate(0)["mean_loss"]
+    start, before = engine.fingerprint(), engine.evaluate(Round(0))["mean_loss"]
     for round_ in Round.upto(rounds):
         engine.observe(engine.run_round(round_))
-    row = engine.evaluate(rounds)
+    row = engine.evaluate(Round(rounds))
     assert_learned(start, engine.fingerprint(), before, row["mean_loss"])
     return row
 
@@ -82,7 +82,9 @@ def learned(engine: Engine, rounds: int = 1) -> dict[str, float]:
 def assert_trained(summary: dict[str, Any], cfg: RunConfig, data: ImageDataset) -> None:
     """A finished run (incofl.fl.engine.run.train's summary on `data`) against its untrained start."""
     start = simulator(assemble(cfg, data, partition_for(cfg, data), torch.device("cpu")))
-    assert_learned(start.fingerprint(), summary["state_sha256"], start.evaluate(0)["mean_loss"], summary["final_loss"])
+    assert_learned(
+        start.fingerprint(), summary["state_sha256"], start.evaluate(Round(0))["mean_loss"], summary["final_loss"]
+    )
 
 
 def assert_learned(start: str, end: str, before: float, after: float) -> None:

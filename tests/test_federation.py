@@ -37,7 +37,7 @@ from federation_helpers import (  # noqa: E402
 from incofl.config import ConfigError, RunConfig, load_run_config  # noqa: E402
 from incofl.data.partition import partition_for  # noqa: E402
 from incofl.data.sources import dataset_for  # noqa: E402
-from incofl.fl.contracts import ClientPlan, ClientUpdate, View  # noqa: E402
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, View  # noqa: E402
 from incofl.registry import METHODS  # noqa: E402
 
 
@@ -75,10 +75,10 @@ def test_codec_round_trip_is_exact():
     plan = ClientPlan(
         3, 1, 0, 4, trainable=frozenset({"w"}), keep=frozenset({"n"}), last_grad=True, view=View(1, index, 0.25)
     )
-    job = read_job(TrainJob, job_content(TrainJob(5, plan, start, {"c": start["w"] * 2}, "ab12")), "cpu")
+    job = read_job(TrainJob, job_content(TrainJob(Round(5), plan, start, {"c": start["w"] * 2}, "ab12")), "cpu")
     back, got, broadcast = job.plan, job.start, job.broadcast
     assert (
-        job.round == 5
+        job.round == Round(5)
         and job.state_sha256 == "ab12"
         and (back.client, back.group, back.federation, back.federation_size) == (3, 1, 0, 4)
     )
@@ -373,11 +373,11 @@ def test_a_malformed_pack_in_an_instruction_is_refused_by_the_node():
     from incofl.fl.engine.exchange import EvalJob, TrainJob
 
     plan = ClientPlan(0, 0, 0, 1, trainable=frozenset({"w"}))
-    train = job_content(TrainJob(1, plan, STATE, {}, ""))
+    train = job_content(TrainJob(Round(1), plan, STATE, {}, ""))
     train["job.start"] = _pack([W, N], DATA[:-1])  # one byte short
     with pytest.raises(CodecError, match="malformed TrainJob message: .*state: 31 bytes of data, its index says 32"):
         read_job(TrainJob, train, "cpu")
-    evaluate = job_content(EvalJob(1, 0, 0, ("test",), STATE, ""))
+    evaluate = job_content(EvalJob(Round(1), 0, 0, ("test",), STATE, ""))
     evaluate["job.start"] = ArrayRecord()
     with pytest.raises(CodecError, match="malformed EvalJob message: .*expected a packed state"):
         read_job(EvalJob, evaluate, "cpu")

@@ -108,7 +108,7 @@ def test_personal_tensors_are_never_uploaded_or_overwritten(data):
 def test_top_k_zero_is_weighted_fedavg_with_personal_evaluation(data):
     lag = _run(_engine(data, "FedLAG", method_args={"top_k": 0, "warmup": 2}), 4)
     avg = _run(_engine(data, "FedAvg", method_args={"weighted": True}), 4)
-    assert lag.fingerprint() == avg.fingerprint() and lag.evaluate(4) == avg.evaluate(4)
+    assert lag.fingerprint() == avg.fingerprint() and lag.evaluate(Round(4)) == avg.evaluate(Round(4))
 
 
 @pytest.mark.slow
@@ -120,7 +120,7 @@ def test_resume_restores_personal_state_and_the_choice(data):
     resumed.load_state_dict(first.state_dict())
     resumed.observe(resumed.run_round(Round(4)))
     assert resumed.server.planner.personal == straight.server.planner.personal
-    assert resumed.fingerprint() == straight.fingerprint() and resumed.evaluate(4) == straight.evaluate(4)
+    assert resumed.fingerprint() == straight.fingerprint() and resumed.evaluate(Round(4)) == straight.evaluate(Round(4))
 
 
 @pytest.mark.slow
@@ -174,7 +174,7 @@ def test_personal_accuracy_is_micro_averaged_over_each_clients_model(data):
         correct += acc * len(engine.server.assembly.held_out[c]) / 100
         total += len(engine.server.assembly.held_out[c])
         accs.append(acc)
-    scores = engine.evaluate(1)
+    scores = engine.evaluate(Round(1))
     assert scores["personal_acc"] == pytest.approx(100 * correct / total)
     assert scores["personal_acc_std"] == pytest.approx(np.std(accs))
     assert sum(len(h) for h in engine.server.assembly.held_out) == 32 and all(
@@ -185,7 +185,7 @@ def test_personal_accuracy_is_micro_averaged_over_each_clients_model(data):
 def test_without_a_test_set_the_personal_accuracy_is_the_runs(data):
     empty = ImageDataset("synthetic", data.x_train, data.y_train, data.x_test[:0], data.y_test[:0])
     engine = _engine(empty, "FedAvg")
-    scores = engine.evaluate(0)
+    scores = engine.evaluate(Round(0))
     assert scores["mean_acc"] == scores["personal_acc"] == scores["acc_g0"]
 
 

@@ -115,7 +115,7 @@ def test_evaluation_uses_the_first_clients_statistics(data):
     model = engine.server.models[0]
     model.load_state_dict({**engine.server.weights[0], **kept_by(engine)[0]})
     ours = score(model, engine.server.assembly.test_data, 1000)
-    assert engine.evaluate(1)["acc_g0"] == ours.accuracy()
+    assert engine.evaluate(Round(1))["acc_g0"] == ours.accuracy()
     model.load_state_dict({**engine.server.weights[0], **kept_by(engine)[1]})
     assert (
         score(model, engine.server.assembly.test_data, 1000).mean_loss() != ours.mean_loss()

@@ -41,13 +41,21 @@ class View:
 class Round:
     """A round of the run, one numbering end to end: `number` counts from 1 (what jobs carry and
     the run's files record), `index` is how many rounds come before it (the row of the seeded
-    schedule, and the word every random stream is keyed by: the numbers of every run stay theirs)."""
+    schedule, and the word every random stream is keyed by: the numbers of every run stay theirs).
+    Round(0) is the state before any round (what an evaluation before training scores). Wherever a
+    round travels (jobs, scores, evaluation, a federation's messages) it is a Round; a run's
+    progress counts the rounds done (an int, `Run.done`)."""
 
     number: int
 
     @property
     def index(self) -> int:
         return self.number - 1
+
+    @property
+    def previous(self) -> Round:
+        """The round before this one (Round(0) before the first)."""
+        return Round(self.number - 1)
 
     @classmethod
     def upto(cls, rounds: int) -> list[Round]:

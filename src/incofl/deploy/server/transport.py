@@ -281,35 +281,35 @@ class FlowerTransport:
     ) -> Iterator[Reply]:
         """Each planned client's job to its node; each reply read and checked as it arrives, then
         one for each job without one (why: none came)."""
-        number = round_.number  # what its messages and their signatures carry
         jobs = [
-            TrainJob(number, plan, start(plan), broadcasts[plan.federation], self.states.get(plan.client, ""))
+            TrainJob(round_, plan, start(plan), broadcasts[plan.federation], self.states.get(plan.client, ""))
             for plan in plans
         ]
         expected = {job.client: self.server.expect(job.plan, job.start) for job in jobs}
         sent = [Outgoing(job, reply_bytes(expected[job.client].states())) for job in jobs if job.client in self.nodes]
         answered = set()
-        for out, got in self.send(sent, "train", number):
+        for out, got in self.send(sent, "train", round_):
             answered.add(out.client)
-            yield self.taken(number, out.job.plan, self.read_update(out.client, expected[out.client], got))
+            yield self.taken(round_, out.job.plan, self.read_update(out.client, expected[out.client], got))
         for job in jobs:
             if job.client not in answered:
                 node = self.nodes.get(job.client, -1)
-                yield self.taken(number, job.plan, Reply(job.client, error=no_content(node, None), node=node))
+                yield self.taken(round_, job.plan, Reply(job.client, error=no_content(node, None), node=node))
 
-    def taken(self, round_: int, plan: ClientPlan, reply: Reply) -> Reply:
+    def taken(self, round_: Round, plan: ClientPlan, reply: Reply) -> Reply:
         """A read reply recorded: its node saved the state it hashes (whether or not it is averaged),
         what its client keeps; a refusal logged by node and client."""
         if reply.state_sha256:
             self.states[plan.client] = reply.state_sha256
         if reply.error or reply.update is None:
-            log.warning("round %d: node %d, client %d: refused: %s", round_, reply.node, plan.client, reply.error)
+            number, node = round_.number, reply.node
+            log.warning("round %d: node %d, client %d: refused: %s", number, node, plan.client, reply.error)
             return reply
         reply.update.view = plan.view  # the server's own plan says where a sub-model sits
         self.kept[plan.client] = reply.kept_sha256
         return reply
 
-    def score(self, round_: int, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:
+    def score(self, round_: Round, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:
         """Each client's listed models in one message to its node, scored there; stops naming the
         clients without valid scores (an evaluation needs every one)."""
         asked = [
@@ -333,7 +333,7 @@ class FlowerTransport:
             if reply.error:
                 log.warning(
                     "evaluation after round %d: node %d, client %d: refused: %s",
-                    round_,
+                    round_.number,
                     reply.node,
                     job.client,
                     reply.error,
@@ -349,7 +349,7 @@ class FlowerTransport:
         }
         return [scored[job.client, job.split] for job in jobs]
 
-    def send(self, jobs: list[Outgoing], kind: str, round_: int) -> Iterator[tuple[Outgoing, Opened]]:
+    def send(self, jobs: list[Outgoing], kind: str, round_: Round) -> Iterator[tuple[Outgoing, Opened]]:
         """Each job as a signed message `kind` to its client's node; (the job, what came, opened)
         for each reply as it arrives, pulled no further than the job's cap. Bytes each way go to
         federation.csv: a reply's once its signature holds (nothing of it is read before)."""
@@ -357,7 +357,8 @@ class FlowerTransport:
         for out in jobs:
             content = job_content(out.job)
             down[out.client] = message_bytes(content)
-            messages.append(self.identity.instruction(content, self.nodes[out.client], kind, round_, str(round_)))
+            number = round_.number  # what a message and its signature carry
+            messages.append(self.identity.instruction(content, self.nodes[out.client], kind, number, str(number)))
         waiting = {message_id: jobs[k] for message_id, k in self.inbox.push(messages).items()}
         caps = {message_id: out.cap for message_id, out in waiting.items()}
         for got in self.inbox.arrivals(waiting, time.monotonic() + self.timeout, caps):
@@ -382,7 +383,7 @@ class FlowerTransport:
             got.message, job, self.server.expect_scores(job.client, job.group, job.splits), got.content
         )
 
-    def opened(self, client: int, got: Pulled, kind: str, round_: int) -> Opened:
+    def opened(self, client: int, got: Pulled, kind: str, round_: Round) -> Opened:
         """A reply's content if it can be its client's, else why not: it must have arrived whole
         (its node's fault otherwise), come from the node its message went to, whose key is the
         client's, hold content, and (with site keys) be signed by the client's site as the answer
@@ -397,17 +398,17 @@ class FlowerTransport:
         if why:
             return Opened(node, why=why)
         try:
-            content = self.identity.opened(reply, client, reply.metadata.reply_to_message_id, kind, round_)
+            content = self.identity.opened(reply, client, reply.metadata.reply_to_message_id, kind, round_.number)
         except (SignatureError, CodecError) as err:
             return Opened(node, why=str(err))
         return Opened(node, reply, content)
 
-    def count(self, stage: str, round_: int, client: int, down: int, content: RecordDict) -> None:
+    def count(self, stage: str, round_: Round, client: int, down: int, content: RecordDict) -> None:
         """A message's bytes each way (the reply's `content`, its signature checked), for federation.csv."""
         up = message_bytes(content)
         node = self.nodes[client]
         self.traffic.append(
-            {"round": round_, "stage": stage, "client": client, "node": node, "down_bytes": down, "up_bytes": up}
+            {"round": round_.number, "stage": stage, "client": client, "node": node, "down_bytes": down, "up_bytes": up}
         )
 
     def write_traffic(self) -> None:

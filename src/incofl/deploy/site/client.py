@@ -153,14 +153,14 @@ class SiteClient:
         self.saved = SavedStores(Path(state_dir) / told.run / f"client{client}", cfg)
         self.fresh = self.clients.store.state_dict()  # a client before its first round: it keeps nothing
 
-    def restore(self, round_: int, expected: str) -> None:
-        """The client's store after round number `round_` (0: before any; none before its first round), which
-        must be the one whose hash it last reported (`expected`; '' before any)."""
-        state = self.saved.at(round_)
+    def restore(self, after: Round, expected: str) -> None:
+        """The client's store after round `after` (Round(0): before any; none before its first round),
+        which must be the one whose hash it last reported (`expected`; '' before any)."""
+        state = self.saved.at(after.number)
         state = state if state is not None else self.fresh
         if expected and store_sha256(state) != expected:
             raise StaleState(
-                f"client {self.client}: its state after round {round_} in {self.saved.folder} is not the one "
+                f"client {self.client}: its state after round {after.number} in {self.saved.folder} is not the one "
                 "it reported to the server (the node's state-dir moved, deleted or another node's?)"
             )
         self.clients.store.load_state_dict(state)
@@ -169,13 +169,13 @@ class SiteClient:
         """The job's round from the server's start weights and its objective's broadcast: the
         update, the hash of what the client keeps ('' if nothing) and of its whole store, saved
         (neither is ever sent)."""
-        plan, clients, round_ = job.plan, self.clients, Round(job.round)
+        plan, clients, round_ = job.plan, self.clients, job.round
         if plan.client != self.client:
             raise ValueError(f"a plan for client {plan.client} sent to client {self.client}'s node")
-        self.restore(round_.index, job.state_sha256)  # its store after the rounds before this one
+        self.restore(round_.previous, job.state_sha256)  # its store after the rounds before this one
         [update] = clients.train(round_, [plan], lambda _: job.start, {plan.federation: job.broadcast})
         state = clients.store.state_dict()
-        self.saved.save(job.round, state)
+        self.saved.save(round_.number, state)
         kept = clients.kept(self.client)
         return update, "" if kept is None else state_sha256(kept), store_sha256(state)
 

@@ -47,7 +47,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from incofl.deploy import REPLY_OVERHEAD
 from incofl.deploy.wire.signing import SignatureError, digest, sign, statement, verify
-from incofl.fl.contracts import ClientPlan, ClientUpdate, State, View
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State, View
 from incofl.fl.engine.exchange import EvalJob, ExpectedScores, ExpectedUpdate, TrainJob
 from incofl.fl.stages.component import Expected
 from incofl.fl.stages.evaluation import Scores
@@ -424,6 +424,7 @@ FIELDS: dict[str, FieldCodec] = {
     "View | None": ViewField(),
     "State": StateField(),
     "ClientPlan": Nested(ClientPlan),
+    "Round": Value(lambda r: r.number, lambda number: Round(int(number))),
 }
 
 

@@ -82,7 +82,7 @@ class InProcess:
         for update in self.clients.train(round_, plans, start, copied):
             yield Reply(update.client, update)
 
-    def score(self, round_: int, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:
+    def score(self, round_: Round, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:
         return [self.clients.score(job, start(job.group)) for job in jobs]
 
     def kept_sha256(self) -> dict[int, str]:

@@ -52,7 +52,7 @@ class Engine:
                 fold.add(reply.update)
         missing = sorted(why)
         if missing and not self.allow_missing:
-            raise MissingClients(round_.number, missing, why)
+            raise MissingClients(round_, missing, why)
         report = fold.finish()
         if self.transport.lossy:
             report.missing = missing
@@ -61,8 +61,8 @@ class Engine:
     def observe(self, report: RoundReport) -> None:
         self.server.observe(report)
 
-    def evaluate(self, round_: int) -> dict[str, float]:
-        """The metrics after round `round_` (1-based; 0: before any): the layout scores the global
+    def evaluate(self, round_: Round) -> dict[str, float]:
+        """The metrics after round `round_` (Round(0): before any): the layout scores the global
         weights, and each client model it lists where it must be scored (Layout.on_client: on the
         client side, through the transport) or here."""
 

@@ -5,8 +5,9 @@ A round goes out as each planned client's `TrainJob` (its plan, the server's sta
 what the server's objective broadcasts) and comes back as one `Reply` per planned client: its
 `ClientUpdate`, or why there is none. An evaluation that must score a client's model where the
 client is (what it keeps, its held-out data: `Layout.on_client`) goes out as `EvalJob`s and
-comes back as their `Scores`. A job carries a round's number (`Round.number`, from 1): the
-round it trains (`TrainJob.round`), or the round after which a model is scored (`EvalJob.round`).
+comes back as their `Scores`. A job carries a `Round`: the round it trains (`TrainJob.round`), or
+the round after which a model is scored (`EvalJob.round`; Round(0): before any); a federation's
+messages carry its number (from 1).
 
 Two transports carry it: the simulator's, in process (fl/engine/clients.py: the client side
 called directly, nothing copied but what a network would copy), and a Flower federation's
@@ -38,12 +39,12 @@ SHA256 = re.compile(r"([0-9a-f]{64})?")  # a reply's hashes: hex SHA-256 digests
 
 @dataclass(frozen=True)
 class TrainJob:
-    """One planned client's round number `round` (Round.number): its plan, the server's start weights, the
+    """One planned client's round `round`: its plan, the server's start weights, the
     objective's broadcast, and the hash of the client's state after its last accepted round ('' before
     any, or where the client side is the server's own: in process): the client checks the state it
     restores against it."""
 
-    round: int
+    round: Round
     plan: ClientPlan
     start: State
     broadcast: State
@@ -56,10 +57,10 @@ class TrainJob:
 
 @dataclass(frozen=True)
 class EvalJob:
-    """One client's model scored on `splits` after round number `round` (0: before any), with its group's global
+    """One client's model scored on `splits` after round `round` (Round(0): before any), with its group's global
     weights (`start`; the client lays what it keeps over them; `state_sha256` as in TrainJob)."""
 
-    round: int
+    round: Round
     client: int
     group: int
     splits: tuple[str, ...]
@@ -127,14 +128,14 @@ class MissingClients(RuntimeError):
     """Planned clients without an accepted reply (the run stops unless allow_missing), or
     clients asked for scores (`evaluation`: an evaluation needs every one)."""
 
-    def __init__(self, round_: int, clients: list[int], why: dict[int, str], evaluation: bool = False):
+    def __init__(self, round_: Round, clients: list[int], why: dict[int, str], evaluation: bool = False):
         self.round, self.clients = round_, clients
         reasons = "; ".join(f"client {c}: {why[c]}" for c in clients)
         stage, instead = (
             ("evaluation after ", "") if evaluation else ("", ", or set allow-missing=true to go on without them")
         )
         super().__init__(
-            f"{stage}round {round_}: no accepted reply from client(s) {', '.join(map(str, clients))} "
+            f"{stage}round {round_.number}: no accepted reply from client(s) {', '.join(map(str, clients))} "
             f"({reasons}); rerun to resume from the last checkpoint{instead}"
         )
 
@@ -151,8 +152,8 @@ class Transport(Protocol):
         federation's broadcast: one Reply per plan, each as it arrives (any order)."""
         ...
 
-    def score(self, round_: int, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:
-        """Each listed client model's scores after round number `round_` (0: before any), where the client is:
+    def score(self, round_: Round, jobs: list[ClientEval], start: Callable[[int], State]) -> list[Scores]:
+        """Each listed client model's scores after round `round_` (Round(0): before any), where the client is:
         its group's global weights `start(group)` with what it keeps; stops (MissingClients) naming
         the clients without valid ones."""
         ...

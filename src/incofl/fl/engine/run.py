@@ -61,7 +61,7 @@ class Run:
         self.log = _file_logger(out_dir / "train.log")
         self.ckpt, self.clientstate = out_dir / "ckpt.pt", out_dir / "clientstate"
         self.rows: list[dict[str, float]] = []
-        self.round, self.elapsed, self.samples = 0, 0.0, 0
+        self.done, self.elapsed, self.samples = 0, 0.0, 0  # done: the rounds done
 
     def resume(self) -> None:
         payload = checkpoint.load(self.ckpt, self.cfg.model_dump())
@@ -72,9 +72,9 @@ class Run:
         except checkpoint.CheckpointMismatch as err:
             raise checkpoint.CheckpointMismatch(f"{self.ckpt}: {err}") from None
         self.rows = payload["rows"]
-        self.round, self.elapsed, self.samples = payload["round"], payload["elapsed"], payload["samples"]
+        self.done, self.elapsed, self.samples = payload["round"], payload["elapsed"], payload["samples"]
         torch.set_rng_state(payload["torch_rng"])
-        self.log.info("resumed from %s after round %d", self.ckpt, self.round)
+        self.log.info("resumed from %s after round %d", self.ckpt, self.done)
 
     def save(self) -> None:
         checkpoint.save(
@@ -82,7 +82,7 @@ class Run:
             {
                 "engine": self.engine.state_dict(),
                 "rows": self.rows,
-                "round": self.round,
+                "round": self.done,  # the rounds done
                 "elapsed": self.elapsed,
                 "samples": self.samples,
                 "torch_rng": torch.get_rng_state(),
@@ -95,16 +95,16 @@ class Run:
         self.log.info(line)
         tqdm.write(line, file=sys.stderr)
 
-    def record(self, round_: int) -> dict[str, float]:
+    def record(self, round_: Round) -> dict[str, float]:
         costs = self.engine.server.costs.totals()  # upload bytes and compute units so far
-        row = {"round": round_, **self.engine.evaluate(round_), "seconds": round(self.elapsed, 3), **costs}
+        row = {"round": round_.number, **self.engine.evaluate(round_), "seconds": round(self.elapsed, 3), **costs}
         accs = [row[f"acc_g{g}"] for g in range(self.cfg.groups)]
         self.rows.append(row)
         with atomic_path(self.out / "metrics.csv") as tmp:
             pd.DataFrame(self.rows).to_csv(tmp, index=False)
         self.log.info(
             "round %d: mean acc %.2f%% loss %.4f groups %s",
-            round_,
+            round_.number,
             row["mean_acc"],
             row["mean_loss"],
             " ".join(f"{a:.1f}" for a in accs),
@@ -148,14 +148,14 @@ class Run:
             cfg.dataset,
             cfg.alpha,
             cfg.seed,
-            self.round + 1,
+            self.done + 1,
             cfg.rounds,
         )
-        work, first = Work(self.engine.server, self.round), self.round
+        work, first = Work(self.engine.server, self.done), self.done
         self.say(work.line())
         bar = tqdm(
-            Round.upto(cfg.rounds)[self.round :],
-            initial=self.round,
+            Round.upto(cfg.rounds)[self.done :],
+            initial=self.done,
             total=cfg.rounds,
             disable=not cfg.progress,
             desc=f"{cfg.name} {cfg.dataset} a={cfg.alpha} s={cfg.seed}",
@@ -174,13 +174,13 @@ class Run:
             report.seconds = time.perf_counter() - start
             self.engine.observe(report)
             self.elapsed, self.samples = self.elapsed + report.seconds, self.samples + report.samples
-            self.round = round_.number  # the rounds done
-            self.log.info("round %d/%d trained in %.1f s", self.round, cfg.rounds, report.seconds)
-            if round_.index == first and self.round < cfg.rounds:
+            self.done = round_.number
+            self.log.info("round %d/%d trained in %.1f s", self.done, cfg.rounds, report.seconds)
+            if round_.index == first and self.done < cfg.rounds:
                 self.say(work.time_line(report.seconds))
-            if evaluated(self.round, cfg):
-                bar.set_postfix(acc=f"{self.record(self.round)['mean_acc']:.2f}")
-            if checkpoint.checkpointed(self.round, cfg):
+            if evaluated(self.done, cfg):
+                bar.set_postfix(acc=f"{self.record(round_)['mean_acc']:.2f}")
+            if checkpoint.checkpointed(self.done, cfg):
                 self.save()
         clients.close()
         return self.finish()
