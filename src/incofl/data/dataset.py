@@ -46,3 +46,21 @@ class ImageDataset:
         """Per-channel mean and std of the training images in [0, 1], for normalisation."""
         x = self.x_train.astype(np.float64) / 255.0
         return x.mean(axis=(0, 2, 3)), x.std(axis=(0, 2, 3))
+
+
+@dataclass(frozen=True)
+class ShareDataset(ImageDataset):
+    """A share of a data set's images (a federation site's, or the server's test split alone), with
+    the whole data set's class count and normalisation, which a share cannot compute from its own."""
+
+    classes: int = 0
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return self.classes
+
+    def channel_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        assert self.mean is not None and self.std is not None
+        return self.mean, self.std

@@ -21,9 +21,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from incofl.atomic import atomic_path
 from incofl.config import ConfigError, RunConfig
-from incofl.data.dataset import ImageDataset
+from incofl.data.dataset import ImageDataset, ShareDataset
 from incofl.data.facts import Facts
-from incofl.deploy.site.sitedata import SiteDataset
 from incofl.deploy.wire.exported import check_settings, partition_settings, split_sha256
 from incofl.deploy.wire.signing import SignatureError, sign, statement, verify
 
@@ -47,7 +46,7 @@ def export_facts(cfg: RunConfig, data: ImageDataset, facts: Facts, out: Path, ke
         np.savez(fh, facts=np.str_(text), x_test=data.x_test, y_test=data.y_test, signature=raw)
 
 
-def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tuple[SiteDataset, Facts]:
+def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tuple[ShareDataset, Facts]:
     """The run's facts and a data set of the test split alone (no training image, the facts'
     class count and normalisation), once `key` has signed them and they fit `cfg`; refused in one
     line naming the file otherwise."""
@@ -67,7 +66,7 @@ def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tu
     check_settings(f"facts {path}", saved["settings"], partition_settings(cfg))
     empty = np.zeros((0, *facts.shape), dtype=np.uint8)
     mean, std = facts.normalisation()
-    data = SiteDataset(cfg.dataset, empty, np.zeros(0, np.int64), x_test, y_test, "unknown", facts.classes, mean, std)
+    data = ShareDataset(cfg.dataset, empty, np.zeros(0, np.int64), x_test, y_test, "unknown", facts.classes, mean, std)
     return data, facts
 
 

@@ -21,10 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from incofl.config import ConfigError, RunConfig
+from incofl.data.dataset import ShareDataset
 from incofl.data.facts import Facts
 from incofl.data.partition import Partition
 from incofl.deploy import DATA_FOLDER, DATA_NPZ
-from incofl.deploy.site.sitedata import SiteDataset, site_partition
+from incofl.deploy.site.sitedata import site_partition
 
 OWN = (DATA_FOLDER, DATA_NPZ)  # the node config's keys of a site's own data
 EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -88,7 +89,7 @@ def fitted(x: np.ndarray, y: np.ndarray, data: Facts) -> tuple[np.ndarray, np.nd
     return x.copy(order="C"), y.astype(np.int64)
 
 
-def load_own(key: str, path: str, cfg: RunConfig, client: int, data: Facts | None) -> tuple[SiteDataset, Partition]:
+def load_own(key: str, path: str, cfg: RunConfig, client: int, data: Facts | None) -> tuple[ShareDataset, Partition]:
     """A site's own data under `key` (module docstring) as `client`'s of `cfg`, checked against the
     data set's facts its schedule told (`data`); refused in one line naming `key` and `path` otherwise."""
     if data is None:
@@ -100,5 +101,5 @@ def load_own(key: str, path: str, cfg: RunConfig, client: int, data: Facts | Non
         why = str(err).splitlines()[0][:160] if isinstance(err, ValueError) else type(err).__name__
         raise ConfigError(f"{key} {path}: not data of this run ({why})") from None
     mean, std = data.normalisation()
-    site = SiteDataset(cfg.dataset, x, y, x[:0], y[:0], "unknown", data.classes, mean, std)
+    site = ShareDataset(cfg.dataset, x, y, x[:0], y[:0], "unknown", data.classes, mean, std)
     return site, site_partition(cfg, site, client, np.arange(len(x), dtype=np.int64))

@@ -17,34 +17,16 @@ instructions signed with it (wire/signing.py).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from incofl.atomic import atomic_path
 from incofl.config import ConfigError, RunConfig
-from incofl.data.dataset import ImageDataset
+from incofl.data.dataset import ImageDataset, ShareDataset
 from incofl.data.partition import Partition
 from incofl.data.tensors import normalisation
 from incofl.deploy.wire.exported import check_settings, partition_settings
-
-
-@dataclass(frozen=True)
-class SiteDataset(ImageDataset):
-    """One client's images, with the whole data set's class count and normalisation."""
-
-    classes: int = 0
-    mean: np.ndarray | None = None
-    std: np.ndarray | None = None
-
-    @property
-    def num_classes(self) -> int:
-        return self.classes
-
-    def channel_stats(self) -> tuple[np.ndarray, np.ndarray]:
-        assert self.mean is not None and self.std is not None
-        return self.mean, self.std
 
 
 def export_client(
@@ -93,7 +75,7 @@ def site_server_key(path: str | Path) -> bytes:
 
 def load_site(
     path: str | Path, cfg: RunConfig, client: int, settings: dict[str, object] | None = None
-) -> tuple[SiteDataset, Partition]:
+) -> tuple[ShareDataset, Partition]:
     """A node's data for `client` under `cfg`: its dataset and a partition in which only it
     holds samples. A file of another client or drawn with other partition `settings` than the
     run's (those a node was told; None: `cfg`'s own, where the whole config is known), or that
@@ -113,7 +95,7 @@ def load_site(
         raise ConfigError(f"data-path {path}: holds client {int(site['client'])}'s data, this node is client {client}")
     wanted = partition_settings(cfg) if settings is None else settings
     check_settings(f"data-path {path}", json.loads(str(site["settings"])), wanted)
-    data = SiteDataset(
+    data = ShareDataset(
         cfg.dataset,
         site["x"],
         site["y"],
@@ -127,7 +109,7 @@ def load_site(
     return data, site_partition(cfg, data, client, site["part"].astype(np.int64))
 
 
-def site_partition(cfg: RunConfig, data: SiteDataset, client: int, part: np.ndarray) -> Partition:
+def site_partition(cfg: RunConfig, data: ShareDataset, client: int, part: np.ndarray) -> Partition:
     """A partition of `cfg`'s clients in which only `client` holds samples: `part` of `data`."""
     parts = [np.zeros(0, dtype=np.int64) for _ in range(cfg.clients)]
     parts[client] = part
