@@ -587,6 +587,19 @@ def test_a_node_is_told_its_schedule_and_no_path_or_server_only_setting(tmp_path
     assert run_settings(Affects.NOTHING) & server_only  # the server's budgets and cadence stay there
 
 
+def test_a_schedule_without_a_setting_the_client_side_computes_with_is_refused(tmp_path):
+    """A node computes with the server's value of every client setting or refuses the run: one left
+    out of its schedule is named, not silently taken at its default on the node."""
+    from incofl.deploy.wire.schedule import Schedule, schedule_of
+
+    cfg = load_run_config(write_config(tmp_path, lr=0.5))
+    told = json.loads(schedule_of(cfg))
+    assert Schedule.read(json.dumps(told)).cfg.lr == 0.5
+    del told["config"]["lr"]
+    with pytest.raises(ValueError, match="^schedule: config: no lr: every setting a client computes with$"):
+        Schedule.read(json.dumps(told))
+
+
 def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):
     from incofl.deploy.site.sitedata import load_site
 

@@ -48,7 +48,8 @@ def schedule_of(cfg: RunConfig, facts: Facts | None = None) -> str:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A node's schedule, read back: its client side's config (every other setting its default),
+    """A node's schedule, read back: its client side's config (every setting the client side computes
+    with, as the server's config has it; the others, which it never reads, their defaults),
     the partition settings to check its file against, whether it needs pretrained weights, its run,
     the data set's facts (no client's; None if not told)."""
 
@@ -67,6 +68,8 @@ class Schedule:
         config, partition, run = data["config"], data["partition"], data["run"]
         if not isinstance(config, dict) or not set(config) <= CLIENT_SETTINGS:
             raise ValueError("schedule: config: settings no client computes with")
+        if untold := sorted(CLIENT_SETTINGS - set(config)):  # none left to a default here: the server's value
+            raise ValueError(f"schedule: config: no {', '.join(untold[:5])}: every setting a client computes with")
         if not isinstance(partition, dict) or not set(partition) <= CHECKED:
             raise ValueError("schedule: partition: not the partition's settings")
         if type(data["pretrained"]) is not bool or not isinstance(run, str) or not RUN_FOLDER.fullmatch(run):
