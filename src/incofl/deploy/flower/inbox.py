@@ -96,10 +96,9 @@ class Inbox:
     the adapter's is refused in one line (a ConfigError)."""
 
     def __init__(self, grid: Grid, small: int):
-        if isinstance(grid, HttpGrid) and (why := mismatch()):
+        self.grid, self.small, self.http = grid, small, isinstance(grid, HttpGrid)
+        if self.http and (why := mismatch()):
             raise ConfigError(f"incofl's ServerApp: {why}")
-        self.grid, self.small = grid, small
-        self.http = isinstance(grid, HttpGrid)
         self.fetching: dict[str, Future[Pulled]] = {}  # awaited id -> its reply's objects being pulled
 
     def push(self, messages: list[Message]) -> dict[str, int]:

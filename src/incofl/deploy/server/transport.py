@@ -353,11 +353,10 @@ class FlowerTransport:
         """Each job as a signed message `kind` to its client's node; (the job, what came, opened)
         for each reply as it arrives, pulled no further than the job's cap. Bytes each way go to
         federation.csv: a reply's once its signature holds (nothing of it is read before)."""
-        messages, down = [], {}
+        messages, down, number = [], {}, round_.number  # the number: what a message and its signature carry
         for out in jobs:
             content = job_content(out.job)
             down[out.client] = message_bytes(content)
-            number = round_.number  # what a message and its signature carry
             messages.append(self.identity.instruction(content, self.nodes[out.client], kind, number, str(number)))
         waiting = {message_id: jobs[k] for message_id, k in self.inbox.push(messages).items()}
         caps = {message_id: out.cap for message_id, out in waiting.items()}
