@@ -19,7 +19,7 @@ import yaml
 from incofl.config import RunConfig, load_run_config
 from incofl.data.partition import partition_for
 from incofl.data.sources import dataset_for
-from incofl.fl.engine.run import train
+from incofl.fl.engine.simulator import train
 
 # Digits, 4 clients of which 2 train a round, 2 rounds on two thin ResNets: about a second a run.
 TINY = {
@@ -50,14 +50,15 @@ def write_config(folder: Path, **settings: Any) -> Path:
 
 def server_facts(cfg: RunConfig, folder: Path) -> Path:
     """The server's key and facts file in `folder/keys`, as `incofl federation export` writes them; the key's path."""
-    from incofl.data.facts import shares
+    from incofl.data.facts import TestSplit
+    from incofl.data.shares import shares
     from incofl.deploy.server.serverdata import FACTS, export_facts
     from incofl.deploy.wire.signing import private_key, server_key_pair
 
     key = server_key_pair(folder / "keys")[0]
     data = dataset_for(cfg)
     facts = shares(data, partition_for(cfg, data), cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
-    export_facts(cfg, data, facts, folder / "keys" / FACTS, private_key(key))
+    export_facts(cfg, TestSplit(data.x_test, data.y_test), facts, folder / "keys" / FACTS, private_key(key))
     return key
 
 
@@ -73,7 +74,7 @@ def export_sites(cfg: RunConfig, folder: Path) -> list[dict[str, int | str]]:
     nodes = []
     for client in range(cfg.clients):
         path = folder / f"site{client}.npz"
-        export_client(cfg, data, partition, client, path, test=client in tested_on_nodes(cfg))
+        export_client(cfg, data, partition, client, path, test=client in tested_on_nodes(cfg, cfg.pool_test))
         nodes.append({"client": client, "data-path": str(path)})
     return nodes
 
@@ -98,7 +99,9 @@ def signed_sites(cfg: RunConfig, folder: Path) -> tuple[list[dict[str, int | str
     nodes, pems = [], {}
     for client in range(cfg.clients):
         path, (private, _) = folder / f"site{client}.npz", node_key(keys, client)
-        export_client(cfg, data, partition, client, path, client in tested_on_nodes(cfg), server_key=server)
+        export_client(
+            cfg, data, partition, client, path, client in tested_on_nodes(cfg, cfg.pool_test), server_key=server
+        )
         nodes.append({"client": client, "data-path": str(path), "node-key": str(private)})
         pem = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         pems[FIRST_NODE + client] = private_key(private).public_key().public_bytes(*pem)
@@ -211,3 +214,11 @@ def flower_env(root: Path, repo: Path, **extra: str) -> dict[str, str]:
         "PATH": f"{venv}{os.pathsep}{os.environ['PATH']}",
         **extra,
     }
+
+
+def read_site(path: Path | str, cfg: RunConfig, client: int):
+    """A node's read of its site file (load_site), told the partition settings' digest of `cfg`."""
+    from incofl.deploy.site.sitedata import load_site
+    from incofl.sides import PartitionSettings
+
+    return load_site(path, cfg.dataset, client, PartitionSettings.of(cfg).digest())

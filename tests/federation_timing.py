@@ -62,12 +62,14 @@ def site_read(folder: Path, repeats: int = 5) -> float:
     """Median seconds of reading client 0's site file (an uncompressed .npz) and checking it against the config."""
     from incofl.config import load_run_config
     from incofl.deploy.site.sitedata import load_site
+    from incofl.sides import PartitionSettings
 
     cfg = load_run_config(folder / "run.yaml")
+    digest = PartitionSettings.of(cfg).digest()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        load_site(folder / "site0.npz", cfg, 0)
+        load_site(folder / "site0.npz", cfg.dataset, 0, digest)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

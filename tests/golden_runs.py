@@ -27,7 +27,7 @@ from torch.nn import functional as F  # noqa: E402
 
 from incofl.config import RunConfig  # noqa: E402
 from incofl.data.sources import load_dataset  # noqa: E402
-from incofl.fl.engine.run import train  # noqa: E402
+from incofl.fl.engine.simulator import train  # noqa: E402
 
 SETTINGS = {
     "dataset": "synthetic",

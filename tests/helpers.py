@@ -13,8 +13,8 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import make_partition, partition_for
 from incofl.data.sources import load_dataset
 from incofl.fl.contracts import Round, State
-from incofl.fl.engine.assembly import assemble
-from incofl.fl.engine.engine import Engine, simulator
+from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.simulator import simulator
 from incofl.fl.stages.client import KEPT
 
 
@@ -42,7 +42,7 @@ def engine_on(data: ImageDataset, **settings: Any) -> Engine:
         client_samples=cfg.client_samples,
         shard_classes=cfg.shard_classes,
     )
-    return simulator(assemble(cfg, data, part, torch.device("cpu")))
+    return simulator(cfg, data, part, torch.device("cpu"))
 
 
 def kept_by(engine: Engine) -> dict[int, State]:
@@ -81,7 +81,7 @@ def learned(engine: Engine, rounds: int = 1) -> dict[str, float]:
 
 def assert_trained(summary: dict[str, Any], cfg: RunConfig, data: ImageDataset) -> None:
     """A finished run (incofl.fl.engine.run.train's summary on `data`) against its untrained start."""
-    start = simulator(assemble(cfg, data, partition_for(cfg, data), torch.device("cpu")))
+    start = simulator(cfg, data, partition_for(cfg, data), torch.device("cpu"))
     assert_learned(
         start.fingerprint(), summary["state_sha256"], start.evaluate(Round(0))["mean_loss"], summary["final_loss"]
     )

@@ -3,11 +3,12 @@
 import torch
 
 from incofl.config import RunConfig
-from incofl.fl.contracts import ClientUpdate, Round, RoundContext, Setup, StageSettings
+from incofl.fl.contracts import ClientUpdate, Round, RoundContext, Setup
 from incofl.fl.stages.aggregate import GroupWise, Shared, apply_update, mean_over_holders
 from incofl.params import AggregationParams
+from incofl.sides import ServerSettings
 
-SETUP = Setup(StageSettings.of(RunConfig()), [])
+SETUP = Setup(ServerSettings.of(RunConfig()), [])
 
 
 def _updates():
@@ -72,11 +73,11 @@ def test_official_inco_divides_vit_updates_by_local_epochs():
     vit = {"blocks.0.norm1.weight": torch.randn(8, generator=g), "blocks.0.norm2.weight": torch.randn(8, generator=g)}
     ups = [ClientUpdate(i, 0, {k: v * (i + 1) for k, v in vit.items()}, 10, 3) for i in range(2)]
     pairs = {"blocks.0.norm2.weight": "blocks.0.norm1.weight"}
-    setup = Setup(StageSettings.of(RunConfig(local_epochs=4)), list(vit))
+    setup = Setup(ServerSettings.of(RunConfig(local_epochs=4)), list(vit))
     hp, paper = METHODS["InCoAvg"].parse_args({}), METHODS["InCoAvg-paper"].parse_args({})
     got = InCoStep(hp, setup)(mean_over_holders(ups), RoundContext(Round(1), 0, len(ups), 0))
     expected = cross_layer_update({k: v * 1.5 / 4 for k, v in vit.items()}, pairs)
     assert all(torch.allclose(got[k], expected[k]) for k in vit)
     assert InCoStep(paper, setup).scale == 1.0
     resnet = ["layer1.1.conv1.weight", "layer1.0.conv2.weight"]
-    assert InCoStep(hp, Setup(StageSettings.of(RunConfig(local_epochs=4)), resnet)).scale == 1.0
+    assert InCoStep(hp, Setup(ServerSettings.of(RunConfig(local_epochs=4)), resnet)).scale == 1.0

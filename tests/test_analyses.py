@@ -12,10 +12,11 @@ import torch
 from helpers import QUIET, engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig
-from incofl.fl.contracts import ClientUpdate, Round, Setup, StageSettings
+from incofl.fl.contracts import ClientUpdate, Round, Setup
 from incofl.fl.engine.run import Run
 from incofl.fl.stages.similarity import cka, cosine, gram
 from incofl.fl.stages.transforms import UpdateNoise
+from incofl.sides import ServerSettings
 
 SMALL = {
     "clients": 4,
@@ -186,7 +187,7 @@ def test_resumed_analyses_equal_uninterrupted(data, tmp_path):
 # --- update noise ---------------------------------------------------------------------------
 def _noise(scale: float, seed: int = 0) -> UpdateNoise:
     cfg = RunConfig(**{**QUIET, "update_noise": scale, "seed": seed})
-    return UpdateNoise(None, Setup(StageSettings.of(cfg), ["w"]))
+    return UpdateNoise(None, Setup(ServerSettings.of(cfg), ["w"]))
 
 
 def _update(client: int) -> ClientUpdate:

@@ -94,10 +94,10 @@ def test_the_work_said_before_a_run_is_what_it_trains():
         local_epochs=2,
     )
     work = Work(engine.server, 1)  # a run resumed after round 1
-    trained = [engine.run_round(t).samples for t in Round.upto(engine.server.cfg.rounds)]
+    trained = [engine.run_round(t).samples for t in Round.upto(engine.server.settings.rounds)]
     assert work.round_passes == trained[1:] and work.passes == sum(trained[1:])
     smallest, largest = (
-        training_flops(m.eval(), *engine.server.assembly.train_data.batch(torch.arange(2)))
+        training_flops(m.eval(), *engine.transport.clients.training.train.batch(torch.arange(2)))
         for m in engine.server.models
     )
     assert smallest < largest == work.largest

@@ -19,7 +19,7 @@ from incofl.config import RunConfig
 from incofl.deploy.site.client import SavedStores
 from incofl.fl.contracts import Round
 from incofl.fl.engine import checkpoint
-from incofl.fl.engine.run import train
+from incofl.fl.engine.simulator import train
 from incofl.fl.stages.clientstore import ClientStateError, ClientStore
 
 MB = 2**20
@@ -177,7 +177,7 @@ def test_a_spill_on_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatc
 
 
 def test_a_node_state_on_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch):
-    states = SavedStores(tmp_path / "client0", RunConfig(checkpoint_every=1))
+    states = SavedStores(tmp_path / "client0", every=1)
     monkeypatch.setattr(torch, "save", _full_disk_save(torch.save))
     with pytest.raises(OSError) as err:
         states.save(2, {"states": {}})

@@ -13,9 +13,7 @@ from torch import nn
 from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.engine.assembly import assemble
-from incofl.fl.engine.engine import simulator
-from incofl.fl.engine.run import train
+from incofl.fl.engine.simulator import simulator, train
 from incofl.models.cnn import flat_features
 from incofl.models.family import build_model, check_nested, num_parameters
 from incofl.registry import METHODS
@@ -175,14 +173,12 @@ def test_two_round_run(tmp_path, data, method):
     assert 0.0 <= summary["final_acc"] <= 100.0
     assert_trained(summary, cfg, data)
     assert len((tmp_path / method / "metrics.csv").read_text().splitlines()) == 1 + 2  # header, two rounds
-    engine = simulator(
-        assemble(cfg, data, Partition(iid_partition(64, 2, seed=0), np.zeros((2, 0)), {}), torch.device("cpu"))
-    )
+    engine = simulator(cfg, data, Partition(iid_partition(64, 2, seed=0), np.zeros((2, 0)), {}), torch.device("cpu"))
     names = list(engine.server.weights[0])
     assert {"fc.weight", "fc.bias"} <= set(names)  # the head FedPer keeps personal
     assert any(n.startswith("proj.") for n in names) == (method == "MOON")
     learned(engine, rounds=2)
-    assert engine.server.models[0](engine.server.assembly.train_data.batch(torch.arange(4))[0]).shape == (4, 10)
+    assert engine.server.models[0](engine.transport.clients.training.train.batch(torch.arange(4))[0]).shape == (4, 10)
 
 
 FULL_METHODS = [m for m, spec in METHODS.items() if not spec.partial and not spec.width]  # width: own models
@@ -193,7 +189,5 @@ def test_every_method_trains_a_round_on_cnn20(data, method):
     """Every registered method but the partial ones (ResNet layer groups) trains on cnn20."""
     personal = method in ("Local", "FedPer", "FedLAG")  # tested on each client's held-out share
     cfg = RunConfig(**TINY, method=method, holdout=0.25 if personal else 0.0)
-    engine = simulator(
-        assemble(cfg, data, Partition(iid_partition(64, 2, seed=0), np.zeros((2, 0)), {}), torch.device("cpu"))
-    )
+    engine = simulator(cfg, data, Partition(iid_partition(64, 2, seed=0), np.zeros((2, 0)), {}), torch.device("cpu"))
     assert np.isfinite(learned(engine)["mean_acc"])

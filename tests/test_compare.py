@@ -24,7 +24,7 @@ from incofl import registry
 from incofl.cli import run
 from incofl.config import RunConfig
 from incofl.data.sources import dataset_for
-from incofl.fl.engine.run import train
+from incofl.fl.engine.simulator import train
 from incofl.report.compare import (
     INCONCLUSIVE,
     MAX_SEEDS,

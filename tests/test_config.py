@@ -222,10 +222,10 @@ def test_a_partition_setting_is_shared_by_a_grids_methods_unless_it_names_the_pa
 def test_the_lists_of_settings_read_from_the_tags_agree():
     """What a resumed run may change (a checkpoint's) a rerun may change too (compare's); what the
     partition or results depend on a rerun may not; a node checks every partition setting."""
-    from incofl.deploy.wire.exported import PARTITION_KEYS
     from incofl.fl.engine.checkpoint import NON_SEMANTIC
     from incofl.report.compare import NOT_SETTINGS
+    from incofl.sides import PARTITION_SETTINGS
 
     assert NON_SEMANTIC <= NOT_SETTINGS
     assert NOT_SETTINGS & run_settings(Affects.PARTITION, Affects.RESULTS) == run_settings(Role.REPLICATE) == {"seed"}
-    assert run_settings(Affects.PARTITION) <= set(PARTITION_KEYS)
+    assert run_settings(Affects.PARTITION) <= PARTITION_SETTINGS

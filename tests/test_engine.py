@@ -13,7 +13,7 @@ from helpers import assert_trained, seen
 from incofl.config import load_run_config
 from incofl.data.sources import load_dataset
 from incofl.fl.contracts import Round
-from incofl.fl.engine.run import train
+from incofl.fl.engine.simulator import train
 from incofl.fl.stages.sampling import client_seed, group_of, sample_schedule
 
 SMALL = {
@@ -125,12 +125,11 @@ def test_checkpoint_from_other_settings_is_refused(tmp_path, synthetic, other):
 def test_client_update_is_a_real_difference(synthetic, tmp_path):
     """The released code's CPU bug (state_dict sharing storage) makes every delta zero."""
     from incofl.data.partition import make_partition
-    from incofl.fl.engine.assembly import assemble
-    from incofl.fl.engine.engine import simulator
+    from incofl.fl.engine.simulator import simulator
 
     cfg = load_run_config(_cfg(tmp_path), {"method": "HeteroAvg"})
     part = make_partition(synthetic.y_train, kind="iid", num_clients=6, alpha=1.0, seed=0)
-    engine = simulator(assemble(cfg, synthetic, part, torch.device("cpu")))
+    engine = simulator(cfg, synthetic, part, torch.device("cpu"))
     before = {k: v.clone() for k, v in engine.server.weights[0].items()}
     update = engine.transport.clients.runner.trainer.train_client(
         Round(1),

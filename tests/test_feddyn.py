@@ -13,13 +13,14 @@ from torch import nn
 
 from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, Round, RoundContext, Setup, StageSettings
+from incofl.fl.contracts import ClientPlan, Round, RoundContext, Setup
 from incofl.fl.methods.feddyn.dyn import SPACE, DynClient, DynCorrection, DynObjective
 from incofl.fl.methods.inco.step import InCoStep
 from incofl.fl.stages.aggregate import GroupWise, Shared, apply_update
 from incofl.fl.stages.client import ClientRunner
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.registry import METHODS
+from incofl.sides import ServerSettings
 
 SMALL = {
     "clients": 4,
@@ -72,7 +73,7 @@ def test_two_rounds_of_two_clients_equal_the_algorithm_by_hand():
     parts = [np.arange(4 * k, 4 * k + 4) for k in range(M)]
     store = ClientStore()
     setup = Setup(
-        StageSettings.of(cfg), list(model.state_dict()), models=[model], federation=GroupWise.federation, store=store
+        ServerSettings.of(cfg), list(model.state_dict()), models=[model], federation=GroupWise.federation, store=store
     )
     hp = METHODS["FedDyn"].parse_args({"alpha": ALPHA})
     objective, aggregator, post = DynClient(hp, setup), GroupWise(hp, setup), DynCorrection(hp, setup)

@@ -26,6 +26,7 @@ from federation_helpers import (  # noqa: E402
     export_sites,
     metrics,
     no_data_set,
+    read_site,
     run_both,
     scheduled,
     server_facts,
@@ -459,10 +460,11 @@ def test_the_server_holds_the_facts_and_the_test_split_and_reads_no_data_set(tmp
     """The facts file export writes is the simulator's facts (one rule), with the test split and no
     training image; with it, a server that may read no data set builds its side (run_both runs
     every equality test so); a run that partitions otherwise is refused naming the setting."""
-    from incofl.data.facts import shares
+    from incofl.data.shares import shares
     from incofl.deploy.server.serverdata import FACTS, load_facts
     from incofl.deploy.wire.signing import private_key
-    from incofl.fl.engine.run import build_assembly
+    from incofl.fl.engine.server import build_server
+    from incofl.sides import ServerSettings
 
     cfg = load_run_config(write_config(tmp_path, methods=["FedPer"], holdout=0.2))
     public = private_key(server_facts(cfg, tmp_path)).public_key()
@@ -470,11 +472,11 @@ def test_the_server_holds_the_facts_and_the_test_split_and_reads_no_data_set(tmp
     with no_data_set():
         with pytest.raises(PermissionError, match="may not read a data set"):
             dataset_for(cfg)
-        held, facts = load_facts(tmp_path / "keys" / FACTS, cfg, public)
-        server = build_assembly(cfg, held, facts)
+        test, facts = load_facts(tmp_path / "keys" / FACTS, cfg, public)
+        server = build_server(ServerSettings.of(cfg), facts, test, torch.device("cpu"))
     assert facts == shares(data, partition_for(cfg, data), cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
-    assert len(held.x_train) == 0 and (held.x_test == data.x_test).all() and held.num_classes == data.num_classes
-    assert server.facts == facts and len(server.test_data) == len(data.y_test) and facts.held_out_clients()
+    assert (test.x == data.x_test).all() and (test.y == data.y_test).all() and facts.classes == data.num_classes
+    assert server.facts == facts and len(server.test) == len(data.y_test) and facts.held_out_clients()
     other = RunConfig(**{**cfg.model_dump(), "alpha": 0.1})
     with pytest.raises(ConfigError, match=r"^facts .*facts.npz: exported with alpha=0.5, the run has alpha=0.1$"):
         load_facts(tmp_path / "keys" / FACTS, other, public)
@@ -594,35 +596,35 @@ def test_a_schedule_without_a_setting_the_client_side_computes_with_is_refused(t
 
     cfg = load_run_config(write_config(tmp_path, lr=0.5))
     told = json.loads(schedule_of(cfg))
-    assert Schedule.read(json.dumps(told)).cfg.lr == 0.5
+    assert Schedule.read(json.dumps(told)).settings.lr == 0.5
     del told["config"]["lr"]
     with pytest.raises(ValueError, match="^schedule: config: no lr: every setting a client computes with$"):
         Schedule.read(json.dumps(told))
 
 
 def test_a_site_file_of_another_client_or_partition_is_refused(tmp_path):
-    from incofl.deploy.site.sitedata import load_site
-
     cfg = load_run_config(write_config(tmp_path))
     nodes = export_sites(cfg, tmp_path)
     with pytest.raises(ConfigError, match="holds client 1's data, this node is client 0"):
-        load_site(nodes[1]["data-path"], cfg, 0)
+        read_site(nodes[1]["data-path"], cfg, 0)
     other = RunConfig(**{**cfg.model_dump(), "alpha": 0.1})
-    with pytest.raises(ConfigError, match="exported with alpha=0.5, the run has alpha=0.1"):
-        load_site(nodes[0]["data-path"], other, 0)
+    with pytest.raises(ConfigError, match=r"exported with other partition settings than the run's \(alpha=0.5, "):
+        read_site(nodes[0]["data-path"], other, 0)
     assert TINY["clients"] == len(nodes)
 
 
 @pytest.mark.parametrize(("key", "value"), [("min_size", 3), ("max_retries", 7)])
 def test_a_site_file_drawn_with_another_partition_setting_is_refused(tmp_path, key, value):
-    """A node checks every setting the partition is drawn with (config.Affects.PARTITION), not a list of its own."""
-    from incofl.deploy.site.sitedata import load_site
-
+    """A node checks every setting the partition is drawn with (config.Affects.PARTITION), not a list of its
+    own: its file's against the digest it is told (sides.partition_digest), naming what the file holds."""
     cfg = load_run_config(write_config(tmp_path))
     nodes = export_sites(cfg, tmp_path)
     other = RunConfig(**{**cfg.model_dump(), key: value})
-    with pytest.raises(ConfigError, match=f"exported with {key}={getattr(cfg, key)}, the run has {key}={value}"):
-        load_site(nodes[0]["data-path"], other, 0)
+    with pytest.raises(
+        ConfigError, match=f"exported with other partition settings than the run's .*{key}={getattr(cfg, key)}"
+    ):
+        read_site(nodes[0]["data-path"], other, 0)
+    read_site(nodes[0]["data-path"], cfg, 0)  # the run's own: taken
 
 
 def _server(folder: Path) -> Path:
@@ -703,7 +705,7 @@ def test_a_lost_node_stops_the_run_by_name_and_a_restart_resumes(tmp_path, metho
     ahead = [c for c in scheduled(1) if c != lost]  # trained round 2 before the stop
     assert all(list((tmp_path / f"site{c}.state").rglob("after-round-2.pt")) for c in ahead)
     resumed = serve(direct_grid(nodes, run_id=2), settings)
-    from incofl.fl.engine.run import train
+    from incofl.fl.engine.simulator import train
 
     assert resumed["state_sha256"] == train(cfg, tmp_path / "simulator")["state_sha256"]
     assert metrics(tmp_path / "federation").equals(metrics(tmp_path / "simulator"))
@@ -746,9 +748,9 @@ def test_a_run_and_its_nodes_share_one_rule_of_the_checkpointed_rounds():
     for every, rounds in ((1, 5), (2, 7), (3, 9), (5, 5)):
         cfg = RunConfig(checkpoint_every=every, rounds=rounds)
         for round_ in range(1, rounds + 1):
-            written = [r for r in range(1, round_) if checkpointed(r, cfg)]
-            assert last_checkpoint(round_, cfg) == max(written, default=0)
-        assert not checkpointed(rounds, cfg)  # a finished run is marked by summary.json
+            written = [r for r in range(1, round_) if checkpointed(r, cfg.checkpoint_every, cfg.rounds)]
+            assert last_checkpoint(round_, cfg.checkpoint_every) == max(written, default=0)
+        assert not checkpointed(rounds, cfg.checkpoint_every, cfg.rounds)  # a finished run is marked by summary.json
 
 
 def test_the_apps_run_config_defaults_are_its_settings():
@@ -785,7 +787,7 @@ def test_the_apps_run_config_defaults_are_its_settings():
 def test_the_clients_whose_sites_need_the_test_split_are_the_layouts(settings, tmp_path):
     """`incofl federation export --test` asks it of the clients whose models the layout scores on
     the test split where the client is (Layout.on_client): one rule, read two ways."""
-    from incofl.fl.engine.assembly import assemble
+    from incofl.fl.engine.simulator import simulator
     from incofl.fl.stages.layout import TEST, tested_on_clients
 
     cfg = RunConfig(
@@ -793,9 +795,9 @@ def test_the_clients_whose_sites_need_the_test_split_are_the_layouts(settings, t
         cache_dir=str(tmp_path),
     )
     data = dataset_for(cfg)
-    layout = assemble(cfg, data, partition_for(cfg, data), torch.device("cpu")).layout
+    layout = simulator(cfg, data, partition_for(cfg, data), torch.device("cpu")).server.layout
     there = [job.client for job in layout.client_evals() if job.split == TEST and layout.on_client(job)]
-    assert tested_on_clients(cfg) == there
+    assert tested_on_clients(cfg, cfg.pool_test) == there
 
 
 def test_a_node_keeps_the_states_a_checkpoint_of_the_server_can_resume_from(tmp_path):
@@ -804,12 +806,11 @@ def test_a_node_keeps_the_states_a_checkpoint_of_the_server_can_resume_from(tmp_
     until one at or before a later checkpoint replaces it; a resumed round reads the last state before it."""
     from incofl.deploy.site.client import SavedStores
 
-    every2 = RunConfig(checkpoint_every=2)
-    states = SavedStores(tmp_path / "client0", every2)
+    states = SavedStores(tmp_path / "client0", every=2)
     for round_ in (1, 2, 4, 5):
         states.save(round_, {"round": torch.tensor(round_)})
     assert states.rounds() == [4, 5]  # the checkpoint before round 5 is round 4's
-    states = SavedStores(tmp_path / "client1", every2)
+    states = SavedStores(tmp_path / "client1", every=2)
     for round_ in (1, 2, 3):
         states.save(round_, {"round": torch.tensor(round_)})
     assert states.rounds() == [2, 3]  # round 3's checkpoint to resume from is round 2's
@@ -827,13 +828,13 @@ def test_a_nodes_disk_holds_what_a_resume_needs_and_no_more(tmp_path):
     from incofl.deploy.site.client import SavedStores, SiteClient
     from incofl.deploy.wire.schedule import Schedule, run_key, schedule_of
 
-    every5 = SavedStores(tmp_path / "client0", RunConfig(checkpoint_every=5))
+    every5 = SavedStores(tmp_path / "client0", every=5)
     for round_ in range(1, 10):
         every5.save(round_, {"round": torch.tensor(round_)})
     assert every5.rounds() == [5, 9]  # a stop in round 10 resumes from round 5's checkpoint
     every5.save(7, {"round": torch.tensor(7)})  # resumed from 5: round 9's store is a stopped run's
     assert every5.rounds() == [5, 7] and int(every5.at(8)["round"]) == 7
-    never = SavedStores(tmp_path / "client1", RunConfig(checkpoint_every=100))
+    never = SavedStores(tmp_path / "client1", every=100)
     for round_ in range(1, 7):
         never.save(round_, {"round": torch.tensor(round_)})
     assert never.rounds() == [6]
@@ -886,28 +887,25 @@ def test_a_malformed_reply_is_refused_and_logged_by_node(tmp_path, caplog, chang
 
 def test_export_writes_one_clients_samples_and_refuses_a_client_out_of_range(tmp_path, capsys):
     from incofl.cli import run
-    from incofl.deploy.site.sitedata import load_site
 
     config = write_config(tmp_path)
     out = tmp_path / "site1.npz"
     assert run(["federation", "export", "--config", str(config), "--client", "1", "--out", str(out)]) == 0
-    data, partition = load_site(out, load_run_config(config), 1)
-    assert [len(p) for p in partition.parts].count(0) == TINY["clients"] - 1 == 3
-    assert len(partition.parts[1]) == len(data.y_train) and data.num_classes == 10
+    data, part = read_site(out, load_run_config(config), 1)  # client 1's samples only: none of another's
+    assert len(part) == len(data.y_train) == len(set(part.tolist())) and data.num_classes == 10
     argv = ["federation", "export", "--config", str(config), "--client", "4", "--out", str(tmp_path / "x.npz")]
     assert run(argv) == 2 and "--client 4: the config has clients 0..3" in capsys.readouterr().err
 
 
 def test_export_without_client_writes_every_clients_file_with_the_test_split_where_the_run_needs_it(tmp_path):
     from incofl.cli import run
-    from incofl.deploy.site.sitedata import load_site
     from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     config = write_config(tmp_path, methods=["FedPer"], holdout=0.2)
     assert run(["federation", "export", "--config", str(config), "--out", str(tmp_path / "sites")]) == 0
     cfg = load_run_config(config)
-    tests = [len(load_site(tmp_path / "sites" / f"site{c}.npz", cfg, c)[0].y_test) for c in range(cfg.clients)]
-    first = tested_on_nodes(cfg)  # each model group's first client: its model is scored on the test split
+    tests = [len(read_site(tmp_path / "sites" / f"site{c}.npz", cfg, c)[0].y_test) for c in range(cfg.clients)]
+    first = tested_on_nodes(cfg, cfg.pool_test)  # each model group's first client's model: scored on the test split
     assert len(first) == len(cfg.models) == 2
     assert tests == [len(dataset_for(cfg).y_test) if c in first else 0 for c in range(cfg.clients)]
 

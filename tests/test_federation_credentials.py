@@ -102,10 +102,9 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
     """Under a umask that lets anyone read: a site's data file 0600, the keys folder 0700; an existing
     site file, private key, server key, secret or logs folder that group or others may read is refused
     in one line naming it (issue 51: they were written 0644 in a 0755 folder, and reused unchecked)."""
-    from federation_helpers import write_config
+    from federation_helpers import read_site, write_config
 
     from incofl.config import ConfigError, load_run_config
-    from incofl.deploy.site.sitedata import load_site
     from incofl.deploy.up import Processes
 
     config = write_config(tmp_path, clients=2, ratio=1.0, rounds=1)
@@ -125,7 +124,7 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
         path.chmod(0o644)
     cfg = load_run_config(config)
     checks = [
-        (lambda: load_site(sites / "site1.npz", cfg, 1), sites / "site1.npz"),
+        (lambda: read_site(sites / "site1.npz", cfg, 1), sites / "site1.npz"),
         (fed.site_files, sites / "site1.npz"),
         (lambda: credentials.node_key(sites / "keys", 1), sites / "keys" / "node1"),
         (lambda: credentials.certificates(sites / "certificates"), sites / "certificates" / "server.key"),
@@ -143,10 +142,9 @@ def test_site_files_keys_and_logs_are_created_private_and_loose_ones_refused(tmp
         Processes(tmp_path / "logs")
     import torch
 
-    from incofl.config import RunConfig
     from incofl.deploy.site.client import SavedStores
 
-    states = SavedStores(tmp_path / "site0.state" / "run", RunConfig(checkpoint_every=1))  # a node's saved stores
+    states = SavedStores(tmp_path / "site0.state" / "run", every=1)  # a node's saved stores
     states.save(1, {"c": torch.zeros(2)})
     assert states.folder.stat().st_mode & 0o777 == 0o700 and states.at(1) is not None
     states.folder.chmod(0o755)

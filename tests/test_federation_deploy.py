@@ -51,7 +51,7 @@ from federation_rogue import per_thread_certificates  # noqa: E402
 from incofl.cli import run as incofl  # noqa: E402
 from incofl.config import load_run_config  # noqa: E402
 from incofl.deploy import REPLY_OVERHEAD  # noqa: E402
-from incofl.fl.engine.run import train  # noqa: E402
+from incofl.fl.engine.simulator import train  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(600)]
 

@@ -23,7 +23,7 @@ if not os.environ.get("CI"):  # CI installs the extra: there a missing flwr fail
 from federation_helpers import scheduled, signed_sites, write_config  # noqa: E402
 
 from incofl.config import load_run_config  # noqa: E402
-from incofl.fl.engine.run import train  # noqa: E402
+from incofl.fl.engine.simulator import train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -259,7 +259,8 @@ def test_a_node_reads_only_the_files_its_own_config_names(tmp_path):
     torch.save(weights, tmp_path / "vit.pt")
     assert answer(missing, pretrained=str(tmp_path / "vit.pt")) == 1  # the node's file, not the server's path
     [site] = clientapp._sites.values()
-    assert site.cfg.pretrained == str(tmp_path / "vit.pt") and site.cfg.data_dir is None
+    assert site.pretrained == str(tmp_path / "vit.pt")  # the node's own file; its settings name no path
+    assert not {"pretrained", "data_dir", "cache_dir"} & set(site.settings.model_fields)
     model = site.clients.layout.models[0].state_dict()
     assert torch.equal(model["patch_embed.proj.weight"], weights["patch_embed.proj.weight"])
 

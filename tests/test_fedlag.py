@@ -169,16 +169,19 @@ def test_personal_accuracy_is_micro_averaged_over_each_clients_model(data):
         model = engine.server.models[0]
         model.load_state_dict(client_model(engine, c, 0))
         acc = score(
-            model, engine.server.assembly.train_data, 1000, indices=torch.from_numpy(engine.server.assembly.held_out[c])
+            model,
+            engine.transport.clients.training.train,
+            1000,
+            indices=torch.from_numpy(engine.transport.clients.training.held_out[c]),
         ).accuracy()
-        correct += acc * len(engine.server.assembly.held_out[c]) / 100
-        total += len(engine.server.assembly.held_out[c])
+        correct += acc * len(engine.transport.clients.training.held_out[c]) / 100
+        total += len(engine.transport.clients.training.held_out[c])
         accs.append(acc)
     scores = engine.evaluate(Round(1))
     assert scores["personal_acc"] == pytest.approx(100 * correct / total)
     assert scores["personal_acc_std"] == pytest.approx(np.std(accs))
-    assert sum(len(h) for h in engine.server.assembly.held_out) == 32 and all(
-        len(p) == 24 for p in engine.server.assembly.parts
+    assert sum(len(h) for h in engine.transport.clients.training.held_out.values()) == 32 and all(
+        len(p) == 24 for p in engine.transport.clients.training.parts.values()
     )  # 32 a client, 8 out
 
 

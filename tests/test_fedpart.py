@@ -14,9 +14,8 @@ from incofl.config import ConfigError, RunConfig, load_run_config
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.contracts import Round, Setup, StageSettings
-from incofl.fl.engine.assembly import assemble
-from incofl.fl.engine.engine import simulator
+from incofl.fl.contracts import Round, Setup
+from incofl.fl.engine.simulator import simulator
 from incofl.fl.methods.fedpart import plan as fedpart_module
 from incofl.fl.methods.fedpart.plan import PartPlanner
 from incofl.fl.methods.inco.step import InCoLog, InCoStep
@@ -28,6 +27,7 @@ from incofl.fl.stages.sampling import client_seed
 from incofl.models.family import build_model, num_parameters
 from incofl.models.groups import HEAD, STEM, LayerGroup, counterpart, layer_groups
 from incofl.registry import METHODS
+from incofl.sides import ServerSettings
 
 COUNTS = {"resnet8": 10, "resnet10": 13, "resnet14": 17, "resnet18": 21, "resnet22": 25, "resnet26": 29}
 TINY = {
@@ -54,14 +54,14 @@ def data():
 def _engine(data, method, **settings):
     cfg = RunConfig(**{**TINY, "method": method, **settings})
     parts = iid_partition(len(data.y_train), cfg.clients, seed=0)
-    return simulator(assemble(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu")))
+    return simulator(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu"))
 
 
 def _planner(models=("resnet8",), seed=0, **args):
     """A FedPart planner over fresh models, two clients a model group."""
     cfg = RunConfig(**{**TINY, "models": list(models), "clients": 2 * len(models), "method": "FedPart", "seed": seed})
     built = [build_model(name, 10, 3) for name in models]
-    return PartPlanner(METHODS["FedPart"].parse_args(args), Setup(StageSettings.of(cfg), [], models=built)), built
+    return PartPlanner(METHODS["FedPart"].parse_args(args), Setup(ServerSettings.of(cfg), [], models=built)), built
 
 
 def _schedule(planner, rounds):
@@ -278,15 +278,15 @@ def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data
     the global ones, and the result is the release's loop (every parameter requires grad, the
     optimizer holds the group only); BN statistics of frozen layers move in both (train mode)."""
     engine = _engine(data, "FedPart", method_args={"warmup": 0, "rounds_per_group": 1})
-    cfg, round_, client = engine.server.cfg, Round(4), 1
+    cfg, round_, client = engine.server.settings, Round(4), 1
     plan = engine.server.planner.plan(round_, client)
     start = {k: v.clone() for k, v in engine.server.sub_state(0).items()}
     update = engine.transport.clients.runner.trainer.train_client(
         round_, plan, engine.server.sub_state(0), engine.transport.clients.objective
     )
-    trained = engine.server.models[0].state_dict()
+    trained = engine.transport.clients.layout.models[0].state_dict()  # the client side's model
     assert plan.trainable == {"layer2.0.conv1.weight", "layer2.0.bn1.weight", "layer2.0.bn1.bias"}
-    for name, _ in engine.server.models[0].named_parameters():
+    for name, _ in engine.transport.clients.layout.models[0].named_parameters():
         assert torch.equal(trained[name], start[name]) != (name in plan.trainable), name
     assert not torch.equal(trained["bn1.running_mean"], start["bn1.running_mean"])  # frozen BN, train mode
     assert set(update.delta) == plan.upload and not update.full
@@ -304,7 +304,11 @@ def test_frozen_parameters_stay_and_training_equals_stepping_only_the_group(data
     )
     gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_.index, client))
     batches = client_batches(
-        engine.server.assembly.train_data, engine.server.assembly.parts[client], cfg.local_epochs, cfg.batch_size, gen
+        engine.transport.clients.training.train,
+        engine.transport.clients.training.parts[client],
+        cfg.local_epochs,
+        cfg.batch_size,
+        gen,
     )
     for x, y in batches:
         optimizer.zero_grad(set_to_none=True)

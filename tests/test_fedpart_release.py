@@ -114,12 +114,10 @@ def test_evaluation_uses_the_first_clients_statistics(data):
     engine.run_round(Round(1))
     model = engine.server.models[0]
     model.load_state_dict({**engine.server.weights[0], **kept_by(engine)[0]})
-    ours = score(model, engine.server.assembly.test_data, 1000)
+    ours = score(model, engine.server.test, 1000)
     assert engine.evaluate(Round(1))["acc_g0"] == ours.accuracy()
     model.load_state_dict({**engine.server.weights[0], **kept_by(engine)[1]})
-    assert (
-        score(model, engine.server.assembly.test_data, 1000).mean_loss() != ours.mean_loss()
-    )  # client 1's statistics differ
+    assert score(model, engine.server.test, 1000).mean_loss() != ours.mean_loss()  # client 1's statistics differ
 
 
 def test_averaged_statistics_keep_nothing(data):

@@ -12,7 +12,7 @@ import torch
 from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.sources import load_dataset
-from incofl.fl.engine.run import train
+from incofl.fl.engine.simulator import train
 from incofl.report.fedpart import cost_table, cycle_table, fedpart_report, read_runs, warmup_table
 
 TINY = {

@@ -20,9 +20,8 @@ from test_batched import BASE, assert_same_updates, float64  # noqa: F401 (a fix
 from incofl.config import ConfigError, RunConfig
 from incofl.data.partition import make_partition
 from incofl.fl.contracts import Round
-from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.device import run_device
-from incofl.fl.engine.engine import simulator
+from incofl.fl.engine.simulator import simulator
 from incofl.fl.stages.graphs import GraphBatchedTrainer, GraphTrainer
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -57,7 +56,7 @@ def updates(engine, graphs: type | None = None, rounds: int = 1) -> list:
     runner = engine.transport.clients.runner
     if graphs is not None:
         t = runner.trainer
-        runner.trainer = graphs(t.cfg, t.models, t.data, t.parts, t.autocast)
+        runner.trainer = graphs(t.settings, t.models, t.data, t.parts, t.autocast)
     for round_ in Round.upto(rounds):
         trained = runner.train_round(round_, engine.server.plan(round_), engine.server.start)
     return trained
@@ -103,7 +102,7 @@ def test_objectives_with_session_hooks_are_refused_with_cuda_graphs(method):
 def cuda_engine(data, **settings):
     cfg = RunConfig(**{**QUIET, **BASE, **settings, "device": "cuda"})
     part = make_partition(data.y_train, kind=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha, seed=0)
-    return simulator(assemble(cfg, data, part, torch.device("cuda")))
+    return simulator(cfg, data, part, torch.device("cuda"))
 
 
 def relative_error(u, v) -> float:

@@ -11,11 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from incofl.config import RunConfig
-from incofl.fl.contracts import ClientContext, Round, Setup, StageSettings
+from incofl.fl.contracts import ClientContext, Round, Setup
 from incofl.fl.methods.width.exits import ExitClient, exit_loss
 from incofl.fl.methods.width.masked import MaskedClient, masked_logits
 from incofl.fl.methods.width.spec import ExitParams, MaskedParams
 from incofl.fl.stages.local import Session, train_step
+from incofl.sides import ClientSettings
 
 
 def context(model: nn.Module, **kw: object) -> ClientContext:
@@ -47,7 +48,7 @@ def test_masked_logits_mask_nothing_without_classes_or_with_all() -> None:
 def masked_session(classes: torch.Tensor | None, **hp: object) -> tuple[nn.Linear, Session]:
     torch.manual_seed(0)
     model = nn.Linear(4, 5)
-    return model, MaskedClient(MaskedParams(**hp), Setup(StageSettings.of(RunConfig()), [])).session(
+    return model, MaskedClient(MaskedParams(**hp), Setup(ClientSettings.of(RunConfig()), [])).session(
         context(model, classes=classes)
     )
 
@@ -189,7 +190,7 @@ def test_session_distils_from_the_share_of_rounds(distill_from: float, rounds: i
     """Rounds with fewer than distill_from * rounds rounds before them train without distillation, the rest with it."""
     torch.manual_seed(0)
     model, x = TwoExits(), torch.randn(B, 4)
-    objective = ExitClient(ExitParams(gamma=0.5, distill_from=distill_from), Setup(StageSettings.of(RunConfig()), []))
+    objective = ExitClient(ExitParams(gamma=0.5, distill_from=distill_from), Setup(ClientSettings.of(RunConfig()), []))
     plain = exit_loss(model(x), Y, 0.0, 3.0, "intended", True).item()
     for round_ in Round.upto(rounds):
         loss = objective.session(context(model, round=round_, rounds=rounds)).loss(x, Y).item()

@@ -16,10 +16,8 @@ from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientContext, ClientUpdate, Round, Setup, StageSettings
-from incofl.fl.engine.assembly import assemble
-from incofl.fl.engine.engine import simulator
-from incofl.fl.engine.run import train
+from incofl.fl.contracts import ClientContext, ClientUpdate, Round, Setup
+from incofl.fl.engine.simulator import simulator, train
 from incofl.fl.methods.fednova.normalize import NovaNormalize, normalizer
 from incofl.fl.methods.inco.step import InCoStep
 from incofl.fl.methods.objectives.fedprox import FedProx, ProxClient
@@ -30,6 +28,7 @@ from incofl.fl.stages.evaluation import score
 from incofl.fl.stages.local import Objective, client_batches, local_train, train_step
 from incofl.models.family import build_model, check_nested
 from incofl.registry import METHODS
+from incofl.sides import ClientSettings, ServerSettings
 
 TABLE2 = [
     "FedAvg",
@@ -73,7 +72,7 @@ def data(tmp_path_factory):
 def _engine(data, method, **settings):
     cfg = RunConfig(**{**TINY, "method": method, **settings})
     parts = iid_partition(len(data.y_train), cfg.clients, seed=0)  # 400 / 4: 100 samples, 4 steps each
-    return simulator(assemble(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu")))
+    return simulator(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu"))
 
 
 def _hp(method, **args):
@@ -150,7 +149,7 @@ def test_fedprox_gradient_is_that_of_the_proximal_term():
     anchor = {k: v + 0.1 * torch.randn_like(v) for k, v in model.state_dict().items()}
     x, y, mu = torch.randn(8, 4), torch.randint(0, 3, (8,)), 0.3
     ctx = ClientContext(0, 0, Round(1), model, anchor, lr=0.1)
-    session = ProxClient(_hp("FedProx", mu=mu), Setup(StageSettings.of(RunConfig()), [])).session(ctx)
+    session = ProxClient(_hp("FedProx", mu=mu), Setup(ClientSettings.of(RunConfig()), [])).session(ctx)
     F.cross_entropy(model(x), y).backward()
     session.after_backward()
     got = [p.grad.clone() for p in model.parameters()]
@@ -192,7 +191,7 @@ def test_fednova_aggregate_is_tau_eff_times_weighted_normalised_updates():
     ]
     rho = 0.5
     cfg = RunConfig(**{**TINY, "method": "FedNova", "optimizer": "sgd", "momentum": rho})
-    normalize = NovaNormalize(_hp("FedNova"), Setup(StageSettings.of(cfg), ["w"]))
+    normalize = NovaNormalize(_hp("FedNova"), Setup(ServerSettings.of(cfg), ["w"]))
     originals = [u.delta["w"].clone() for u in updates]
     for u in updates:
         normalize.see(Round(1), u)
@@ -272,7 +271,7 @@ def test_scaffold_corrects_each_sgd_step_by_c_minus_c_i(correction):
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 3))
     x = torch.randint(0, 256, (4, 3, 4, 4), dtype=torch.uint8).numpy()
     split = TensorSplit(x, np.array([0, 1, 2, 0]), np.zeros(3), np.ones(3), torch.device("cpu"), 4)
-    objective = ScaffoldClient(_hp("SCAFFOLD", correction=correction), Setup(StageSettings.of(RunConfig()), []))
+    objective = ScaffoldClient(_hp("SCAFFOLD", correction=correction), Setup(ClientSettings.of(RunConfig()), []))
     names = [k for k, _ in model.named_parameters()]
     objective.c = {0: {k: torch.randn_like(p) for k, p in model.named_parameters()}}
     c_i = {k: torch.randn_like(p) for k, p in model.named_parameters()}
@@ -307,7 +306,7 @@ def test_moon_uses_the_global_model_until_a_client_has_a_previous_one():
     torch.manual_seed(0)
     model = build_model("resnet10", 10, 3, projection_dim=16)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    objective = MoonClient(_hp("MOON", mu=2.0), Setup(StageSettings.of(RunConfig()), []))
+    objective = MoonClient(_hp("MOON", mu=2.0), Setup(ClientSettings.of(RunConfig()), []))
     ctx = ClientContext(3, 0, Round(1), model, {k: v.clone() for k, v in model.state_dict().items()}, lr=1e-3)
     model.eval()  # same BN behaviour as the frozen copies: z equals z_glob
     session = objective.session(ctx)
@@ -334,7 +333,7 @@ def test_method_lowers_the_training_loss(data, method):
 
     def train_loss():
         engine.server.models[0].load_state_dict(engine.server.sub_state(0))
-        return score(engine.server.models[0], engine.server.assembly.train_data, 400).mean_loss()
+        return score(engine.server.models[0], engine.transport.clients.training.train, 400).mean_loss()
 
     before = train_loss()
     for t in Round.upto(3):  # later rounds use SCAFFOLD's variates and MOON's previous models
@@ -374,7 +373,11 @@ def _client_session(engine, client):
         federation_size=plan.federation_size,
     )
     gen = torch.Generator().manual_seed(client)
-    batches = list(client_batches(engine.server.assembly.train_data, engine.server.assembly.parts[client], 1, 32, gen))
+    batches = list(
+        client_batches(
+            engine.transport.clients.training.train, engine.transport.clients.training.parts[client], 1, 32, gen
+        )
+    )
     return (
         engine.transport.clients.objective.session(ctx),
         torch.optim.Adam(model.parameters(), lr=1e-3),
@@ -405,7 +408,7 @@ def test_two_clients_trained_interleaved_equal_in_sequence(data, method):
                     if i < len(batches):
                         train_step(session, optimizer, *batches[i])
             updates = [
-                _finish(s, start, len(engine.server.assembly.parts[c]))
+                _finish(s, start, len(engine.transport.clients.training.parts[c]))
                 for c, (s, _, _, start) in zip(clients, opened, strict=True)
             ]
         else:
@@ -414,7 +417,7 @@ def test_two_clients_trained_interleaved_equal_in_sequence(data, method):
                 session, optimizer, batches, start = _client_session(engine, c)
                 for x, y in batches:
                     train_step(session, optimizer, x, y)
-                updates.append(_finish(session, start, len(engine.server.assembly.parts[c])))
+                updates.append(_finish(session, start, len(engine.transport.clients.training.parts[c])))
         for update in updates:
             engine.server.objective.server_add(update)
         engine.server.objective.server_round_end()

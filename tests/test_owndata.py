@@ -32,7 +32,7 @@ from federation_helpers import (  # noqa: E402
 from incofl.config import ConfigError, load_run_config  # noqa: E402
 from incofl.data.partition import partition_for  # noqa: E402
 from incofl.data.sources import dataset_for  # noqa: E402
-from incofl.fl.engine.run import train  # noqa: E402
+from incofl.fl.engine.simulator import train  # noqa: E402
 
 
 def write_folder(folder: Path, x: np.ndarray, y: np.ndarray) -> None:
@@ -166,14 +166,14 @@ def test_a_sites_truncated_image_is_named_in_the_one_line_it_refuses_the_run_wit
     bad = truncated(folder)
     assert bad == "0/00000.png"
     with pytest.raises(ConfigError) as refused:
-        load_own("data-folder", str(folder), cfg, 0, facts)
+        load_own("data-folder", str(folder), cfg.dataset, facts)
     assert str(refused.value) == f"data-folder {folder}: not data of this run (0/00000.png: image file is truncated)"
     (folder / bad).write_bytes(b"not an image")
     with pytest.raises(ConfigError, match=r"\(0/00000\.png: not an image PIL reads\)$"):
-        load_own("data-folder", str(folder), cfg, 0, facts)
+        load_own("data-folder", str(folder), cfg.dataset, facts)
     Image.new("RGBA", (8, 8)).save(folder / bad)
     with pytest.raises(ConfigError, match=r"\(0/00000\.png: mode RGBA, not grey \(L\) or RGB\)$"):
-        load_own("data-folder", str(folder), cfg, 0, facts)
+        load_own("data-folder", str(folder), cfg.dataset, facts)
 
 
 def test_a_sites_signed_refusal_stops_the_run_at_once_with_its_line(tmp_path, caplog):
@@ -270,7 +270,7 @@ def test_a_folder_names_its_classes_by_index_and_a_node_names_its_data_once(tmp_
     cfg = load_run_config(write_config(tmp_path))
     facts = Facts((), 10, (1, 8, 8), (0.5,), (0.25,))
     with pytest.raises(ConfigError, match=r"^data-folder .*own: not data of this run \(class folder 'cat' is not"):
-        load_own("data-folder", str(tmp_path / "own"), cfg, 0, facts)
+        load_own("data-folder", str(tmp_path / "own"), cfg.dataset, facts)
     for config in [{"data-folder": str(tmp_path / "own"), "data-npz": str(tmp_path / "x.npz")}, {}]:
         with pytest.raises(ConfigError, match="name the node's data by one of data-path, data-folder, data-npz"):
             node_data(Context(1, 101, {"client": 0, **config}, RecordDict(), {}))

@@ -18,21 +18,21 @@ import torch.nn.functional as F
 from helpers import engine_on, small_synthetic
 
 from incofl.config import ConfigError, RunConfig, validate_experiment
-from incofl.data.augment import Augmentation, augment, cutout, random_resized_crop, resolve_augment
+from incofl.data.augment import Augmentation, augment, cutout, random_resized_crop, resolve_augment, to_device
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition, make_partition, partition_for
 from incofl.data.release import ReleasePartitionError, read_release_partition, release_file
 from incofl.data.sources import load_dataset
-from incofl.data.tensors import TensorSplit, to_device
-from incofl.fl.contracts import Round, RoundContext, Setup, StageSettings
-from incofl.fl.engine.assembly import assemble
-from incofl.fl.engine.engine import simulator
+from incofl.data.tensors import TensorSplit
+from incofl.fl.contracts import Round, RoundContext, Setup
+from incofl.fl.engine.simulator import simulator
 from incofl.fl.methods.inco.step import InCoStep
 from incofl.fl.stages.evaluation import score
 from incofl.fl.stages.local import client_batches
 from incofl.fl.stages.transforms import EpochScale
 from incofl.models.family import build_model
 from incofl.registry import METHODS
+from incofl.sides import ServerSettings
 
 CPU = torch.device("cpu")
 
@@ -166,16 +166,16 @@ def _engine(data, **settings):
     }
     cfg = RunConfig(**{**base, **settings})
     parts = iid_partition(len(data.y_train), cfg.clients, seed=0)
-    return simulator(assemble(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), CPU))
+    return simulator(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), CPU)
 
 
 def test_every_pipeline_option_reaches_the_engine():
     data = _images(40, channels=1, size=28)
     default = _engine(data)
-    assert default.server.assembly.train_data.augmentation == Augmentation()  # synthetic: no augmentation by default
+    assert default.transport.clients.training.train.augmenter is None  # synthetic: no augmentation by default
     assert (
-        default.server.assembly.train_data.input_size == 28
-        and not default.transport.clients.runner.trainer.cfg.drop_last
+        default.transport.clients.training.train.input_size == 28
+        and not default.transport.clients.runner.trainer.settings.drop_last
     )
     engine = _engine(
         data,
@@ -187,23 +187,23 @@ def test_every_pipeline_option_reaches_the_engine():
         drop_last=True,
         eval_batch_size=16,
     )
-    assert engine.server.assembly.train_data.augmentation == Augmentation(
+    assert engine.transport.clients.training.train.augmenter == Augmentation(
         crop=True, flip=True, cutout=6, black_pad=True
     )
-    assert engine.server.assembly.test_data.augmentation == Augmentation()  # the test set is never augmented
-    assert engine.server.assembly.train_data.input_size == engine.server.assembly.test_data.input_size == 32
-    assert engine.server.assembly.test_data.batch(torch.arange(2))[0].shape == (2, 1, 32, 32)
-    assert torch.equal(engine.server.assembly.test_data.mean, torch.zeros(1, 1, 1, 1)) and torch.equal(
-        engine.server.assembly.test_data.std, torch.ones(1, 1, 1, 1)
+    assert engine.server.test.augmenter is None  # the test set is never augmented
+    assert engine.transport.clients.training.train.input_size == engine.server.test.input_size == 32
+    assert engine.server.test.batch(torch.arange(2))[0].shape == (2, 1, 32, 32)
+    assert torch.equal(engine.server.test.mean, torch.zeros(1, 1, 1, 1)) and torch.equal(
+        engine.server.test.std, torch.ones(1, 1, 1, 1)
     )
     assert engine.server.layout.evaluator.drop_last and engine.server.layout.evaluator.batch_size == 16
     batches = client_batches(
-        engine.server.assembly.train_data,
-        engine.server.assembly.parts[0],
+        engine.transport.clients.training.train,
+        engine.transport.clients.training.parts[0],
         1,
         4,
         torch.Generator(),
-        engine.server.cfg.drop_last,
+        engine.server.settings.drop_last,
     )
     assert all(len(y) == 4 for _, y in batches)
 
@@ -374,7 +374,7 @@ def test_vit_epoch_scale_for_every_method_or_inco_only():
     release = ours.model_copy(update={"vit_epoch_scale": "all"})
     assert not ours.scales_epochs and release.scales_epochs
     assert not RunConfig(local_epochs=4, vit_epoch_scale="all").scales_epochs  # ViTs only
-    on_ours, on_release = (Setup(StageSettings.of(cfg), names) for cfg in (ours, release))
+    on_ours, on_release = (Setup(ServerSettings.of(cfg), names) for cfg in (ours, release))
     assert InCoStep(inco, on_ours).scale == 0.25  # InCo's official ViT form
     assert InCoStep(paper, on_ours).scale == 1.0  # ours: the paper's variant and baselines unscaled
     assert EpochScale(hetero, on_release).scale == 0.25  # the release: every method

@@ -15,11 +15,11 @@ from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.partition import Partition, iid_partition
 from incofl.data.sources import load_dataset
-from incofl.fl.contracts import ClientUpdate, Round, Setup, StageSettings
-from incofl.fl.engine.assembly import assemble
-from incofl.fl.engine.engine import simulator
+from incofl.fl.contracts import ClientUpdate, Round, Setup
+from incofl.fl.engine.simulator import simulator
 from incofl.params import describe
 from incofl.registry import METHODS
+from incofl.sides import ServerSettings
 
 TINY = {
     "dataset": "synthetic",
@@ -58,7 +58,7 @@ def data(tmp_path_factory):
 def _final_states(data, method, **args):
     cfg = RunConfig(**TINY, method=method, method_args=args)
     parts = iid_partition(len(data.y_train), cfg.clients, seed=0)
-    engine = simulator(assemble(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu")))
+    engine = simulator(cfg, data, Partition(parts, np.zeros((cfg.clients, 0)), {}), torch.device("cpu"))
     for t in Round.upto(cfg.rounds):
         engine.run_round(t)
     return engine.server.weights
@@ -83,7 +83,7 @@ def test_example_clip_bounds_every_update(example):
         for i in range(3)
     ]
     clip = example["ClipUpdates"](
-        METHODS["FedAvgClip"].parse_args({"max_norm": 0.5}), Setup(StageSettings.of(RunConfig()), [])
+        METHODS["FedAvgClip"].parse_args({"max_norm": 0.5}), Setup(ServerSettings.of(RunConfig()), [])
     )
     for u in (clip(0, u) for u in updates):
         assert float(torch.sqrt(sum(d.pow(2).sum() for d in u.delta.values()))) == pytest.approx(0.5, rel=1e-5)

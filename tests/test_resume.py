@@ -25,7 +25,7 @@ from helpers import QUIET, small_synthetic
 from incofl.config import RunConfig, load_run_config
 from incofl.fl.engine import checkpoint
 from incofl.fl.engine.checkpoint import CheckpointMismatch
-from incofl.fl.engine.run import train
+from incofl.fl.engine.simulator import train
 from incofl.registry import METHODS, Component, Method, register
 
 ROUNDS, STOP = 3, 2  # stopped after round 2 of 3: the resumed run trains round 3 from the checkpoint

@@ -12,7 +12,7 @@ import torch
 from helpers import engine_on, small_synthetic
 
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import Round, Setup, StageSettings
+from incofl.fl.contracts import Round, Setup
 from incofl.fl.engine.fold import RoundFold
 from incofl.fl.stages.client import KEPT, ClientRunner
 from incofl.fl.stages.clientstore import ClientStore
@@ -37,8 +37,8 @@ def data():
 def node_of(engine, client: int) -> ClientRunner:
     """A client side built as a node builds it: the config, a fresh objective, its own copies of
     the group models and only this client's training samples."""
-    cfg, train = engine.server.cfg, engine.server.assembly.train_data
-    own = torch.from_numpy(engine.server.assembly.parts[client])
+    cfg, train = engine.transport.clients.runner.trainer.settings, engine.transport.clients.training.train
+    own = torch.from_numpy(engine.transport.clients.training.parts[client])
     split = TensorSplit(
         train.x[own].numpy(),
         train.y[own].numpy(),
@@ -46,12 +46,10 @@ def node_of(engine, client: int) -> ClientRunner:
         train.std.flatten().numpy(),
         train.x.device,
         train.input_size,
-        train.augmentation,
+        train.augmenter,
     )
     method, store = METHODS[cfg.method], ClientStore()  # the node's own store: what its client keeps
-    objective = method.objective.cls.client(
-        method.parse_args(cfg.method_args), Setup(StageSettings.of(cfg), [], store=store)
-    )
+    objective = method.objective.cls.client(method.parse_args(cfg.method_args), Setup(cfg, [], store=store))
     return ClientRunner(
         cfg, objective, copy.deepcopy(engine.server.models), split, {client: np.arange(len(own))}, store
     )
@@ -62,10 +60,10 @@ def test_a_node_trains_its_client_as_the_simulator_does(data):
     """Each round the node trains its client from the server's start weights (overlaying the BN
     statistics it kept from its last round itself): the same update, bit for bit."""
     engine = engine_on(data, method="FedAvg", **SETTINGS)
-    sampled = [int(c) for t in range(engine.server.cfg.rounds) for c in engine.server.schedule[t]]
+    sampled = [int(c) for t in range(engine.server.settings.rounds) for c in engine.server.schedule[t]]
     client = max(set(sampled), key=sampled.count)  # sampled in two rounds at least: it starts from what it kept
     node, trained = node_of(engine, client), 0
-    for t in Round.upto(engine.server.cfg.rounds):
+    for t in Round.upto(engine.server.settings.rounds):
         plans, server = engine.server.plan(t), engine.server
         starts = {plan.client: server.start(plan) for plan in plans}
         fold = RoundFold(server, t, plans)

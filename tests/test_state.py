@@ -17,8 +17,8 @@ from test_resume import momentum_example, settings
 
 from incofl.data.partition import partition_for
 from incofl.fl.contracts import Round
-from incofl.fl.engine.assembly import assemble
-from incofl.fl.engine.engine import Engine, simulator
+from incofl.fl.engine.engine import Engine
+from incofl.fl.engine.simulator import simulator
 from incofl.fl.stages.component import Stateful, restore, snapshot
 from incofl.fl.stages.local import ClientObjective, Objective
 from incofl.registry import METHODS, Component, Method, register
@@ -82,7 +82,7 @@ def engine_for(name: str, data) -> Engine:
     from incofl.config import RunConfig
 
     cfg = RunConfig(**{**settings(name), "rounds": 2})
-    return simulator(assemble(cfg, data, partition_for(cfg, data), torch.device("cpu")))
+    return simulator(cfg, data, partition_for(cfg, data), torch.device("cpu"))
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

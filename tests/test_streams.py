@@ -101,7 +101,7 @@ def test_no_two_uses_draw_the_same_sequence(monkeypatch):
     assert [u for u in users.values() if len(u) > 1] == []
     uses = {
         "partition",
-        "holdout_split",
+        "hold_out",
         "sample_schedule",
         "client_seed",
         "noise_seed",
@@ -116,7 +116,7 @@ def test_no_two_uses_draw_the_same_sequence(monkeypatch):
 # from it: a builder, a wrapper of one, or a fixed seed it declares.
 _FROM_REGISTRY = ("seed_int(", "client_seed(", "noise_seed(", *(n for n in dir(streams) if n.endswith("_SEED")))
 # The run's seed handed over bare (streams.py says why they are kept): file -> the line's text.
-_BARE = {"fl/engine/assembly.py": "torch.manual_seed(cfg.seed)", "fl/stages/probes.py": "random_state=self.seed"}
+_BARE = {"fl/engine/models.py": "torch.manual_seed(settings.seed)", "fl/stages/probes.py": "random_state=self.seed"}
 _NUMPY_RNG = re.compile(r"SeedSequence\(|default_rng\(|RandomState\(|np\.random\.\w+\(")
 _SEEDED = re.compile(r"(?:manual_seed\(|random_state=)\s*(\w+)(\(?)")
 

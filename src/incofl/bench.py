@@ -29,10 +29,10 @@ from incofl.data.partition import Partition, iid_draw_partition, iid_partition
 from incofl.data.sources import load_dataset
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import Round
-from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.device import resolve_device
-from incofl.fl.engine.engine import Engine, simulator
+from incofl.fl.engine.engine import Engine
 from incofl.fl.engine.estimate import training_flops
+from incofl.fl.engine.simulator import simulator
 from incofl.fl.stages.aggregate import Fold
 from incofl.fl.stages.sampling import client_seed
 from incofl.models.family import build_model
@@ -110,10 +110,11 @@ def benchmark(
     first = next(iter(paths.values()))[0]
     plain_model = build_model(model, data.num_classes, data.channels).to(dev)
     plain_model.load_state_dict(first.server.weights[0])
-    x, y = first.server.assembly.train_data.batch(torch.from_numpy(parts[0][:batch_size]))
+    train, lr = first.transport.clients.training.train, first.server.settings.lr
+    x, y = train.batch(torch.from_numpy(parts[0][:batch_size]))
     flops = training_flops(plain_model, x, y)
     warm_up = [parts[0][: 2 * batch_size]]
-    plain_loop(plain_model, first.server.assembly.train_data, warm_up, seed, 1, batch_size, first.server.cfg.lr)
+    plain_loop(plain_model, train, warm_up, seed, 1, batch_size, lr)
     seconds: dict[str, list[float]] = {name: [] for name in [*paths, "plain"]}
     for _ in range(repeats):
         for name, (engine, _) in paths.items():
@@ -121,9 +122,7 @@ def benchmark(
             trained = engine.run_round(Round(1)).samples
             seconds[name].append(_finished(dev) - start)
         start = time.perf_counter()
-        plain_samples = plain_loop(
-            plain_model, first.server.assembly.train_data, parts, seed, epochs, batch_size, first.server.cfg.lr
-        )
+        plain_samples = plain_loop(plain_model, train, parts, seed, epochs, batch_size, lr)
         seconds["plain"].append(_finished(dev) - start)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
     plain_sps = plain_samples / min(seconds["plain"])
@@ -195,7 +194,7 @@ def _engine(
         cuda_graphs=cuda_graphs,
         analyses=analyses or {},
     )
-    engine = simulator(assemble(cfg, data, Partition(parts, np.zeros((len(parts), 0)), {}), dev))
+    engine = simulator(cfg, data, Partition(parts, np.zeros((len(parts), 0)), {}), dev)
     fold_of, aggregate_s = engine.server.aggregator.fold, []
 
     def timed_fold() -> Fold:
@@ -247,16 +246,15 @@ def per_client(
     plain_model.load_state_dict(engine.server.weights[0])
     one = [np.concatenate(parts)]  # every client's images, one client
     warm_up = [one[0][: 2 * batch_size]]
-    plain_loop(plain_model, engine.server.assembly.train_data, warm_up, seed, 1, batch_size, engine.server.cfg.lr)
+    train, lr = engine.transport.clients.training.train, engine.server.settings.lr
+    plain_loop(plain_model, train, warm_up, seed, 1, batch_size, lr)
     seconds: dict[str, list[float]] = {"round": [], "one_loop": []}
     for _ in range(repeats):
         start = time.perf_counter()
         trained = engine.run_round(Round(1)).samples
         seconds["round"].append(_finished(dev) - start)
         start = time.perf_counter()
-        looped = plain_loop(
-            plain_model, engine.server.assembly.train_data, one, seed, epochs, batch_size, engine.server.cfg.lr
-        )
+        looped = plain_loop(plain_model, train, one, seed, epochs, batch_size, lr)
         seconds["one_loop"].append(_finished(dev) - start)
     round_s, loop_s = min(seconds["round"]), min(seconds["one_loop"])
     return {

@@ -103,7 +103,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if why:
         print(notice(why), file=sys.stderr)
     pin(cfg.numerics)  # before the engine imports torch: its kernels are chosen once, at first use
-    from incofl.fl.engine.run import train
+    from incofl.fl.engine.simulator import train
 
     summary = train(cfg, args.out)
     print(
@@ -114,7 +114,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_federation_export(args: argparse.Namespace) -> int:
-    from incofl.data.facts import declared_only
+    from incofl.data.shares import declared_only
     from incofl.data.sources import dataset_for
 
     if args.declared and (args.client is not None or args.test):
@@ -142,13 +142,13 @@ def _export_sites(
     args: argparse.Namespace, cfg: RunConfig, data: ImageDataset, clients: Iterable[int], server: Path
 ) -> Facts:
     """Each of `clients`' data file (its share of the partition), said in one line each; the run's facts."""
-    from incofl.data.facts import shares
     from incofl.data.partition import partition_for
+    from incofl.data.shares import shares
     from incofl.deploy.site.sitedata import export_client
     from incofl.fl.stages.layout import tested_on_clients as tested_on_nodes
 
     partition = partition_for(cfg, data)
-    tested = set(tested_on_nodes(cfg))  # the clients this config's evaluation scores on the test split
+    tested = set(tested_on_nodes(cfg, cfg.pool_test))  # the clients this config's evaluation scores on the test split
     for client in clients:
         out = Path(args.out) / f"site{client}.npz" if args.client is None else Path(args.out)
         test = args.test or client in tested
@@ -184,11 +184,12 @@ def _make_server_key(folder: Path) -> Path:
 
 def _server_facts(cfg: RunConfig, data: ImageDataset, facts: Facts, keys: Path) -> Path:
     """The server's facts file in `keys` (deploy/server/serverdata.py), signed with the server's key there."""
+    from incofl.data.facts import TestSplit
     from incofl.deploy.server.serverdata import FACTS, export_facts
     from incofl.deploy.wire.signing import SERVER, private_key
 
     out = keys / FACTS
-    export_facts(cfg, data, facts, out, private_key(keys / SERVER))
+    export_facts(cfg, TestSplit(data.x_test, data.y_test), facts, out, private_key(keys / SERVER))
     return out
 
 

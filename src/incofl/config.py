@@ -15,7 +15,7 @@ import os
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator, with_config
@@ -117,7 +117,49 @@ class Analyses(BaseModel):
         return {*self.cka_rounds, *self.gradient_rounds, *self.tsne_rounds}
 
 
-class Settings(BaseModel):
+class ModelGroups:
+    """The model groups a run's settings make (the config's and every side's record: sides.py)."""
+
+    if TYPE_CHECKING:  # the settings read (annotated here only for type checkers: pydantic takes each class's own)
+        models: list[str]
+        width_rates: list[float] | None
+        exits: list[int] | None
+        eval_bn: str | None
+
+    @property
+    def groups(self) -> int:
+        return len(self.levels) if self.levels else len(self.models)
+
+    @property
+    def levels(self) -> list[tuple[float, int | None]] | None:
+        """Width models: each group's (width rate, deepest exit); None for the other families."""
+        if self.models[0] not in WIDTH_LEVELS:
+            return None
+        rates, exits = WIDTH_LEVELS[self.models[0]]
+        rates = self.width_rates or rates
+        exits = self.exits or (exits if exits and len(exits) == len(rates) else None)
+        deepest = EXITS if self.models[0] == EXIT_MODEL else None
+        return [(r, e) for r, e in zip(rates, exits or [deepest] * len(rates), strict=True)]
+
+    @property
+    def bn_at_eval(self) -> str:
+        """The BN statistics width models are evaluated with (eval_bn, else the model's)."""
+        return self.eval_bn or ("static" if self.models[0] == "preresnet18" else "batch")
+
+
+class ServerGroups(ModelGroups):
+    """The model groups, and what the server's transforms derive besides (the config's and the server's record)."""
+
+    if TYPE_CHECKING:
+        vit_epoch_scale: str
+
+    @property
+    def scales_epochs(self) -> bool:
+        """Every method's averaged update divided by local_epochs (the release on ViTs)."""
+        return self.vit_epoch_scale == "all" and self.models[0] in VITS
+
+
+class Settings(ServerGroups, BaseModel):
     """What every run of an experiment shares (overridable per method and with --set)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -260,7 +302,7 @@ class Settings(BaseModel):
             "resnet110"
         ),
     )
-    static_bn_samples: Annotated[int | None, Affects.RESULTS] = Field(
+    static_bn_samples: Annotated[int | None, Affects.RESULTS, Role.CLIENT] = Field(
         None, ge=1, description="static BN: training images passed (unset: all the clients')"
     )
     # robustness (paper Fig. 7)
@@ -350,40 +392,7 @@ class Settings(BaseModel):
     @field_validator("models")
     @classmethod
     def _known_models(cls, models: list[str]) -> list[str]:
-        for name in models:
-            if name not in MODELS:
-                raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-        if len({m[:3] for m in models}) > 1:
-            raise ValueError("all models must come from one family (resnet*, vit_d* or cnn20)")
-        _unique(models)
-        if models != sorted(models, key=MODELS.index):
-            raise ValueError(f"one group per model, smallest first: {', '.join(sorted(models, key=MODELS.index))}")
-        return models
-
-    @property
-    def scales_epochs(self) -> bool:
-        """Every method's averaged update divided by local_epochs (the release on ViTs)."""
-        return self.vit_epoch_scale == "all" and self.models[0] in VITS
-
-    @property
-    def groups(self) -> int:
-        return len(self.levels) if self.levels else len(self.models)
-
-    @property
-    def levels(self) -> list[tuple[float, int | None]] | None:
-        """Width models: each group's (width rate, deepest exit); None for the other families."""
-        if self.models[0] not in WIDTH_LEVELS:
-            return None
-        rates, exits = WIDTH_LEVELS[self.models[0]]
-        rates = self.width_rates or rates
-        exits = self.exits or (exits if exits and len(exits) == len(rates) else None)
-        deepest = EXITS if self.models[0] == EXIT_MODEL else None
-        return [(r, e) for r, e in zip(rates, exits or [deepest] * len(rates), strict=True)]
-
-    @property
-    def bn_at_eval(self) -> str:
-        """The BN statistics width models are evaluated with (eval_bn, else the model's)."""
-        return self.eval_bn or ("static" if self.models[0] == "preresnet18" else "batch")
+        return check_models(models)
 
     @model_validator(mode="after")
     def _width_levels(self) -> Settings:
@@ -455,6 +464,19 @@ class Settings(BaseModel):
         return self
 
 
+def check_models(models: list[str]) -> list[str]:
+    """Known models of one family, one group each, smallest first."""
+    for name in models:
+        if name not in MODELS:
+            raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    if len({m[:3] for m in models}) > 1:
+        raise ValueError("all models must come from one family (resnet*, vit_d* or cnn20)")
+    _unique(models)
+    if models != sorted(models, key=MODELS.index):
+        raise ValueError(f"one group per model, smallest first: {', '.join(sorted(models, key=MODELS.index))}")
+    return models
+
+
 def _unique(values: list[Any]) -> list[Any]:
     """A grid list without repeats (a repeated seed would train the same run twice)."""
     seen = [v for i, v in enumerate(values) if v in values[:i]]
@@ -463,7 +485,7 @@ def _unique(values: list[Any]) -> list[Any]:
     return values
 
 
-def _check_method(name: str) -> str:
+def check_method(name: str) -> str:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
     return name
@@ -493,7 +515,7 @@ def _check_variant(name: str, spec: dict[str, Any], variants: dict[str, Any]) ->
         raise ValueError(f"{where}.label: a variant's runs are shown under its name, {name!r}")
 
 
-def _check_dataset(name: str) -> str:
+def check_dataset(name: str) -> str:
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     return name
@@ -547,12 +569,12 @@ class RunConfig(Settings):
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, v: str) -> str:
-        return _check_dataset(v)
+        return check_dataset(v)
 
     @field_validator("method")
     @classmethod
     def _method(cls, v: str) -> str:
-        return _check_method(v)
+        return check_method(v)
 
 
 def run_settings(*tags: Affects | Role) -> frozenset[str]:
@@ -606,7 +628,7 @@ class ExperimentConfig(Settings):
     @field_validator("datasets")
     @classmethod
     def _datasets(cls, v: list[str]) -> list[str]:
-        return _unique([_check_dataset(d) for d in v])
+        return _unique([check_dataset(d) for d in v])
 
     @field_validator("alphas", "seeds", "methods")
     @classmethod
@@ -659,7 +681,7 @@ class ExperimentConfig(Settings):
             for dataset in datasets:
                 try:
                     settings = Settings.model_validate(self.settings_for(method, dataset, validate=False))
-                    METHODS[_check_method(base)].parse_args(settings.method_args)
+                    METHODS[check_method(base)].parse_args(settings.method_args)
                     METHODS[base].check(settings)
                 except ValueError as err:  # pydantic's ValidationError too
                     problem = key_and_message(err)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from incofl.spec import GROUPS, WIDTH_LAYOUT, Component, Method
 
 if TYPE_CHECKING:
-    from incofl.config import Settings
+    from incofl.config import ModelGroups
 
 __all__ = ["METHODS", "Component", "Method", "base_of", "families", "layout_of", "register"]
 # Found by name, as each spec is: a plugin point, not a layer this module sits on (the import
@@ -54,7 +54,7 @@ def register(method: Method) -> Method:
     return method
 
 
-def layout_of(settings: Settings) -> Component:
+def layout_of(settings: ModelGroups) -> Component:
     """The layout of a run's models, which follows its model: a width model (preresnet18,
     resnet110) in width levels, under a whole-model method too (uncut then: Method.check refuses
     cut levels), so that it is scored as a width model is (its BN rule at evaluation); every other

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2.functional import resized_crop
 
+from incofl.data.dataset import ImageDataset
+from incofl.data.tensors import TensorSplit, normalisation
 from incofl.models.names import VITS
 
 PAD = 4  # random crop: pixels of padding on each side
@@ -36,6 +38,10 @@ class Augmentation:
     @property
     def active(self) -> bool:
         return self.crop or self.flip or self.resized_crop > 0 or self.cutout > 0
+
+    def __call__(self, x: torch.Tensor, gen: torch.Generator, fill: torch.Tensor) -> torch.Tensor:
+        """A training batch augmented (a TensorSplit's `augmenter`): `augment`."""
+        return augment(x, self, gen, fill)
 
 
 _CROP_FLIP = Augmentation(crop=True, flip=True)
@@ -128,3 +134,18 @@ def augment(x: torch.Tensor, aug: Augmentation, gen: torch.Generator, fill: torc
     if aug.cutout:
         x = cutout(x, aug.cutout, gen)
     return x
+
+
+def to_device(
+    data: ImageDataset,
+    device: torch.device,
+    input_size: int,
+    augmentation: Augmentation | None = None,
+    normalize: str = "stats",
+) -> tuple[TensorSplit, TensorSplit]:
+    """Train split (augmented) and test split, both normalised alike: a client side's data."""
+    mean, std = normalisation(data, normalize)
+    augmenter = augmentation if augmentation is not None and augmentation.active else None
+    train = TensorSplit(data.x_train, data.y_train, mean, std, device, input_size, augmenter)
+    test = TensorSplit(data.x_test, data.y_test, mean, std, device, input_size)
+    return train, test

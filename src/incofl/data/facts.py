@@ -1,22 +1,19 @@
 """The facts of a run's data that its server side reads, and nothing else of the data: per client
 the size of its training share, of its held-out share and the classes its training share holds;
 of the data set its class count, an image's shape and the normalisation its splits are served
-with. One rule derives them from the partition (`derive`): the simulator derives them in
+with. One rule derives them from the partition (data/shares.py): the simulator derives them in
 process, `incofl federation export` writes them for a federation's server (deploy/server/serverdata.py),
 which never reads a training image; `export --declared` leaves every client's to its site's
-declaration (`declared_only`), for a federation whose sites all serve their own data.
+declaration, for a federation whose sites all serve their own data. This module reads no partition
+and no data set: the server side imports it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from incofl.data.dataset import ImageDataset
-from incofl.data.partition import Partition, holdout_split
-from incofl.data.tensors import normalisation
 
 
 @dataclass(frozen=True)
@@ -29,6 +26,14 @@ class ClientFacts:
 
 
 UNDECLARED = ClientFacts(0, 0, ())  # the row of a client whose site declares its facts (Facts.to_declare)
+
+
+@dataclass(frozen=True)
+class TestSplit:
+    """The data set's test split (empty with `pool_test`): what the server side scores on, beside the facts."""
+
+    x: np.ndarray  # uint8 (N, C, H, W)
+    y: np.ndarray  # int64 (N,)
 
 
 @dataclass(frozen=True)
@@ -87,39 +92,6 @@ class Facts:
             raise ValueError(f"clients: not one entry for each of the run's {clients} clients")
         told = tuple(UNDECLARED if row is None else client_facts(row, classes) for row in rows)
         return cls(told, classes, shape, mean, std, tuple(i for i, row in enumerate(rows) if row is None))
-
-
-def shares(
-    data: ImageDataset, partition: Partition, holdout: float, seed: int, normalize: str
-) -> tuple[list[np.ndarray], list[np.ndarray] | None, Facts]:
-    """Each client's training share (with `holdout`, less its held-out share), its held-out share
-    (None without `holdout`) and the run's facts: the one rule that both sides' inputs follow."""
-    parts, held_out = partition.parts, None
-    if holdout:
-        parts, held_out = holdout_split(parts, data.y_train, holdout, seed)
-    return parts, held_out, derive(data, parts, held_out, normalize)
-
-
-def derive(data: ImageDataset, parts: list[np.ndarray], held_out: list[np.ndarray] | None, normalize: str) -> Facts:
-    """The facts of `data` split into each client's training `parts` and `held_out` shares."""
-    mean, std = normalisation(data, normalize)
-    clients = tuple(
-        ClientFacts(
-            len(part),
-            0 if held_out is None else len(held_out[client]),
-            tuple(int(c) for c in np.unique(data.y_train[part])),
-        )
-        for client, part in enumerate(parts)
-    )
-    shape = (data.channels, *data.x_train.shape[2:])
-    return Facts(clients, data.num_classes, shape, tuple(map(float, mean)), tuple(map(float, std)))
-
-
-def declared_only(data: ImageDataset, clients: int, normalize: str) -> Facts:
-    """The facts of `data` with each of `clients` clients' left to its site's declaration (a
-    federation whose sites all serve their own data: no partition is drawn)."""
-    facts = derive(data, [], None, normalize)
-    return replace(facts, clients=(UNDECLARED,) * clients, to_declare=tuple(range(clients)))
 
 
 def _count(value: Any, key: str) -> int:

@@ -121,25 +121,27 @@ def shard_partition(labels: np.ndarray, num_clients: int, shard_classes: int, se
 def holdout_split(
     parts: list[np.ndarray], labels: np.ndarray, share: float, seed: int
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each client's indices split into (train, held out) with `share` held out, stratified by
+    """Each client's indices split into (train, held out): `hold_out` of each."""
+    split = [hold_out(idx, labels, share, seed, client) for client, idx in enumerate(parts)]
+    return [train for train, _ in split], [held for _, held in split]
+
+
+def hold_out(
+    idx: np.ndarray, labels: np.ndarray, share: float, seed: int, client: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Client `client`'s indices split into (train, held out) with `share` held out, stratified by
     label where every class of the client has two samples or more (else a plain random split);
     a client with fewer than two samples holds nothing out. Seeded per client by `seed`."""
     from sklearn.model_selection import train_test_split
 
-    train, held = [], []
-    for client, idx in enumerate(parts):
-        if len(idx) < 2:
-            train.append(idx)
-            held.append(idx[:0])
-            continue
-        state = seed_int(seed, Stream.HOLDOUT, client)
-        try:
-            a, b = train_test_split(idx, test_size=share, random_state=state, stratify=labels[idx])
-        except ValueError:  # a class with one sample, or fewer held-out slots than classes
-            a, b = train_test_split(idx, test_size=share, random_state=state)
-        train.append(np.sort(a))
-        held.append(np.sort(b))
-    return train, held
+    if len(idx) < 2:
+        return idx, idx[:0]
+    state = seed_int(seed, Stream.HOLDOUT, client)
+    try:
+        a, b = train_test_split(idx, test_size=share, random_state=state, stratify=labels[idx])
+    except ValueError:  # a class with one sample, or fewer held-out slots than classes
+        a, b = train_test_split(idx, test_size=share, random_state=state)
+    return np.sort(a), np.sort(b)
 
 
 def class_histogram(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:

@@ -1,13 +1,18 @@
-"""A data set held as tensors on the training device, served as normalised batches."""
+"""A data set held as tensors on the training device, served as normalised batches (a training
+split's augmented by the function data/augment.py makes: the server side loads no augmentation)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from incofl.data.augment import Augmentation, augment
 from incofl.data.dataset import ImageDataset
+
+# a training batch's augmentation: (normalised images, the batch's generator, the fill of black pixels) -> images
+Augmenter = Callable[[torch.Tensor, torch.Generator, torch.Tensor], torch.Tensor]
 
 
 def normalisation(data: ImageDataset, mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -20,7 +25,8 @@ def normalisation(data: ImageDataset, mode: str) -> tuple[np.ndarray, np.ndarray
 
 
 class TensorSplit:
-    """uint8 images and labels on `device`; batches come out as normalised float tensors."""
+    """uint8 images and labels on `device`; batches come out as normalised float tensors, augmented
+    by `augmenter` where a batch is drawn with a generator (training)."""
 
     def __init__(
         self,
@@ -30,7 +36,7 @@ class TensorSplit:
         std: np.ndarray,
         device: torch.device,
         input_size: int,
-        augmentation: Augmentation | None = None,
+        augmenter: Augmenter | None = None,
     ):
         self.x = torch.from_numpy(x).to(device)
         self.y = torch.from_numpy(y).long().to(device)
@@ -38,7 +44,7 @@ class TensorSplit:
         self.mean = torch.tensor(mean, dtype=torch.get_default_dtype(), device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.get_default_dtype(), device=device).view(1, -1, 1, 1)
         self.input_size = input_size
-        self.augmentation = augmentation or Augmentation()
+        self.augmenter = augmenter
 
     def __len__(self) -> int:
         return len(self.y)
@@ -46,22 +52,8 @@ class TensorSplit:
     def batch(self, idx: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = idx.to(self.x.device)
         x = (self.x[idx].to(self.mean.dtype) / 255.0 - self.mean) / self.std
-        if gen is not None and self.augmentation.active:
-            x = augment(x, self.augmentation, gen, fill=-self.mean / self.std)  # pixel 0 (black), normalised
+        if gen is not None and self.augmenter is not None:
+            x = self.augmenter(x, gen, -self.mean / self.std)  # the fill: pixel 0 (black), normalised
         if x.shape[-1] != self.input_size:  # e.g. 32x32 images into a 224x224 ViT, FMNIST's 28 to 32
             x = F.interpolate(x, size=self.input_size, mode="bilinear", align_corners=False)
         return x, self.y[idx]
-
-
-def to_device(
-    data: ImageDataset,
-    device: torch.device,
-    input_size: int,
-    augmentation: Augmentation | None = None,
-    normalize: str = "stats",
-) -> tuple[TensorSplit, TensorSplit]:
-    """Train split (augmented) and test split, both normalised alike."""
-    mean, std = normalisation(data, normalize)
-    train = TensorSplit(data.x_train, data.y_train, mean, std, device, input_size, augmentation)
-    test = TensorSplit(data.x_test, data.y_test, mean, std, device, input_size)
-    return train, test

@@ -2,23 +2,26 @@
 hands a client (`ClientPlan`), what local training sees (`ClientContext`) and returns
 (`ClientUpdate`), which averaged update a post transform sees (`RoundContext`), a client's
 trained model for the analyses (`Trained`), the round's report for the observers
-(`RoundReport`), what a stage component is built from (`Setup`, with the few run settings
-components read: `StageSettings`), and a width client's place in the global model (`View`).
+(`RoundReport`), what a stage component is built from (`Setup`, with its side's record of the run's
+settings: incofl.sides), and a width client's place in the global model (`View`).
 Data only: the stages that produce and consume them live in their own modules."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Self
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from incofl.config import RunConfig
     from incofl.fl.stages.clientstore import ClientStore
     from incofl.fl.stages.layout import Layout
+    from incofl.sides import ClientSettings, ServerSettings
+
+# a side's record of the run's settings (incofl.sides): what a stage component is built with on its side
+SideSettings: TypeAlias = "ServerSettings | ClientSettings"
 
 State = dict[str, torch.Tensor]  # a model's state entries by name (weights, updates, averages)
 Average = State  # one federation's averaged update
@@ -140,38 +143,11 @@ def own_federation(group: int) -> int:
     return group
 
 
-class ConfigPick:
-    """A frozen dataclass of a few run settings, each field named as the config's setting (or
-    property) it copies: what a part of the run reads of the config, instead of the whole."""
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> Self:
-        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
-
-
-@dataclass(frozen=True)
-class StageSettings(ConfigPick):
-    """The run settings stage components read (on a federation's node, those it is not told
-    are the defaults: deploy/wire/schedule.py)."""
-
-    seed: int  # the random streams of update noise, FedPart's order and dynamic width levels
-    clients: int  # K: the planner's clients
-    groups: int  # model groups (width levels for width models)
-    rounds: int  # the run's length (FedLAG's default warm-up)
-    local_epochs: int  # E: the epoch scales divide the average by it
-    scales_epochs: bool  # the release on ViTs: every method's average divided by E (vit_epoch_scale)
-    optimizer: str  # adam or sgd (FedNova counts momentum under sgd only)
-    momentum: float  # SGD momentum (FedNova's normalisation)
-    bn_stats: str  # local: each client keeps its BN running statistics (the planner's `keep`)
-    update_noise: float  # the scale of the noise added to the average (0: none)
-    rate_assignment: str  # width levels: fixed per client, or drawn every round (dynamic)
-
-
 @dataclass(frozen=True)
 class Setup:
     """What a stage component is built from, besides the method's typed parameters."""
 
-    settings: StageSettings  # the run settings components read
+    settings: SideSettings  # the run's settings on the component's side (incofl.sides)
     state_names: list[str]  # the server model's state entries
     layout: Layout | None = None  # the run's model layout (width splitting's components read its levels)
     models: list[nn.Module] = field(default_factory=list)  # one per model group (the layout's)

@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
@@ -62,13 +63,16 @@ from incofl.deploy.server.transport import FlowerTransport, Identity, failure_re
 from incofl.deploy.wire.exported import test_sha256
 from incofl.deploy.wire.schedule import schedule_of
 from incofl.deploy.wire.signing import SERVER, SignatureError
+from incofl.fl.engine.device import run_device
 from incofl.fl.engine.engine import Engine
 from incofl.fl.engine.exchange import MissingClients
-from incofl.fl.engine.run import Run, build_assembly
+from incofl.fl.engine.run import Run
 from incofl.fl.engine.rundir import claimed
-from incofl.fl.engine.server import Server
+from incofl.fl.engine.server import build_server
+from incofl.fl.methods.width.levels import STATIC_BN
 from incofl.fl.stages.layout import tested_on_clients
 from incofl.registry import layout_of
+from incofl.sides import ServerSettings
 from incofl.spec import WIDTH_LAYOUT
 
 log = logging.getLogger("incofl.deploy")
@@ -277,10 +281,7 @@ def with_declared(facts: Facts, declared: dict[int, ClientFacts]) -> Facts:
 def refusal(cfg: RunConfig) -> str:
     """Why `cfg` cannot run as a real federation ('' if it can)."""
     if layout_of(cfg) is WIDTH_LAYOUT and cfg.bn_at_eval == "static":
-        return (
-            "eval_bn: static gathers BN statistics on the server from batches that mix every client's training "
-            "images; set eval_bn: batch"
-        )
+        return f"eval_bn: static {STATIC_BN}"
     return ""
 
 
@@ -296,16 +297,20 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     cfg = load_run_config(settings.config, settings.overrides)
     check_federated(cfg)
     identity = Identity.load(grid, settings.node_keys, settings.server_key_path(), cfg.clients, grid.run.run_id)
-    data, facts = load_facts(settings.facts_path(), cfg, identity.server.public_key())
+    test, facts = load_facts(settings.facts_path(), cfg, identity.server.public_key())
     if facts.to_declare and identity.keys is None:  # no signed declaration to fill its rows: refused now, not at join
         raise ConfigError(
             f"facts {settings.facts_path()}: leaves the clients' facts to their sites' declaration "
             "(export --declared), which only a run with node-keys takes"
         )
-    test = {client: test_sha256(data) for client in tested_on_clients(cfg)}
+    ours = ServerSettings.of(cfg)  # what the server computes with: its side's builder takes no RunConfig
+    tested = {client: test_sha256(test.x, test.y) for client in tested_on_clients(ours, len(test.y) == 0)}
     inbox = Inbox(grid, REPLY_OVERHEAD)
-    nodes, declared = identify(inbox, cfg, facts, settings.join_timeout, test, identity)
-    server = Server(build_assembly(cfg, data, with_declared(facts, declared)))  # replies checked against these
+    nodes, declared = identify(inbox, cfg, facts, settings.join_timeout, tested, identity)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = run_device(cfg)  # the numerics in effect, as the run records them
+    server = build_server(ours, with_declared(facts, declared), test, device)  # replies checked against these
     transport = FlowerTransport(server, inbox, nodes, settings.round_timeout, settings.out, identity)
     log.info("incofl federation: %d clients on nodes %s", len(nodes), nodes)
     with claimed(settings.out):

@@ -21,8 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from incofl.atomic import atomic_path
 from incofl.config import ConfigError, RunConfig
-from incofl.data.dataset import ImageDataset, ShareDataset
-from incofl.data.facts import Facts
+from incofl.data.facts import Facts, TestSplit
 from incofl.deploy.wire.exported import check_settings, partition_settings, split_sha256
 from incofl.deploy.wire.signing import SignatureError, sign, statement, verify
 
@@ -34,21 +33,20 @@ def _statement(text: str, x_test: np.ndarray, y_test: np.ndarray) -> bytes:
     return statement("facts", facts=hashlib.sha256(text.encode()).hexdigest(), test=split_sha256(x_test, y_test))
 
 
-def export_facts(cfg: RunConfig, data: ImageDataset, facts: Facts, out: Path, key: ec.EllipticCurvePrivateKey) -> None:
+def export_facts(cfg: RunConfig, test: TestSplit, facts: Facts, out: Path, key: ec.EllipticCurvePrivateKey) -> None:
     """Write the server's file (module docstring) to `out` (0600, atomically), signed with `key`."""
     text = json.dumps(
-        {"settings": partition_settings(cfg), "facts": facts.to_json(), "reply_cap": reply_cap(cfg, data)}
+        {"settings": partition_settings(cfg), "facts": facts.to_json(), "reply_cap": reply_cap(cfg, facts)}
     )
-    signature = sign(key, _statement(text, data.x_test, data.y_test))
+    signature = sign(key, _statement(text, test.x, test.y))
     with atomic_path(out, mode=0o600) as tmp, open(tmp, "wb") as fh:
         # as uint8: numpy's fixed-width bytes drop trailing NULs, and a DER signature can end in one
         raw = np.frombuffer(signature, dtype=np.uint8)
-        np.savez(fh, facts=np.str_(text), x_test=data.x_test, y_test=data.y_test, signature=raw)
+        np.savez(fh, facts=np.str_(text), x_test=test.x, y_test=test.y, signature=raw)
 
 
-def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tuple[ShareDataset, Facts]:
-    """The run's facts and a data set of the test split alone (no training image, the facts'
-    class count and normalisation), once `key` has signed them and they fit `cfg`; refused in one
+def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tuple[TestSplit, Facts]:
+    """The run's test split and facts, once `key` has signed them and they fit `cfg`; refused in one
     line naming the file otherwise."""
     try:
         with np.load(path, allow_pickle=False) as f:
@@ -64,10 +62,7 @@ def load_facts(path: Path, cfg: RunConfig, key: ec.EllipticCurvePublicKey) -> tu
             f"facts {path}: not the server's facts file ({why}); make it with incofl federation export"
         ) from None
     check_settings(f"facts {path}", saved["settings"], partition_settings(cfg))
-    empty = np.zeros((0, *facts.shape), dtype=np.uint8)
-    mean, std = facts.normalisation()
-    data = ShareDataset(cfg.dataset, empty, np.zeros(0, np.int64), x_test, y_test, "unknown", facts.classes, mean, std)
-    return data, facts
+    return TestSplit(x_test, y_test), facts
 
 
 REPLY_STATES = (
@@ -75,7 +70,7 @@ REPLY_STATES = (
 )
 
 
-def reply_cap(cfg: RunConfig, data: ImageDataset) -> int:
+def reply_cap(cfg: RunConfig, facts: Facts) -> int:
     """The most bytes one reply of the run may take as Flower moves it: REPLY_STATES times the state
     of the run's largest model (every parameter and buffer, at full width), and the reply's other
     records (REPLY_OVERHEAD). What a method really sends is checked by the ServerApp
@@ -88,12 +83,11 @@ def reply_cap(cfg: RunConfig, data: ImageDataset) -> int:
 
     method = METHODS[cfg.method]
     kwargs = method.model_kwargs(method.parse_args(cfg.method_args))
-    size = input_size(cfg.models[0], cfg.resize or data.image_size)
+    classes, (channels, side, _) = facts.classes, facts.shape
+    size = input_size(cfg.models[0], cfg.resize or side)
     largest = 0
     for name in dict.fromkeys(cfg.models):
-        model = build_model(
-            name, data.num_classes, data.channels, stem=cfg.stem, image_size=size, scale=cfg.model_scale, **kwargs
-        )
+        model = build_model(name, classes, channels, stem=cfg.stem, image_size=size, scale=cfg.model_scale, **kwargs)
         state = model.state_dict().values()
         largest = max(largest, sum(t.numel() * t.element_size() for t in state if isinstance(t, torch.Tensor)))
     return REPLY_STATES * largest + REPLY_OVERHEAD

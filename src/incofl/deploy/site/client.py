@@ -1,5 +1,7 @@
 """One client of a real federation, without Flower: the run's client side (fl/engine/clients.py)
-built on the node from the schedule it was told (wire/schedule.py) and that client's data alone (sitedata.py).
+built on the node by the client side's builder (`build_clients`) from the schedule it was told
+(wire/schedule.py: its record of the run's settings, no `RunConfig`) and that client's data alone
+(sitedata.py, owndata.py).
 
 A job (fl/engine/exchange.py) is answered by the function the simulator's in-process transport
 answers with (`Clients.train`, `Clients.score`): a TrainJob's broadcast (SCAFFOLD's c) is
@@ -29,19 +31,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from incofl.atomic import save_tensors
-from incofl.config import RunConfig
+from incofl.data.shares import Holdings
 from incofl.deploy.site.owndata import load_own
 from incofl.deploy.site.sitedata import load_site
 from incofl.deploy.wire.exported import test_sha256
 from incofl.deploy.wire.schedule import RUN_FOLDER, Schedule
 from incofl.fl.contracts import ClientUpdate, Round
-from incofl.fl.engine.assembly import assemble
 from incofl.fl.engine.checkpoint import last_checkpoint
-from incofl.fl.engine.clients import Clients
-from incofl.fl.engine.device import run_device
+from incofl.fl.engine.clients import build_clients
+from incofl.fl.engine.device import side_device
 from incofl.fl.engine.exchange import EvalJob, TrainJob
 from incofl.fl.engine.fingerprint import state_sha256
 from incofl.fl.stages.evaluation import Scores
@@ -54,8 +56,8 @@ class SavedStores:
 
     FILE = re.compile(r"after-round-(\d+)\.pt")
 
-    def __init__(self, folder: Path, cfg: RunConfig):
-        self.folder, self.cfg = folder, cfg
+    def __init__(self, folder: Path, every: int):
+        self.folder, self.every = folder, every  # every: the run's checkpoint_every
 
     def rounds(self) -> list[int]:
         if not self.folder.is_dir():  # none saved (or the folder deleted: the caller's hash check tells)
@@ -82,7 +84,7 @@ class SavedStores:
         two, and those after this round (a stopped run's, which the resumed run trains again), go."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # 0700: its states are its owner's only
         save_tensors(self.path(round_), state)  # a full disk: one line naming the file
-        checkpoint = last_checkpoint(round_, self.cfg)
+        checkpoint = last_checkpoint(round_, self.every)
         saved = self.rounds()
         keep = {round_, *[r for r in saved if r <= checkpoint][-1:]}
         for r in saved:
@@ -132,25 +134,26 @@ class SiteClient:
         pretrained: str | None = None,
         own: str = "",
     ):
-        # its pretrained weights: the node's own file (None where the run starts from none); no path came with the run
-        cfg = told.cfg.model_copy(update={"pretrained": pretrained})
-        self.cfg, self.client = cfg, client
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        if own:  # the site's own data under node config key `own` (owndata.py)
-            data, partition = load_own(own, str(data_path), cfg, client, told.data)
+        settings = told.settings
+        self.settings, self.client, self.pretrained = settings, client, pretrained
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        if own:  # the site's own data under node config key `own` (owndata.py): all of it its client's
+            data = load_own(own, str(data_path), settings.dataset, told.data)
+            part = np.arange(len(data.y_train), dtype=np.int64)
         else:
-            data, partition = load_site(data_path, cfg, client, told.partition)
-        self.test_sha256 = test_sha256(data)
-        self.device = run_device(cfg)
-        # the assembly seeds the models' initialisation: the caller's random stream is left as it was
+            data, part = load_site(data_path, settings.dataset, client, told.partition)
+        holdings = Holdings.of(data, {client: part}, settings.holdout, settings.partition_seed)
+        self.test_sha256 = test_sha256(data.x_test, data.y_test)
+        self.device = side_device(settings)
+        # the builder seeds the models' initialisation: the caller's random stream is left as it was
         with torch.random.fork_rng(devices=[]):
-            assembly = assemble(cfg, data, partition, self.device)
-            self.clients = Clients(assembly)
+            # pretrained: the node's own file of the weights (None where the run starts from none)
+            self.clients = build_clients(settings, holdings, self.device, pretrained)
         # what a site serving its own data declares at identify (an exported share's facts are the server's)
-        self.declared = assembly.facts.clients[client] if own else None
+        self.declared = holdings.facts(client) if own else None
         keep_recent_runs(Path(state_dir), told.run)
-        self.saved = SavedStores(Path(state_dir) / told.run / f"client{client}", cfg)
+        self.saved = SavedStores(Path(state_dir) / told.run / f"client{client}", settings.checkpoint_every)
         self.fresh = self.clients.store.state_dict()  # a client before its first round: it keeps nothing
 
     def restore(self, after: Round, expected: str) -> None:

@@ -20,12 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from incofl.config import ConfigError, RunConfig
+from incofl.config import ConfigError
 from incofl.data.dataset import ShareDataset
 from incofl.data.facts import Facts
-from incofl.data.partition import Partition
 from incofl.deploy import DATA_FOLDER, DATA_NPZ
-from incofl.deploy.site.sitedata import site_partition
 
 OWN = (DATA_FOLDER, DATA_NPZ)  # the node config's keys of a site's own data
 EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -89,9 +87,10 @@ def fitted(x: np.ndarray, y: np.ndarray, data: Facts) -> tuple[np.ndarray, np.nd
     return x.copy(order="C"), y.astype(np.int64)
 
 
-def load_own(key: str, path: str, cfg: RunConfig, client: int, data: Facts | None) -> tuple[ShareDataset, Partition]:
-    """A site's own data under `key` (module docstring) as `client`'s of `cfg`, checked against the
-    data set's facts its schedule told (`data`); refused in one line naming `key` and `path` otherwise."""
+def load_own(key: str, path: str, dataset: str, data: Facts | None) -> ShareDataset:
+    """A site's own data under `key` (module docstring) as a share of a run on `dataset`, checked
+    against the data set's facts its schedule told (`data`); refused in one line naming `key` and
+    `path` otherwise. Every image of it is its client's."""
     if data is None:
         raise ConfigError(f"{key} {path}: the run's schedule tells no data set to check it against (an older server?)")
     try:
@@ -101,5 +100,4 @@ def load_own(key: str, path: str, cfg: RunConfig, client: int, data: Facts | Non
         why = str(err).splitlines()[0][:160] if isinstance(err, ValueError) else type(err).__name__
         raise ConfigError(f"{key} {path}: not data of this run ({why})") from None
     mean, std = data.normalisation()
-    site = ShareDataset(cfg.dataset, x, y, x[:0], y[:0], "unknown", data.classes, mean, std)
-    return site, site_partition(cfg, site, client, np.arange(len(x), dtype=np.int64))
+    return ShareDataset(dataset, x, y, x[:0], y[:0], "unknown", data.classes, mean, std)

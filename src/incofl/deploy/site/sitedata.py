@@ -26,7 +26,7 @@ from incofl.config import ConfigError, RunConfig
 from incofl.data.dataset import ImageDataset, ShareDataset
 from incofl.data.partition import Partition
 from incofl.data.tensors import normalisation
-from incofl.deploy.wire.exported import check_settings, partition_settings
+from incofl.deploy.wire.exported import check_digest, partition_settings
 
 
 def export_client(
@@ -73,13 +73,10 @@ def site_server_key(path: str | Path) -> bytes:
         raise ConfigError(f"data-path {path}: {why}; make one with incofl federation export") from None
 
 
-def load_site(
-    path: str | Path, cfg: RunConfig, client: int, settings: dict[str, object] | None = None
-) -> tuple[ShareDataset, Partition]:
-    """A node's data for `client` under `cfg`: its dataset and a partition in which only it
-    holds samples. A file of another client or drawn with other partition `settings` than the
-    run's (those a node was told; None: `cfg`'s own, where the whole config is known), or that
-    group or others may read, is refused in one line."""
+def load_site(path: str | Path, dataset: str, client: int, partition: str) -> tuple[ShareDataset, np.ndarray]:
+    """A node's data for `client` of a run on `dataset`: its share, and its training indices into it.
+    A file of another client or drawn with other partition settings than those whose digest the
+    run told (`partition`), or that group or others may read, is refused in one line."""
     from incofl.deploy.wire.credentials import check_private
 
     if Path(path).exists():
@@ -93,10 +90,9 @@ def load_site(
         ) from None
     if int(site["client"]) != client:
         raise ConfigError(f"data-path {path}: holds client {int(site['client'])}'s data, this node is client {client}")
-    wanted = partition_settings(cfg) if settings is None else settings
-    check_settings(f"data-path {path}", json.loads(str(site["settings"])), wanted)
+    check_digest(f"data-path {path}", json.loads(str(site["settings"])), partition)
     data = ShareDataset(
-        cfg.dataset,
+        dataset,
         site["x"],
         site["y"],
         site["x_test"],
@@ -106,13 +102,4 @@ def load_site(
         mean=site["mean"],
         std=site["std"],
     )
-    return data, site_partition(cfg, data, client, site["part"].astype(np.int64))
-
-
-def site_partition(cfg: RunConfig, data: ShareDataset, client: int, part: np.ndarray) -> Partition:
-    """A partition of `cfg`'s clients in which only `client` holds samples: `part` of `data`."""
-    parts = [np.zeros(0, dtype=np.int64) for _ in range(cfg.clients)]
-    parts[client] = part
-    histogram = np.zeros((cfg.clients, data.num_classes), dtype=np.int64)
-    histogram[client] = np.bincount(data.y_train, minlength=data.num_classes)
-    return Partition(parts, histogram, {"kind": "site", "client": client})
+    return data, site["part"].astype(np.int64)

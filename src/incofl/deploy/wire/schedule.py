@@ -1,7 +1,8 @@
 """What a federation's node is told of a run (its schedule), and nothing else of the experiment:
-the settings the client side computes with (config.py's `Role.CLIENT` tags: epochs, batch size,
-optimiser and its settings, the method and its parameters, the models, the seed, ...), the
-partition settings its data file must have been exported with (less any path), whether the run
+its client's record of the run's settings (incofl.sides.ClientSettings: every setting the client side
+computes with, config.py's `Role.CLIENT` tags: epochs, batch size, optimiser and its settings, the method
+and its parameters, the models, the seed, ...), the digest of the partition settings its data file must
+have been exported with (sides.partition_digest, paths left out), whether the run
 starts from pretrained weights (the node's own file holds them), the name of the run's folder
 of saved states (`run_key`, of the server's whole config) and the data set's facts (class count,
 image shape, normalisation: data/facts.py), which a site serving its own data checks it against
@@ -15,16 +16,14 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
 
-from incofl.config import Role, RunConfig, run_settings
+from incofl.config import RunConfig
 from incofl.data.facts import Facts
-from incofl.deploy.wire.exported import PARTITION_KEYS, partition_settings
+from incofl.errors import key_and_message
 from incofl.fl.engine.checkpoint import semantic_config
+from incofl.sides import CLIENT_SETTINGS, ClientSettings, PartitionSettings
 
-CLIENT_SETTINGS = run_settings(Role.CLIENT)
-PATHS = run_settings(Role.PATH)
-CHECKED = frozenset(PARTITION_KEYS) - PATHS  # the partition settings a node checks its file against
+DIGEST = re.compile(r"[0-9a-f]{64}")
 RUN_FOLDER = re.compile(r"[0-9a-f]{16}")  # run_key's names
 
 
@@ -38,23 +37,22 @@ def run_key(cfg: RunConfig) -> str:
 def schedule_of(cfg: RunConfig, facts: Facts | None = None) -> str:
     """The schedule the server tells every node (module docstring), as JSON; the data set's
     facts from `facts` (None: none told, as to a node that reads an exported share)."""
-    dump = cfg.model_dump(mode="json")
-    settings = {key: value for key, value in partition_settings(cfg).items() if key in CHECKED}
-    client = {key: dump[key] for key in sorted(CLIENT_SETTINGS)}
+    client = ClientSettings.of(cfg).model_dump(mode="json")
+    partition = PartitionSettings.of(cfg).digest()
     data = None if facts is None else {**facts.to_json(), "clients": []}  # no client's facts: not the node's to know
-    told = {"config": client, "partition": settings, "pretrained": bool(cfg.pretrained), "run": run_key(cfg)}
+    told = {"config": client, "partition": partition, "pretrained": bool(cfg.pretrained), "run": run_key(cfg)}
     return json.dumps({**told, "data": data})
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """A node's schedule, read back: its client side's config (every setting the client side computes
-    with, as the server's config has it; the others, which it never reads, their defaults),
-    the partition settings to check its file against, whether it needs pretrained weights, its run,
+    """A node's schedule, read back: its client side's record of the run's settings (every setting the
+    client side computes with, as the server's config has it, and no other), the digest of the
+    partition settings to check its file against, whether it needs pretrained weights, its run,
     the data set's facts (no client's; None if not told)."""
 
-    cfg: RunConfig
-    partition: dict[str, Any]
+    settings: ClientSettings
+    partition: str
     pretrained: bool
     run: str
     data: Facts | None = None
@@ -70,11 +68,15 @@ class Schedule:
             raise ValueError("schedule: config: settings no client computes with")
         if untold := sorted(CLIENT_SETTINGS - set(config)):  # none left to a default here: the server's value
             raise ValueError(f"schedule: config: no {', '.join(untold[:5])}: every setting a client computes with")
-        if not isinstance(partition, dict) or not set(partition) <= CHECKED:
-            raise ValueError("schedule: partition: not the partition's settings")
+        if not isinstance(partition, str) or not DIGEST.fullmatch(partition):
+            raise ValueError("schedule: partition: not the digest of the partition's settings")
         if type(data["pretrained"]) is not bool or not isinstance(run, str) or not RUN_FOLDER.fullmatch(run):
             raise ValueError("schedule: pretrained or run: not a flag and a run's folder name")  # run names a folder
         if data["data"] is not None and not isinstance(data["data"], dict):
             raise ValueError("schedule: data: not the data set's facts")
         facts = None if data["data"] is None else Facts.from_json(data["data"], 0)  # a ValueError names the entry
-        return cls(RunConfig(**config), partition, data["pretrained"], run, facts)
+        try:
+            settings = ClientSettings.model_validate(config)  # the config's own checks of each setting
+        except ValueError as err:  # pydantic's ValidationError, one line naming the setting
+            raise ValueError(f"schedule: config: {key_and_message(err)}") from None
+        return cls(settings, partition, data["pretrained"], run, facts)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from incofl.atomic import save_tensors
-from incofl.config import Affects, Analyses, RunConfig, run_settings
+from incofl.config import Affects, Analyses, run_settings
 from incofl.registry import METHODS
 
 # Settings a checkpoint stays valid across: those that change nothing a run computes, and those
@@ -105,13 +105,13 @@ def check_same(path: Path, theirs: dict[str, Any], config: dict[str, Any], remed
         )
 
 
-def checkpointed(round_: int, cfg: RunConfig) -> bool:
-    """Whether a run's checkpoint is written after round `round_` (1-based): every
-    `checkpoint_every`-th round but the last (summary.json marks a finished run)."""
-    return round_ % cfg.checkpoint_every == 0 and round_ < cfg.rounds
+def checkpointed(round_: int, every: int, rounds: int) -> bool:
+    """Whether a run's checkpoint is written after round `round_` (1-based): every `every`-th
+    round (`checkpoint_every`) but the last, `rounds` (summary.json marks a finished run)."""
+    return round_ % every == 0 and round_ < rounds
 
 
-def last_checkpoint(round_: int, cfg: RunConfig) -> int:
-    """The last round before round `round_` after which a checkpoint was written (0: none): where a
-    run stopped during round `round_` resumes from."""
-    return (round_ - 1) // cfg.checkpoint_every * cfg.checkpoint_every
+def last_checkpoint(round_: int, every: int) -> int:
+    """The last round before round `round_` after which a checkpoint was written every `every`
+    rounds (0: none): where a run stopped during round `round_` resumes from."""
+    return (round_ - 1) // every * every

@@ -8,7 +8,8 @@ model on the client's data. It
 holds no server state: the server sends each planned client its plan and start weights and its
 objective's broadcast (exchange.py), and the client side trains from them to the update. The
 simulator builds one for every client; a federation's node one for its own client, from its own
-data alone (incofl.deploy.site.client).
+data alone (incofl.deploy.site.client). Both build it with `build_clients`, from the client's record of
+the run's settings (incofl.sides) and the training data it holds (data/shares.py).
 
 `InProcess` is the simulator's transport: the same exchange, called directly, and answered by
 the function a federation's node answers with (`Clients.train`). The broadcast is copied on the
@@ -19,29 +20,35 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
+
+from incofl.data.augment import resolve_augment, to_device
+from incofl.data.shares import Holdings
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
-from incofl.fl.engine.assembly import Assembly
 from incofl.fl.engine.exchange import Reply
 from incofl.fl.engine.fingerprint import state_sha256
+from incofl.fl.engine.models import LaidOut, Shape, lay_out
 from incofl.fl.stages.client import KEPT, ClientRunner
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.evaluation import Scores
-from incofl.fl.stages.layout import ClientEval
+from incofl.fl.stages.layout import ClientEval, Training
+
+if TYPE_CHECKING:
+    from incofl.sides import ClientSettings
 
 
 class Clients:
     """A run's client side (module docstring): `stream` a round's planned clients to their
     updates, `score` a client's model."""
 
-    def __init__(self, assembly: Assembly):
-        a, cfg = assembly, assembly.cfg
-        self.layout = a.layout
-        self.store = ClientStore(cfg.client_memory_mb)  # what each client keeps across rounds
-        self.objective = a.method.objective.cls.client(a.hp, a.setup(self.store))  # its client half
-        self.runner = ClientRunner(cfg, self.objective, a.models, a.train_data, a.parts, self.store)
-        self.objective.begin(a.layout.server_model.state_dict())  # read-only: the models' initial weights
+    def __init__(self, laid: LaidOut, training: Training):
+        settings, self.layout, self.training = laid.settings, laid.layout, training
+        self.store = ClientStore(settings.client_memory_mb)  # what each client keeps across rounds
+        self.objective = laid.method.objective.cls.client(laid.hp, laid.setup(self.store))  # its client half
+        self.runner = ClientRunner(settings, self.objective, laid.models, training.train, training.parts, self.store)
+        self.objective.begin(laid.layout.server_model.state_dict())  # read-only: the models' initial weights
 
     def receive(self, broadcasts: dict[int, State]) -> None:
         """What the server's objective sent each federation's clients, before they train."""
@@ -65,6 +72,23 @@ class Clients:
     def kept(self, client: int) -> State | None:
         """The entries `client` keeps for itself (None: none)."""
         return self.store.get(KEPT, client)
+
+
+def build_clients(
+    settings: ClientSettings, holdings: Holdings, device: torch.device, pretrained: str | None = None
+) -> Clients:
+    """A run's client side (module docstring) from its record and the training data it holds, on
+    `device`: its splits in the models' input size, the training split with the augmentation it
+    trains with; `pretrained`: its own file of the weights the run starts from."""
+    data = holdings.data
+    shape = Shape(data.num_classes, data.channels, data.image_size)
+    first = settings.models[0]
+    aug = resolve_augment(
+        settings.augment, settings.dataset, model=first, cutout=settings.cutout, pad_fill=settings.pad_fill
+    )
+    train, test = to_device(data, device, shape.input_size(settings), aug, settings.normalize)
+    training = Training(train, holdings.parts, holdings.held_out)
+    return Clients(lay_out(settings, shape, device, test, pretrained, training=training), training)
 
 
 class InProcess:

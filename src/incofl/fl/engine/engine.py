@@ -6,7 +6,7 @@ every few rounds evaluate. It is split where a real federation splits it: the se
 objective broadcasts; a transport (exchange.py) carries them to the client side (clients.py),
 which trains each planned client to its update, and carries the updates back; the server folds
 each into the round as it arrives (fold.py) and concludes it. The simulator's transport calls
-the client side in process (`simulator`); a Flower federation's sends messages to SuperNodes
+the client side in process (simulator.py); a Flower federation's sends messages to SuperNodes
 (incofl.deploy.server.transport). The engine is the same for both: it names no transport, method,
 model family or model (a test greps it).
 """
@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from incofl.fl.contracts import Round, RoundReport
-from incofl.fl.engine.assembly import Assembly
-from incofl.fl.engine.clients import Clients, InProcess
 from incofl.fl.engine.exchange import MissingClients, Transport
 from incofl.fl.engine.fold import RoundFold
 from incofl.fl.engine.server import Server
@@ -88,9 +86,3 @@ class Engine:
     def load_state_dict(self, payload: dict[str, Any]) -> None:
         self.server.load_state_dict(payload)
         self.transport.load_state_dict(payload["clients"])
-
-
-def simulator(assembly: Assembly) -> Engine:
-    """A run in one process: its server side and its client side built on one assembly (the
-    models, data and method built once: assembly.assemble), joined by the in-process transport."""
-    return Engine(Server(assembly), InProcess(Clients(assembly)))

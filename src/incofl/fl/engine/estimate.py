@@ -34,7 +34,7 @@ class Work:
     """The training work of rounds `start` to the end of a run."""
 
     def __init__(self, server: Server, start: int):
-        cfg, data, facts = server.cfg, server.assembly.test_data, server.assembly.facts  # no training sample read
+        cfg, data, facts = server.settings, server.test, server.facts  # no training sample read
         gen = torch.Generator().manual_seed(PROBE_INPUT_SEED)  # its own generator: the run's draws stay untouched
         x = torch.rand((2, data.x.shape[1], data.input_size, data.input_size), generator=gen).to(data.x.device)
         y = torch.zeros(2, dtype=torch.long, device=data.x.device)

@@ -72,7 +72,7 @@ class RoundFold:
         self.trained: list[Trained] = []  # the probes' (none unless they probe this round)
         self.sums = server.aggregator.fold()
         self.held = {
-            i: Held(server.cfg.client_memory_mb, server.device) for i, t in enumerate(server.pre) if t.whole_round
+            i: Held(server.settings.client_memory_mb, server.device) for i, t in enumerate(server.pre) if t.whole_round
         }
 
     def add(self, update: ClientUpdate) -> None:
@@ -108,7 +108,7 @@ class RoundFold:
         check_states(round_.number, server.weights)
         server.objective.server_round_end()
         diagnostics = {k: v for post in server.post for k, v in post.diagnostics().items()}
-        return RoundReport.of(round_.number, self.receipts, server.cfg.local_epochs, diagnostics)
+        return RoundReport.of(round_.number, self.receipts, server.settings.local_epochs, diagnostics)
 
     def _arrive(self, client: int, update: ClientUpdate | None) -> None:
         position = self.position.get(client)

@@ -23,18 +23,12 @@ from tqdm import tqdm
 
 from incofl.atomic import atomic_path, write_json
 from incofl.config import RunConfig
-from incofl.data.dataset import ImageDataset
-from incofl.data.facts import Facts
-from incofl.data.partition import Partition, partition_for
 from incofl.errors import Diverged
 from incofl.fl.contracts import Round
 from incofl.fl.engine import checkpoint
-from incofl.fl.engine.assembly import Assembly, assemble
-from incofl.fl.engine.device import run_device
-from incofl.fl.engine.engine import Engine, simulator
+from incofl.fl.engine.engine import Engine
 from incofl.fl.engine.estimate import Work
 from incofl.fl.engine.hardware import cpu_model, hardware_kind
-from incofl.fl.engine.rundir import claimed
 
 
 def evaluated(round_: int, cfg: RunConfig) -> bool:
@@ -180,7 +174,7 @@ class Run:
                 self.say(work.time_line(report.seconds))
             if evaluated(self.done, cfg):
                 bar.set_postfix(acc=f"{self.record(round_)['mean_acc']:.2f}")
-            if checkpoint.checkpointed(self.done, cfg):
+            if checkpoint.checkpointed(self.done, cfg.checkpoint_every, cfg.rounds):
                 self.save()
         clients.close()
         return self.finish()
@@ -241,26 +235,3 @@ class Run:
             **self.engine.server.layout.summary(self.rows),
             "state_sha256": self.engine.fingerprint(),
         }
-
-
-def build_assembly(cfg: RunConfig, data: ImageDataset | None = None, facts: Facts | None = None) -> Assembly:
-    """What a run's server side is built on, as every entry point builds it (`incofl train`, a
-    federation's server): the config's threads, its data set (unless given), its partition and
-    device; every input is checked before an output is touched. With `facts` (a federation's
-    server, whose `data` holds the test split alone), no partition is drawn: the facts tell it."""
-    from incofl.data.sources import dataset_for
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    data = data or dataset_for(cfg)
-    if facts is None:
-        return assemble(cfg, data, partition_for(cfg, data), run_device(cfg))
-    none = Partition([np.zeros(0, np.int64)] * cfg.clients, np.zeros((cfg.clients, 0)), {"kind": "facts"})
-    return assemble(cfg, data, none, run_device(cfg), facts)
-
-
-def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:
-    """Run (or resume) one configured training run in the simulator and return its summary."""
-    engine = simulator(build_assembly(cfg, data))
-    with claimed(Path(out_dir)):
-        return Run(cfg, engine, Path(out_dir)).execute()

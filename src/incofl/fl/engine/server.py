@@ -10,56 +10,62 @@ models that need nothing of a client (`score`), says what it accepts of a client
 scores elsewhere (`expect`, `expect_scores`), and is checkpointed component by component, by
 role (`components`). It never trains: the client side (clients.py) does, reached through a
 transport (exchange.py). It names no method, model family or model: a test greps it.
+
+`build_server` builds it from the server's record of the run's settings (incofl.sides), the run's
+facts (data/facts.py) and the test split: no training image, partition or augmentation reaches it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from incofl.data.facts import Facts, TestSplit
+from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, RoundReport, State, Trained
-from incofl.fl.engine.assembly import Assembly
 from incofl.fl.engine.checkpoint import CheckpointMismatch
 from incofl.fl.engine.exchange import ExpectedScores, ExpectedUpdate
 from incofl.fl.engine.fingerprint import run_fingerprint
+from incofl.fl.engine.models import LaidOut, Shape, lay_out
 from incofl.fl.stages.component import Stateful, expected_extra
 from incofl.fl.stages.evaluation import Scores, scored_samples
-from incofl.fl.stages.layout import HELD_OUT, ClientEval, ClientScores
-from incofl.fl.stages.local import local_steps
+from incofl.fl.stages.layout import HELD_OUT, ClientEval, ClientScores, Layout
 from incofl.fl.stages.observers import CostLog
 from incofl.fl.stages.probes import analyses_for
-from incofl.fl.stages.sampling import sample_schedule
+from incofl.fl.stages.sampling import local_steps, sample_schedule
 from incofl.fl.stages.transforms import EpochScale, UpdateNoise
 from incofl.models.family import exit_count
+
+if TYPE_CHECKING:
+    from incofl.sides import ServerSettings
 
 
 class Server:
     """A run's server side (module docstring): `weights`, one state per federation (the global
     model each federation trains), and the method's stage components around them."""
 
-    def __init__(self, assembly: Assembly):
-        a = self.assembly = assembly
-        self.cfg, self.device, self.layout = a.cfg, a.device, a.layout
-        self.models, self.server_model = a.layout.models, a.layout.server_model
+    def __init__(self, laid: LaidOut, facts: Facts, test: TensorSplit, device: torch.device):
+        self.settings, self.facts, self.test, self.device, self.layout = laid.settings, facts, test, device, laid.layout
+        self.models, self.server_model = laid.models, laid.layout.server_model
         self.names = [list(m.state_dict()) for m in self.models]
-        cfg, method, hp, setup = a.cfg, a.method, a.hp, a.setup()
+        run, method, hp, setup = laid.settings, laid.method, laid.hp, laid.setup()
         self.objective = method.objective.cls(hp, setup)  # its server half: state, broadcast, round end
         self.aggregator = method.aggregator.cls(hp, setup)
-        noise = [UpdateNoise(hp, setup)] if cfg.update_noise else []  # robustness: before any other transform
+        noise = [UpdateNoise(hp, setup)] if run.update_noise else []  # robustness: before any other transform
         self.pre = [*noise, *(transform.cls(hp, setup) for transform in method.pre)]
-        scale = [EpochScale(hp, setup)] if cfg.scales_epochs else []  # the release's, for every method: first
+        scale = [EpochScale(hp, setup)] if run.scales_epochs else []  # the release's, for every method: first
         self.post = [*scale, *(transform.cls(hp, setup) for transform in method.post)]
         self.costs = CostLog(hp, setup)  # every method's; its totals go into metrics.csv and summary.json
         self.observers = [self.costs, *(observer.cls(hp, setup) for observer in method.observers)]
-        self.observers += analyses_for(cfg, self.models, a.test_data)  # none unless `analyses` lists rounds
+        self.observers += analyses_for(run, self.models, test)  # none unless `analyses` lists rounds
         self.planner = method.planner.cls(hp, setup)
         server = self.server_model.state_dict()
         if self.aggregator.shared:
             self.weights = [{k: v.detach().clone() for k, v in server.items()}]
         else:
             self.weights = [{k: server[k].detach().clone() for k in names} for names in self.names]
-        self.schedule = sample_schedule(cfg.seed, cfg.clients, cfg.ratio, cfg.rounds)
+        self.schedule = sample_schedule(run.seed, run.clients, run.ratio, run.rounds)
         self.objective.begin(server)  # read-only; an objective keeps a copy if it needs one
 
     def components(self) -> list[tuple[str, Stateful]]:
@@ -120,10 +126,10 @@ class Server:
         """What the server accepts from a planned client that trains from `start` (ExpectedUpdate):
         the trainer's rules (the plan's uploads, the client's facts: its share and the classes it
         holds, the batches of its schedule), the components' declarations of what their clients send."""
-        cfg, facts = self.cfg, self.assembly.facts.clients[plan.client]
+        run, facts = self.settings, self.facts.clients[plan.client]
         params = [name for name, _ in self.models[plan.group].named_parameters()]
         samples = facts.samples
-        steps = local_steps(samples, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
+        steps = local_steps(samples, run.local_epochs, run.batch_size, run.drop_last)
         return ExpectedUpdate(
             plan,
             {k: (tuple(start[k].shape), start[k].dtype) for k in plan.uploaded(start)},
@@ -137,11 +143,9 @@ class Server:
     def expect_scores(self, client: int, group: int, splits: tuple[str, ...]) -> ExpectedScores:
         """The samples each split scores (the held-out share, the test set as the evaluator batches
         it) and the exits of the client's model."""
-        cfg, held_out = self.cfg, self.assembly.facts.clients[client].held_out
+        run, held_out = self.settings, self.facts.clients[client].held_out
         samples = tuple(
-            held_out
-            if split == HELD_OUT
-            else scored_samples(len(self.assembly.test_data), cfg.eval_batch_size, cfg.drop_last)
+            held_out if split == HELD_OUT else scored_samples(len(self.test), run.eval_batch_size, run.drop_last)
             for split in splits
         )
         return ExpectedScores(client, samples, exit_count(self.models[group]))
@@ -178,3 +182,19 @@ class Server:
     def kinds(self) -> dict[str, str]:
         """Each component's role -> its class's name."""
         return {role: type(component).__name__ for role, component in self.components()}
+
+
+def build_server(
+    settings: ServerSettings, facts: Facts, test: TestSplit, device: torch.device, client_side: Layout | None = None
+) -> Server:
+    """A run's server side (module docstring) from its record, the facts and the test split, on
+    `device`; `client_side`: the client side's layout where both share a process (the simulator),
+    for what its evaluation asks of the training data (LayoutInputs)."""
+    shape = Shape(facts.classes, facts.shape[0], facts.shape[1])
+    mean, std = facts.normalisation()
+    split = TensorSplit(test.x, test.y, mean, std, device, shape.input_size(settings))
+    held_out = tuple(facts.held_out_clients())
+    laid = lay_out(
+        settings, shape, device, split, settings.pretrained, held_out_clients=held_out, client_side=client_side
+    )
+    return Server(laid, facts, split, device)

@@ -23,16 +23,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from incofl.config import RunConfig
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.local import ClientObjective
 from incofl.fl.stages.trainer import Trainer
+
+if TYPE_CHECKING:
+    from incofl.sides import ClientSettings
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -43,9 +46,9 @@ class RowOptimizer:
     together always have the same step count. Its state starts at zero, so SGD's first step
     (0 * momentum + d) is torch's (d), and weights and state change in place."""
 
-    def __init__(self, cfg: RunConfig, weights: State):
-        self.cfg = cfg
-        slots = 2 if cfg.optimizer == "adam" else int(cfg.momentum > 0)
+    def __init__(self, settings: ClientSettings, weights: State):
+        self.settings = settings
+        slots = 2 if settings.optimizer == "adam" else int(settings.momentum > 0)
         self.state = {k: [torch.zeros_like(w) for _ in range(slots)] for k, w in weights.items()}
 
     def step(self, weights: State, grads: State, rows: torch.Tensor | None, step: int) -> None:
@@ -71,25 +74,25 @@ class RowOptimizer:
                 old.copy_(torch.where(keep, value, old))
 
     def rule(self, p: torch.Tensor, g: torch.Tensor, s: list, step: int | torch.Tensor) -> tuple[torch.Tensor, list]:
-        return (self._adam if self.cfg.optimizer == "adam" else self._sgd)(p, g, s, step)
+        return (self._adam if self.settings.optimizer == "adam" else self._sgd)(p, g, s, step)
 
     def _sgd(self, p: torch.Tensor, g: torch.Tensor, s: list[torch.Tensor], step: int) -> tuple[torch.Tensor, list]:
-        cfg = self.cfg
-        d = g + cfg.weight_decay * p if cfg.weight_decay else g
-        if cfg.momentum:
-            d = s[0] * cfg.momentum + d
+        settings = self.settings
+        d = g + settings.weight_decay * p if settings.weight_decay else g
+        if settings.momentum:
+            d = s[0] * settings.momentum + d
             s = [d]
-        return p - cfg.lr * d, s
+        return p - settings.lr * d, s
 
     def _adam(
         self, p: torch.Tensor, g: torch.Tensor, s: list[torch.Tensor], step: int | torch.Tensor
     ) -> tuple[torch.Tensor, list]:
         (beta1, beta2), eps, t = (0.9, 0.999), 1e-8, step + 1
-        g = g + self.cfg.weight_decay * p if self.cfg.weight_decay else g
+        g = g + self.settings.weight_decay * p if self.settings.weight_decay else g
         avg = s[0].lerp(g, 1 - beta1)
         sq = s[1] * beta2 + (1 - beta2) * g * g
         denom = sq.sqrt() / (1 - beta2**t) ** 0.5 + eps
-        return p - (self.cfg.lr / (1 - beta1**t)) * avg / denom, [avg, sq]
+        return p - (self.settings.lr / (1 - beta1**t)) * avg / denom, [avg, sq]
 
 
 class Bucket:
@@ -100,7 +103,7 @@ class Bucket:
         model = trainer.models[plans[0].group]
         self.step_grad = vmap(grad_and_value(trainer._loss(model)), randomness="different")
         self.anchors = {k: v.clone() for k, v in weights.items()} if objective.corrects() else {}
-        self.optimizer = RowOptimizer(trainer.cfg, weights)
+        self.optimizer = RowOptimizer(trainer.settings, weights)
         device = next(iter(weights.values())).device
         self.losses, self.steps = torch.zeros(len(plans), device=device), [0] * len(plans)
         self.last_grads: dict[int, State] = {}

@@ -14,10 +14,10 @@ objective keeps per client.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from torch import nn
 
-from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.batched import BatchedTrainer
@@ -25,6 +25,9 @@ from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.graphs import GraphBatchedTrainer, GraphTrainer
 from incofl.fl.stages.local import ClientObjective
 from incofl.fl.stages.trainer import Parts, SerialTrainer
+
+if TYPE_CHECKING:
+    from incofl.sides import ClientSettings
 
 KEPT = "kept"  # the client store's space of the entries a client keeps for itself (ClientPlan.keep)
 
@@ -35,18 +38,18 @@ class ClientRunner:
 
     def __init__(
         self,
-        cfg: RunConfig,
+        settings: ClientSettings,
         objective: ClientObjective,
         models: list[nn.Module],
         data: TensorSplit,
         parts: Parts,
         store: ClientStore,
     ):
-        autocast = cfg.bf16 and data.x.device.type == "cuda"
+        autocast = settings.bf16 and data.x.device.type == "cuda"
         trainers = {("serial", False): SerialTrainer, ("batched", False): BatchedTrainer}
         trainers |= {("serial", True): GraphTrainer, ("batched", True): GraphBatchedTrainer}
-        trainer = trainers[cfg.trainer, cfg.cuda_graphs]
-        self.trainer, self.objective = trainer(cfg, models, data, parts, autocast), objective
+        trainer = trainers[settings.trainer, settings.cuda_graphs]
+        self.trainer, self.objective = trainer(settings, models, data, parts, autocast), objective
         self.store, self.device = store, data.x.device  # the store: what its clients keep across rounds
 
     def own_start(self, plan: ClientPlan, start: State) -> State:

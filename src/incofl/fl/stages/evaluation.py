@@ -4,6 +4,7 @@ one loop over a split that every evaluator (the width levels' too) scores with."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,7 +113,12 @@ class PersonalEvaluator:
     the per-client accuracies (`personal_acc_std`), and per model group."""
 
     def __init__(
-        self, models: list[nn.Module], data: TensorSplit, held_out: list[np.ndarray], groups: list[int], batch_size: int
+        self,
+        models: list[nn.Module],
+        data: TensorSplit,
+        held_out: Mapping[int, np.ndarray],
+        groups: list[int],
+        batch_size: int,
     ):
         self.models, self.data, self.held_out, self.groups, self.batch_size = models, data, held_out, groups, batch_size
 
@@ -122,17 +128,19 @@ class PersonalEvaluator:
         model.load_state_dict(state)
         return score(model, self.data, self.batch_size, indices=torch.from_numpy(self.held_out[client]))
 
-    def combine(self, scores: dict[int, Scores]) -> dict[str, float]:
-        """The metrics from each scored client's scores (a client missing from `scores` is left out)."""
-        accs, by_group = [], np.zeros((len(self.models), 3))  # per group: correct, loss, samples
-        for client, s in sorted(scores.items()):  # in client order: the sums' rounding is fixed
-            correct, loss, n = s.correct[-1], s.loss[-1], s.n
-            accs.append(100.0 * correct / n)
-            by_group[self.groups[client]] += (correct, loss, n)
-        correct, loss, n = by_group.sum(0).tolist()  # plain floats: the metrics rows go into the checkpoint
-        return {
-            "personal_acc": 100.0 * correct / n,
-            "personal_acc_std": float(np.std(accs)),
-            "personal_loss": loss / n,
-            **{f"personal_g{g}": 100.0 * c / m for g, (c, _, m) in enumerate(by_group.tolist()) if m},
-        }
+
+def personal_metrics(scores: dict[int, Scores], groups: list[int], models: int) -> dict[str, float]:
+    """The personal metrics (PersonalEvaluator) from each scored client's held-out scores (a client
+    missing from `scores` is left out); `groups`: each client's model group, of `models`."""
+    accs, by_group = [], np.zeros((models, 3))  # per group: correct, loss, samples
+    for client, s in sorted(scores.items()):  # in client order: the sums' rounding is fixed
+        correct, loss, n = s.correct[-1], s.loss[-1], s.n
+        accs.append(100.0 * correct / n)
+        by_group[groups[client]] += (correct, loss, n)
+    correct, loss, n = by_group.sum(0).tolist()  # plain floats: the metrics rows go into the checkpoint
+    return {
+        "personal_acc": 100.0 * correct / n,
+        "personal_acc_std": float(np.std(accs)),
+        "personal_loss": loss / n,
+        **{f"personal_g{g}": 100.0 * c / m for g, (c, _, m) in enumerate(by_group.tolist()) if m},
+    }

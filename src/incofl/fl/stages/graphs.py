@@ -21,17 +21,20 @@ eagerly (`capture=False`), which is how a CPU tests it against the trainers it r
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.batched import Batch, BatchedTrainer, Bucket, by_size
 from incofl.fl.stages.local import ClientObjective, make_optimizer
 from incofl.fl.stages.trainer import Parts, SerialTrainer, last_gradients, set_trainable
+
+if TYPE_CHECKING:
+    from incofl.sides import ClientSettings
 
 WARMUP = 3  # eager steps on a side stream before a capture (PyTorch's recipe: cuDNN's autotuning, lazy allocations)
 
@@ -92,9 +95,13 @@ class GraphStep:
     one runs the same arithmetic eagerly. Gradients stay allocated (`zero_grad(set_to_none=False)`),
     so `p.grad` is the last step's either way."""
 
-    def __init__(self, model: nn.Module, params: list[nn.Parameter], cfg: RunConfig, autocast: bool, capture: bool):
+    def __init__(
+        self, model: nn.Module, params: list[nn.Parameter], settings: ClientSettings, autocast: bool, capture: bool
+    ):
         self.model, self.autocast = model, autocast
-        optimizer = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, capture)
+        optimizer = make_optimizer(
+            params, settings.optimizer, settings.lr, settings.momentum, settings.weight_decay, capture
+        )
         self.optimizer = primed(optimizer)
         self.x: torch.Tensor | None = None  # the static batch, allocated at the first full one
         self.y: torch.Tensor | None = None
@@ -131,20 +138,22 @@ class GraphTrainer(SerialTrainer):
     """The serial trainer with each client's full batches replayed from a graph (module docstring).
     Its objectives train plain cross-entropy (`ClientObjective.capturable`)."""
 
-    def __init__(self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: Parts, autocast: bool):
-        super().__init__(cfg, models, data, parts, autocast)
+    def __init__(
+        self, settings: ClientSettings, models: list[nn.Module], data: TensorSplit, parts: Parts, autocast: bool
+    ):
+        super().__init__(settings, models, data, parts, autocast)
         self.capture = data.x.device.type == "cuda"
         self.steps: dict[tuple, GraphStep] = {}
 
     def train_client(self, round_: Round, plan: ClientPlan, start: State, objective: ClientObjective) -> ClientUpdate:
-        cfg, model = self.cfg, self.models[plan.group]
+        settings, model = self.settings, self.models[plan.group]
         model.load_state_dict(start)
         params = set_trainable(model, plan.trainable)
         key = (plan.group, plan.trainable)
         if key not in self.steps:
-            self.steps[key] = GraphStep(model, params, cfg, self.autocast, self.capture)
+            self.steps[key] = GraphStep(model, params, settings, self.autocast, self.capture)
         model.train()
-        steps, loss = self.steps[key].train(self.batches(round_, plan.client), cfg.batch_size)
+        steps, loss = self.steps[key].train(self.batches(round_, plan.client), settings.batch_size)
         names = {name for name, _ in model.named_parameters()}
         last_grad = last_gradients(model) if plan.last_grad else None
         return self.assemble(plan, start, model.state_dict(), names, steps, loss, last_grad)  # no session `end`
@@ -165,7 +174,7 @@ class GraphBucket(Bucket):
         self.x: torch.Tensor | None = None
         self.y: torch.Tensor | None = None
         self.grads: State = {}
-        self.batch_size = trainer.cfg.batch_size
+        self.batch_size = trainer.settings.batch_size
         self.replay = Captured(self.full_step, trainer.capture)
 
     def refill(self, plans: list[ClientPlan], starts: list[State]) -> None:
@@ -217,8 +226,10 @@ class GraphBucket(Bucket):
 class GraphBatchedTrainer(BatchedTrainer):
     """The batched trainer with its full-batch steps replayed from a graph (module docstring)."""
 
-    def __init__(self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: Parts, autocast: bool):
-        super().__init__(cfg, models, data, parts, autocast)
+    def __init__(
+        self, settings: ClientSettings, models: list[nn.Module], data: TensorSplit, parts: Parts, autocast: bool
+    ):
+        super().__init__(settings, models, data, parts, autocast)
         self.capture = data.x.device.type == "cuda"
         self.buckets: dict[tuple, GraphBucket] = {}
 

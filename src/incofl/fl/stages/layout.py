@@ -15,19 +15,17 @@ that is the run's accuracy. Width models are laid out in width levels instead (f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torch import nn
 
-from incofl.config import RunConfig
-from incofl.data.facts import Facts
 from incofl.data.tensors import TensorSplit
-from incofl.fl.contracts import ClientPlan, ConfigPick, State
+from incofl.fl.contracts import ClientPlan, SideSettings, State
 from incofl.fl.stages.component import Stateful
-from incofl.fl.stages.evaluation import GroupEvaluator, PersonalEvaluator, Scores
+from incofl.fl.stages.evaluation import GroupEvaluator, PersonalEvaluator, Scores, personal_metrics
 from incofl.fl.stages.plan import local_statistics
 from incofl.fl.stages.sampling import group_of
 from incofl.models.family import check_nested
@@ -53,20 +51,21 @@ def first_clients(groups: list[int]) -> list[int]:
     return [groups.index(g) for g in range(max(groups) + 1)]
 
 
-def keeps(cfg: RunConfig) -> bool:
+def keeps(settings: SideSettings) -> bool:
     """Whether the run's clients keep entries of their models (personal layers, local BN
     statistics): a client's model is then not its group's global weights, and is scored where
     the client is."""
-    return METHODS[cfg.method].planner.personal or local_statistics(cfg)
+    return METHODS[settings.method].planner.personal or local_statistics(settings)
 
 
-def tested_on_clients(cfg: RunConfig) -> list[int]:
+def tested_on_clients(settings: SideSettings, pooled: bool) -> list[int]:
     """The clients whose models are scored on the test split where the clients are (their sites
     need it: `incofl federation export --test`): each model group's first client's, where clients
-    keep entries and the data set has a global test set (GroupLayout.client_evals, Layout.on_client)."""
-    if not keeps(cfg) or cfg.pool_test:
+    keep entries and the data set has a global test set (not `pooled`: GroupLayout.client_evals,
+    Layout.on_client)."""
+    if not keeps(settings) or pooled:
         return []
-    return first_clients([group_of(c, cfg.clients, cfg.groups) for c in range(cfg.clients)])
+    return first_clients([group_of(c, settings.clients, settings.groups) for c in range(settings.clients)])
 
 
 # Scores of client models, in order: those that need what only a client has scored where it is
@@ -75,35 +74,34 @@ ClientScores = Callable[[list[ClientEval]], list[Scores]]
 
 
 @dataclass(frozen=True)
-class LayoutSettings(ConfigPick):
-    """The run settings a layout reads."""
+class Training:
+    """What a client side trains its clients on, and what only it can score: its training split
+    (augmented) and, for each client it serves, its training indices and held-out indices (None
+    without holdout). The server side has none (its layout's inputs: `training` None)."""
 
-    models: list[str]  # the model groups' models (a width model: its one architecture)
-    levels: list[tuple[float, int | None]] | None  # width models: each group's (width rate, deepest exit)
-    bn_at_eval: str  # width models: the BN statistics they are scored with (static: built from samples)
-    static_bn_samples: int | None  # static BN: the training images its statistics pass (None: all the clients')
-    seed: int  # static BN: the draw of those images
-    eval_batch_size: int
-    drop_last: bool  # the global test set's last partial batch is dropped (the release's evaluation)
+    train: TensorSplit
+    parts: Mapping[int, np.ndarray]
+    held_out: Mapping[int, np.ndarray] | None
 
 
 @dataclass(frozen=True)
 class LayoutInputs:
-    """What a layout is built from: the run settings it reads, `build(name, **model_args)` (a
-    model on the run's device), the models' input size, the splits on the device, each client's
-    training and held-out indices, each client's model group, the run's facts (which clients hold
-    samples out) and whether clients keep entries (`keeps`)."""
+    """What a layout is built from: its side's settings, `build(name, **model_args)` (a model on
+    the run's device), the models' input size, the test split on the device, each client's model
+    group, whether clients keep entries (`keeps`), the clients that hold samples out (the facts'
+    on the server side), the client side's `Training` (None on the server side) and, where both
+    sides share a process (the simulator), the client side's layout (`client_side`: a step the
+    server's evaluation asks of the client side's data, such as width's static BN statistics)."""
 
-    settings: LayoutSettings
+    settings: SideSettings
     build: Callable[..., nn.Module]
     size: int
-    train: TensorSplit
     test: TensorSplit
-    parts: list[np.ndarray]
-    held_out: list[np.ndarray] | None
     groups: list[int]
-    facts: Facts
     keeps: bool = False
+    held_out_clients: tuple[int, ...] = ()
+    training: Training | None = None
+    client_side: Layout | None = None
 
 
 class Layout(Stateful):
@@ -153,18 +151,20 @@ class GroupLayout(Layout):
         self.evaluator = GroupEvaluator(self.models, inputs.test, run.eval_batch_size, run.drop_last)
         self.groups = inputs.groups
         self.first = first_clients(inputs.groups)
-        self.held_out = inputs.facts.held_out_clients()  # the facts: a federation's server has no held-out indices
+        self.held_out = list(inputs.held_out_clients)  # the server side's, from the facts
+        self.holdout = run.holdout > 0
+        training = inputs.training  # the client side's: it scores its clients' held-out shares
         self.personal = (
             None
-            if inputs.held_out is None
-            else PersonalEvaluator(self.models, inputs.train, inputs.held_out, inputs.groups, run.eval_batch_size)
+            if training is None or training.held_out is None
+            else PersonalEvaluator(self.models, training.train, training.held_out, inputs.groups, run.eval_batch_size)
         )
         self.pooled = len(inputs.test) == 0  # pool_test: no global test set
 
     def client_evals(self) -> list[ClientEval]:
         """With `holdout`, every client's model that holds data out on it; without `pool_test`,
         each model group's first client's model on the test set."""
-        personal = [] if self.personal is None else self.held_out
+        personal = self.held_out if self.holdout else []
         jobs = [ClientEval(client, self.groups[client], HELD_OUT) for client in personal]
         if not self.pooled:
             jobs += [ClientEval(client, group, TEST) for group, client in enumerate(self.first)]
@@ -173,7 +173,7 @@ class GroupLayout(Layout):
     def score(self, job: ClientEval, state: State) -> Scores:
         if job.split == TEST:
             return self.evaluator.score_group(job.group, state)
-        assert self.personal is not None
+        assert self.personal is not None, "held-out shares are scored on the client side"
         return self.personal.score_client(job.client, state)
 
     def evaluate(self, weights: list[State], client_scores: ClientScores) -> dict[str, float]:
@@ -181,7 +181,7 @@ class GroupLayout(Layout):
         jobs = self.client_evals()
         scores = dict(zip(jobs, client_scores(jobs), strict=True))
         held = {job.client: s for job, s in scores.items() if job.split == HELD_OUT}
-        personal = {} if self.personal is None else self.personal.combine(held)
+        personal = personal_metrics(held, self.groups, len(self.models)) if self.holdout else {}
         shown = {k: personal[k] for k in ("personal_acc", "personal_acc_std") if k in personal}
         if self.pooled:  # the personal accuracy is the run's
             groups = {f"acc_g{g}": personal[f"personal_g{g}"] for g in range(len(self.models))}

@@ -34,6 +34,7 @@ from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.component import Stateful
+from incofl.fl.stages.sampling import trains_on
 from incofl.params import Params
 
 
@@ -146,20 +147,6 @@ def client_batches(
         for batch in idx[torch.randperm(len(idx), generator=gen)].split(batch_size):
             if trains_on(len(batch), batch_size, drop_last):
                 yield data.batch(batch, gen)
-
-
-def trains_on(size: int, batch_size: int, drop_last: bool) -> bool:
-    """Whether a client trains on a batch of `size` samples: a trailing batch of one is skipped
-    (BatchNorm cannot train on it); with `drop_last` every incomplete batch is (the release's
-    loaders: a client with fewer samples than a batch does not train)."""
-    return size >= (batch_size if drop_last else 2)
-
-
-def local_steps(samples: int, epochs: int, batch_size: int, drop_last: bool) -> int:
-    """The local steps of a client with `samples` training samples (one a batch of `client_batches`)."""
-    full, rest = divmod(samples, batch_size)
-    sizes = [batch_size] * full + ([rest] if rest else [])
-    return epochs * sum(trains_on(size, batch_size, drop_last) for size in sizes)
 
 
 def train_step(

@@ -20,8 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from incofl.config import RunConfig
-from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, Setup, StageSettings
+from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, Setup, SideSettings
 from incofl.fl.stages.component import Stateful
 from incofl.fl.stages.sampling import group_of
 
@@ -32,7 +31,7 @@ def bn_statistics(model: nn.Module) -> frozenset[str]:
     return frozenset(f"{name}.{buffer}" for name, m in norms for buffer, _ in m.named_buffers(recurse=False))
 
 
-def local_statistics(settings: RunConfig | StageSettings) -> bool:
+def local_statistics(settings: SideSettings) -> bool:
     """Whether each client keeps its BatchNorm running statistics (`bn_stats: local`, module docstring)."""
     return settings.bn_stats == "local"
 

@@ -23,17 +23,21 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import combinations
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
-from incofl.config import ConfigError, RunConfig
+from incofl.config import ConfigError
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import State, Trained
 from incofl.fl.stages.observers import Observer, write_rows
 from incofl.fl.stages.similarity import cka, cosine, gram
 from incofl.streams import PROBE_SEED, fixed_generator
+
+if TYPE_CHECKING:
+    from incofl.sides import ServerSettings
 
 STAGE, BLOCK = re.compile(r"layer\d+"), re.compile(r"(layer\d+|blocks)\.\d+")
 
@@ -141,10 +145,10 @@ class CKAProbe(ModelProbe):
 class FeatureMap(ModelProbe):
     filename = "tsne.csv"
 
-    def __init__(self, rounds: list[int], models: list[nn.Module], test: TensorSplit, cfg: RunConfig):
+    def __init__(self, rounds: list[int], models: list[nn.Module], test: TensorSplit, settings: ServerSettings):
         super().__init__(rounds, models, test)
-        a = cfg.analyses
-        self.groups, self.seed = a.tsne_groups, cfg.seed
+        a = settings.analyses
+        self.groups, self.seed = a.tsne_groups, settings.seed
         labels = test.y.cpu().numpy()
         missing = [c for c in a.tsne_classes if c not in set(labels.tolist())]
         if missing:
@@ -153,7 +157,7 @@ class FeatureMap(ModelProbe):
             np.concatenate([np.flatnonzero(labels == c)[: a.tsne_per_class] for c in a.tsne_classes])
         )
         if not all(hasattr(m, "features") for m in models):
-            raise ConfigError(f"analyses.tsne_rounds: {cfg.models[0]} has no penultimate features to map")
+            raise ConfigError(f"analyses.tsne_rounds: {settings.models[0]} has no penultimate features to map")
 
     def chosen(self, trained: list[Trained]) -> list[Trained]:
         """One client of each listed group (each listed group taken in client order)."""
@@ -232,13 +236,13 @@ class UpdateHistogram(Observer):
                 ]
 
 
-def analyses_for(cfg: RunConfig, models: list[nn.Module], test: TensorSplit) -> list[Observer]:
+def analyses_for(settings: ServerSettings, models: list[nn.Module], test: TensorSplit) -> list[Observer]:
     """The observers the config's `analyses` asks for (none when it lists no rounds)."""
-    a, out = cfg.analyses, []
+    a, out = settings.analyses, []
     if a.cka_rounds:
         out.append(CKAProbe(a.cka_rounds, models, test, a.probe_samples))
     if a.gradient_rounds:
         out.append(UpdateHistogram(a.gradient_rounds, a.gradient_bins))
     if a.tsne_rounds:
-        out.append(FeatureMap(a.tsne_rounds, models, test, cfg))
+        out.append(FeatureMap(a.tsne_rounds, models, test, settings))
     return out

@@ -1,4 +1,5 @@
-"""Client sampling and per-client seeds: a pure function of the run seed, identical for every method."""
+"""Client sampling and per-client seeds: a pure function of the run seed, identical for every method;
+and how many local steps a client's share makes (both sides count them: the server checks a reply's)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,17 @@ def client_seed(seed: int, round_: int, client: int) -> int:
 def noise_seed(seed: int, round_: int, client: int) -> int:
     """Seed of the noise added to one client's update in one round (`update_noise`)."""
     return seed_int(seed, Stream.NOISE, round_, client)
+
+
+def trains_on(size: int, batch_size: int, drop_last: bool) -> bool:
+    """Whether a client trains on a batch of `size` samples: a trailing batch of one is skipped
+    (BatchNorm cannot train on it); with `drop_last` every incomplete batch is (the release's
+    loaders: a client with fewer samples than a batch does not train)."""
+    return size >= (batch_size if drop_last else 2)
+
+
+def local_steps(samples: int, epochs: int, batch_size: int, drop_last: bool) -> int:
+    """The local steps of a client with `samples` training samples (one a batch of `client_batches`)."""
+    full, rest = divmod(samples, batch_size)
+    sizes = [batch_size] * full + ([rest] if rest else [])
+    return epochs * sum(trains_on(size, batch_size, drop_last) for size in sizes)

@@ -11,16 +11,19 @@ of one group side by side) can replace it: sessions are independent of each othe
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
-from incofl.config import RunConfig
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientContext, ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.local import ClientObjective, client_batches, local_train, make_optimizer
 from incofl.fl.stages.sampling import client_seed
+
+if TYPE_CHECKING:
+    from incofl.sides import ClientSettings
 
 Parts = Sequence[np.ndarray] | Mapping[int, np.ndarray]  # client -> its training indices (a node: its own only)
 
@@ -50,11 +53,13 @@ def held_classes(data: TensorSplit, indices: np.ndarray) -> torch.Tensor:
 
 
 class Trainer:
-    """What every trainer holds: the run's config, the group models, the training split, the
+    """What every trainer holds: the client side's settings, the group models, the training split, the
     indices of each client it trains; and each client's batches of a round, from its own generator."""
 
-    def __init__(self, cfg: RunConfig, models: list[nn.Module], data: TensorSplit, parts: Parts, autocast: bool):
-        self.cfg, self.models, self.data, self.parts, self.autocast = cfg, models, data, parts, autocast
+    def __init__(
+        self, settings: ClientSettings, models: list[nn.Module], data: TensorSplit, parts: Parts, autocast: bool
+    ):
+        self.settings, self.models, self.data, self.parts, self.autocast = settings, models, data, parts, autocast
         self.held: dict[int, torch.Tensor] = {}
 
     def classes(self, client: int) -> torch.Tensor:
@@ -64,9 +69,11 @@ class Trainer:
         return self.held[client]
 
     def batches(self, round_: Round, client: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        cfg = self.cfg
-        gen = torch.Generator().manual_seed(client_seed(cfg.seed, round_.index, client))
-        return client_batches(self.data, self.parts[client], cfg.local_epochs, cfg.batch_size, gen, cfg.drop_last)
+        settings = self.settings
+        gen = torch.Generator().manual_seed(client_seed(settings.seed, round_.index, client))
+        return client_batches(
+            self.data, self.parts[client], settings.local_epochs, settings.batch_size, gen, settings.drop_last
+        )
 
     def assemble(
         self,
@@ -114,20 +121,20 @@ class SerialTrainer(Trainer):
             yield self.train_client(round_, plan, start_of(plan), objective)
 
     def train_client(self, round_: Round, plan: ClientPlan, start: State, objective: ClientObjective) -> ClientUpdate:
-        cfg, model = self.cfg, self.models[plan.group]
+        settings, model = self.settings, self.models[plan.group]
         model.load_state_dict(start)  # copies: `start` stays the untouched global weights
         params = set_trainable(model, plan.trainable)
-        optimizer = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
+        optimizer = make_optimizer(params, settings.optimizer, settings.lr, settings.momentum, settings.weight_decay)
         ctx = ClientContext(
             plan.client,
             plan.group,
             round_,
             model,
             start,
-            cfg.lr,
+            settings.lr,
             federation=plan.federation,
             federation_size=plan.federation_size,
-            rounds=cfg.rounds,
+            rounds=settings.rounds,
             classes=self.classes(plan.client),
         )
         model.train()

@@ -83,7 +83,7 @@ class EpochScale(AverageTransform):
     """Every averaged update divided by the number of local epochs (as every client update
     before averaging: the mean is linear). The release does it for every method on ViTs; the
     engine adds it first after aggregation when a config asks for that (`vit_epoch_scale: all`,
-    RunConfig.scales_epochs)."""
+    ServerSettings.scales_epochs)."""
 
     def __init__(self, hp: Any, setup: Setup):
         super().__init__(hp, setup)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from incofl.config import ConfigError
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, Round, Setup, State, View
 from incofl.fl.methods.width.slicing import extract, index_map
@@ -36,6 +37,11 @@ from incofl.models.flops import forward_flops
 from incofl.streams import Stream, generator
 
 BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+# why static BN needs a client side that holds every client's training images (the simulator's)
+STATIC_BN = (
+    "gathers BN statistics from batches that mix every client's training images: a step of a client side "
+    "that holds them all (the simulator's), which no federation's node does; set eval_bn: batch"
+)
 
 
 def _shapes(model: nn.Module) -> dict[str, torch.Size]:
@@ -155,26 +161,46 @@ class WidthEvaluator:
         return row
 
 
+def static_bn(inputs: LayoutInputs) -> StaticBN | None:
+    """A client side's static BN (under `eval_bn: static`): its clients' training images, and level
+    g's model with running statistics (-1: the full model)."""
+    run, training, name = inputs.settings, inputs.training, inputs.settings.models[0]
+    if run.bn_at_eval != "static" or training is None:
+        return None
+    levels = [*run.levels, (1.0, None)]  # [-1]: the full model
+    indices = statistics_indices(list(training.parts.values()), run.static_bn_samples, run.seed)
+    return StaticBN(
+        training.train, indices, lambda g: inputs.build(name, rate=levels[g][0], exits=levels[g][1], track_stats=True)
+    )
+
+
+def lent_static_bn(inputs: LayoutInputs) -> StaticBN | None:
+    """The static BN the server side's evaluation is lent by the client side's layout (None without
+    `eval_bn: static`); refused in one line where no client side lends one (a federation's server)."""
+    if inputs.settings.bn_at_eval != "static":
+        return None
+    static = getattr(inputs.client_side, "static", None)
+    if static is None:
+        raise ConfigError(f"eval_bn: static {STATIC_BN}")
+    return static
+
+
 class WidthLayout(Layout):
     """The server holds the full model; each model group is a width level with its cut model
     (`levels`: width rate and deepest exit). Clients train from their block of the global
-    weights; evaluation scores the full model and each level's leading block (`WidthEvaluator`,
-    with static BN models built here)."""
+    weights; the server side's evaluation scores the full model and each level's leading block
+    (`WidthEvaluator`; static BN's statistics come from the client side's images: `static_bn`)."""
 
     def __init__(self, inputs: LayoutInputs):
         run, build, name = inputs.settings, inputs.build, inputs.settings.models[0]
         self.server_model = build(name)
         self.models = [build(name, rate=rate, exits=exits) for rate, exits in run.levels]
         self.widths = Widths(self.server_model, self.models, inputs.size)
-        static = None
-        if run.bn_at_eval == "static":
-            levels = [*run.levels, (1.0, None)]  # [-1]: the full model
-            indices = statistics_indices(inputs.parts, run.static_bn_samples, run.seed)
-            static = StaticBN(
-                inputs.train, indices, lambda g: build(name, rate=levels[g][0], exits=levels[g][1], track_stats=True)
-            )
+        if inputs.training is not None:  # the client side: it scores no model of a width layout
+            self.static = static_bn(inputs)
+            return
         self.evaluator = WidthEvaluator(
-            self.widths, self.models, self.server_model, inputs.test, run.eval_batch_size, static
+            self.widths, self.models, self.server_model, inputs.test, run.eval_batch_size, lent_static_bn(inputs)
         )
 
     def start(self, plan: ClientPlan, weights: list[State], sub_state: SubState) -> State:
