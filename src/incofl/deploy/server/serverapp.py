@@ -41,6 +41,7 @@ default `<node-keys>/server`, made by `incofl federation export`).
 
 from __future__ import annotations
 
+import gc
 import logging
 import shlex
 import time
@@ -311,6 +312,9 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     device = run_device(cfg)  # the numerics in effect, as the run records them
     server = build_server(ours, with_declared(facts, declared), test, device)  # replies checked against these
+    # What this process holds now (Flower, torch, the models, the facts) lives to the run's end: a full
+    # collection need not walk it. Unfrozen, each one took ~0.25 s in a round (docs/performance.md).
+    gc.freeze()
     transport = FlowerTransport(server, inbox, nodes, settings.round_timeout, settings.out, identity)
     log.info("incofl federation: %d clients on nodes %s", len(nodes), nodes)
     with claimed(settings.out):
