@@ -45,6 +45,8 @@ import gc
 import logging
 import shlex
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -312,12 +314,9 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     device = run_device(cfg)  # the numerics in effect, as the run records them
     server = build_server(ours, with_declared(facts, declared), test, device)  # replies checked against these
-    # What this process holds now (Flower, torch, the models, the facts) lives to the run's end: a full
-    # collection need not walk it. Unfrozen, each one took ~0.25 s in a round (docs/performance.md).
-    gc.freeze()
     transport = FlowerTransport(server, inbox, nodes, settings.round_timeout, settings.out, identity)
     log.info("incofl federation: %d clients on nodes %s", len(nodes), nodes)
-    with claimed(settings.out):
+    with frozen_heap(), claimed(settings.out):
         summary = Run(cfg, Engine(server, transport, settings.allow_missing), settings.out).execute()
     write_json(
         settings.out / "federation.json",
@@ -328,6 +327,20 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
         },
     )
     return summary
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """The rounds with what the process holds when they start (Flower, torch, the models, the facts)
+    kept out of the garbage collector's full collections: it lives to the run's end, and walking it
+    took about 0.25 s a collection, inside a round (docs/performance.md). Garbage is collected once
+    before; the heap is handed back after (a process that serves in-process runs, as tests do, leaks nothing)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @app.main()
