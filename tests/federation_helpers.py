@@ -57,7 +57,7 @@ def server_facts(cfg: RunConfig, folder: Path) -> Path:
 
     key = server_key_pair(folder / "keys")[0]
     data = dataset_for(cfg)
-    facts = shares(data, partition_for(cfg, data), cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
+    facts = shares(data, partition_for(cfg, data), cfg.holdout, cfg.partition_seed, cfg.normalize)[1]
     export_facts(cfg, TestSplit(data.x_test, data.y_test), facts, folder / "keys" / FACTS, private_key(key))
     return key
 

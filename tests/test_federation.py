@@ -474,7 +474,7 @@ def test_the_server_holds_the_facts_and_the_test_split_and_reads_no_data_set(tmp
             dataset_for(cfg)
         test, facts = load_facts(tmp_path / "keys" / FACTS, cfg, public)
         server = build_server(ServerSettings.of(cfg), facts, test, torch.device("cpu"))
-    assert facts == shares(data, partition_for(cfg, data), cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
+    assert facts == shares(data, partition_for(cfg, data), cfg.holdout, cfg.partition_seed, cfg.normalize)[1]
     assert (test.x == data.x_test).all() and (test.y == data.y_test).all() and facts.classes == data.num_classes
     assert server.facts == facts and len(server.test) == len(data.y_test) and facts.held_out_clients()
     other = RunConfig(**{**cfg.model_dump(), "alpha": 0.1})

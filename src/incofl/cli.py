@@ -158,7 +158,7 @@ def _export_sites(
             f"{out}: client {client} of {cfg.clients} ({cfg.dataset} alpha={cfg.alpha}), {samples} samples"
             f"{', and the test split' if test else ''}{key}"
         )
-    return shares(data, partition, cfg.holdout, cfg.partition_seed, cfg.normalize)[2]
+    return shares(data, partition, cfg.holdout, cfg.partition_seed, cfg.normalize)[1]
 
 
 def _site_certificates(folder: Path, clients: Iterable[int]) -> None:

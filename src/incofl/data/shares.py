@@ -14,7 +14,7 @@ import numpy as np
 
 from incofl.data.dataset import ImageDataset
 from incofl.data.facts import UNDECLARED, ClientFacts, Facts
-from incofl.data.partition import Partition, hold_out, holdout_split
+from incofl.data.partition import Partition, hold_out
 from incofl.data.tensors import normalisation
 
 
@@ -44,20 +44,18 @@ class Holdings:
 
 def shares(
     data: ImageDataset, partition: Partition, holdout: float, seed: int, normalize: str
-) -> tuple[list[np.ndarray], list[np.ndarray] | None, Facts]:
-    """Each client's training share (with `holdout`, less its held-out share), its held-out share
-    (None without `holdout`) and the run's facts: the one rule that both sides' inputs follow."""
-    parts, held_out = partition.parts, None
-    if holdout:
-        parts, held_out = holdout_split(parts, data.y_train, holdout, seed)
-    return parts, held_out, derive(data, parts, held_out, normalize)
+) -> tuple[Holdings, Facts]:
+    """Every client's share of `data` (with `holdout`, less its held-out share: `Holdings.of`) and
+    the run's facts: the one rule that both sides' inputs follow."""
+    holdings = Holdings.of(data, dict(enumerate(partition.parts)), holdout, seed)
+    return holdings, derive(holdings, normalize)
 
 
-def derive(data: ImageDataset, parts: list[np.ndarray], held_out: list[np.ndarray] | None, normalize: str) -> Facts:
-    """The facts of `data` split into each client's training `parts` and `held_out` shares."""
+def derive(holdings: Holdings, normalize: str) -> Facts:
+    """The facts of a client side's holdings (every client's, in client order) and of its data set."""
+    data = holdings.data
     mean, std = normalisation(data, normalize)
-    holdings = Holdings(data, dict(enumerate(parts)), None if held_out is None else dict(enumerate(held_out)))
-    clients = tuple(holdings.facts(client) for client in range(len(parts)))
+    clients = tuple(holdings.facts(client) for client in sorted(holdings.parts))
     shape = (data.channels, *data.x_train.shape[2:])
     return Facts(clients, data.num_classes, shape, tuple(map(float, mean)), tuple(map(float, std)))
 
@@ -65,5 +63,5 @@ def derive(data: ImageDataset, parts: list[np.ndarray], held_out: list[np.ndarra
 def declared_only(data: ImageDataset, clients: int, normalize: str) -> Facts:
     """The facts of `data` with each of `clients` clients' left to its site's declaration (a
     federation whose sites all serve their own data: no partition is drawn)."""
-    facts = derive(data, [], None, normalize)
+    facts = derive(Holdings(data, {}, None), normalize)
     return replace(facts, clients=(UNDECLARED,) * clients, to_declare=tuple(range(clients)))

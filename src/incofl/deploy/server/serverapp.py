@@ -51,7 +51,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
@@ -310,9 +309,7 @@ def serve(grid: Grid, settings: AppSettings) -> dict[str, Any]:
     tested = {client: test_sha256(test.x, test.y) for client in tested_on_clients(ours, len(test.y) == 0)}
     inbox = Inbox(grid, REPLY_OVERHEAD)
     nodes, declared = identify(inbox, cfg, facts, settings.join_timeout, tested, identity)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = run_device(cfg)  # the numerics in effect, as the run records them
+    device = run_device(cfg)  # its threads set, the numerics in effect as the run records them
     server = build_server(ours, with_declared(facts, declared), test, device)  # replies checked against these
     transport = FlowerTransport(server, inbox, nodes, settings.round_timeout, settings.out, identity)
     log.info("incofl federation: %d clients on nodes %s", len(nodes), nodes)

@@ -136,8 +136,7 @@ class SiteClient:
     ):
         settings = told.settings
         self.settings, self.client, self.pretrained = settings, client, pretrained
-        if settings.threads:
-            torch.set_num_threads(settings.threads)
+        self.device = side_device(settings)  # and its threads
         if own:  # the site's own data under node config key `own` (owndata.py): all of it its client's
             data = load_own(own, str(data_path), settings.dataset, told.data)
             part = np.arange(len(data.y_train), dtype=np.int64)
@@ -145,7 +144,6 @@ class SiteClient:
             data, part = load_site(data_path, settings.dataset, client, told.partition)
         holdings = Holdings.of(data, {client: part}, settings.holdout, settings.partition_seed)
         self.test_sha256 = test_sha256(data.x_test, data.y_test)
-        self.device = side_device(settings)
         # the builder seeds the models' initialisation: the caller's random stream is left as it was
         with torch.random.fork_rng(devices=[]):
             # pretrained: the node's own file of the weights (None where the run starts from none)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def run_device(cfg: RunConfig) -> torch.device:
-    """The device a run computes on (`side_device`); `cfg` then holds the numerics in effect, as the
+    """The device a run computes on, its threads set (`side_device`); `cfg` then holds the numerics in effect, as the
     run records them: `auto` is decided here where nothing decided it before (incofl.numerics.decide),
     e.g. in a federation's server."""
     cfg.numerics = in_effect(cfg)
@@ -22,7 +22,7 @@ def run_device(cfg: RunConfig) -> torch.device:
 
 
 def side_device(settings: ServerSettings | ClientSettings) -> torch.device:
-    """The device a side computes on, its numerics in effect: a portable run computes on the CPU
+    """The device a side computes on, its threads set and its numerics in effect: a portable run computes on the CPU
     with every pin checked (incofl.numerics), so `device: auto` means the CPU there."""
     return _device(settings, in_effect(settings))
 
@@ -33,6 +33,9 @@ def in_effect(settings: ServerSettings | ClientSettings | RunConfig) -> str:
 
 
 def _device(settings: ServerSettings | ClientSettings | RunConfig, numerics: str) -> torch.device:
+    """The device, with the settings' torch threads set (unset: torch's default)."""
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     device = resolve_device("cpu" if numerics == "portable" else settings.device)
     if settings.cuda_graphs and device.type != "cuda":
         raise ConfigError(f"cuda_graphs: CUDA graphs replay on a GPU; this run computes on the {device.type}")

@@ -16,7 +16,7 @@ from incofl.config import RunConfig
 from incofl.data.dataset import ImageDataset
 from incofl.data.facts import TestSplit
 from incofl.data.partition import Partition, partition_for
-from incofl.data.shares import Holdings, shares
+from incofl.data.shares import shares
 from incofl.fl.engine.clients import InProcess, build_clients
 from incofl.fl.engine.device import run_device
 from incofl.fl.engine.engine import Engine
@@ -31,11 +31,8 @@ def simulator(cfg: RunConfig, data: ImageDataset, partition: Partition, device: 
     server side's models are the last the run's seed initialises (as they always were)."""
     if len(partition.parts) != cfg.clients:
         raise ValueError(f"partition has {len(partition.parts)} clients, config has clients={cfg.clients}")
-    parts, held_out, facts = shares(data, partition, cfg.holdout, cfg.partition_seed, cfg.normalize)
-    held = None if held_out is None else dict(enumerate(held_out))
-    clients = build_clients(
-        ClientSettings.of(cfg), Holdings(data, dict(enumerate(parts)), held), device, cfg.pretrained
-    )
+    holdings, facts = shares(data, partition, cfg.holdout, cfg.partition_seed, cfg.normalize)
+    clients = build_clients(ClientSettings.of(cfg), holdings, device, cfg.pretrained)
     test = TestSplit(data.x_test, data.y_test)
     server = build_server(ServerSettings.of(cfg), facts, test, device, clients.layout)
     return Engine(server, InProcess(clients))
@@ -46,10 +43,9 @@ def simulated(cfg: RunConfig, data: ImageDataset | None = None) -> Engine:
     partition and device; every input is checked before an output is touched."""
     from incofl.data.sources import dataset_for
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    device = run_device(cfg)  # and its threads
     data = data or dataset_for(cfg)
-    return simulator(cfg, data, partition_for(cfg, data), run_device(cfg))
+    return simulator(cfg, data, partition_for(cfg, data), device)
 
 
 def train(cfg: RunConfig, out_dir: str | Path, data: ImageDataset | None = None) -> dict[str, Any]:
