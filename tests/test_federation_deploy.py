@@ -4,7 +4,8 @@ the tests of this module (in this order, on one xdist worker): site data files a
 certificates it makes, node authentication), which runs the SuperLink (deploy/superlink.py) and a SuperNode for
 client 0 with incofl's warm executor; client 1's node is started here, as a site elsewhere would
 start it (flower-supernode with Flower's own SuperExec; its key registered with
-`flwr supernode register`), so that it can be killed alone. Then:
+`flwr supernode register`), so that it can be killed alone, and only once the first run's rogues
+have answered (so that their replies are read before the run's clients have all joined). Then:
 
 - a digits InCoAvg run with every client bound to its node's key (`node-keys`) equals the simulator,
   though no process can load the data set while it runs (the server reads export's facts file),
@@ -172,6 +173,11 @@ class Deployment:
         self.nodes[name] = self.start(argv, name, start_new_session=True)
         return self.nodes[name]
 
+    def start_elsewhere(self) -> subprocess.Popen:
+        """Client ELSEWHERE's node, with its key and its site file (moved out of `sites`)."""
+        key, data = self.root / "sites" / "keys" / f"node{ELSEWHERE}", self.root / "elsewhere" / f"site{ELSEWHERE}.npz"
+        return self.supernode("elsewhere", key, ELSEWHERE, data, self.port + 3)
+
     def flwr_run(self, out: Path, **settings: str | int) -> int:
         """The run's id, once `flwr run` has started it."""
         keys = self.root / "sites" / "keys"
@@ -233,8 +239,6 @@ def deployment(tmp_path_factory):
         register = [BIN / "flwr", "supernode", "register", sites / "keys" / f"node{ELSEWHERE}.pub", CONNECTION]
         done = subprocess.run(register, env=env, check=True, capture_output=True, text=True, timeout=60)
         dep.elsewhere_id = int(re.search(r"SuperNode (\d+) registered", done.stdout).group(1))  # type: ignore[union-attr]
-        key = sites / "keys" / f"node{ELSEWHERE}"
-        dep.supernode("elsewhere", key, ELSEWHERE, elsewhere / f"site{ELSEWHERE}.npz", dep.port + 3)
         yield dep
     finally:
         fleet_connection.FleetHttpClient = fleet_client
@@ -264,6 +268,12 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
         while not all(rogue.node or rogue.error for rogue in deployment.rogues) and time.monotonic() < deadline:
             time.sleep(0.1)
         deployment.run = deployment.flwr_run(out, **{"round-timeout": 120})
+        # client 1's node joins once every rogue has answered: their replies are read before the run's
+        # clients have all joined (identify stops there), however slowly a loaded machine pushes them
+        deadline = time.monotonic() + 120
+        while not all(r.answered.is_set() or r.error for r in deployment.rogues) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        deployment.start_elsewhere()
         deployment.wait_for(out / "summary.json", timeout=400)
     finally:
         for rogue in deployment.rogues:

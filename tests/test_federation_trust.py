@@ -260,7 +260,7 @@ def test_a_node_reads_only_the_files_its_own_config_names(tmp_path):
     assert answer(missing, pretrained=str(tmp_path / "vit.pt")) == 1  # the node's file, not the server's path
     [site] = clientapp._sites.values()
     assert site.pretrained == str(tmp_path / "vit.pt")  # the node's own file; its settings name no path
-    assert not {"pretrained", "data_dir", "cache_dir"} & set(site.settings.model_fields)
+    assert not {"pretrained", "data_dir", "cache_dir"} & set(type(site.settings).model_fields)
     model = site.clients.layout.models[0].state_dict()
     assert torch.equal(model["patch_embed.proj.weight"], weights["patch_embed.proj.weight"])
 

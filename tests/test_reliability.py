@@ -551,6 +551,22 @@ def test_finished_run_with_kept_checkpoint_is_not_resumed(tmp_path):
     assert "already finished" in log and "resumed from" not in log
 
 
+@pytest.mark.slow
+def test_a_kill_after_the_summary_leaves_no_checkpoint_or_client_state_behind(tmp_path):
+    """A kill after summary.json is written, before (or between) the removal of ckpt.pt and
+    clientstate/: the next start finds the run finished and removes both."""
+    cfg, out = _config(tmp_path), tmp_path / "run"
+    assert run(["train", "--config", str(cfg), "--out", str(out)]) == 0
+    finished = sorted(p.name for p in out.iterdir())
+    summary = (out / "summary.json").read_bytes()
+    (out / "ckpt.pt").write_bytes(b"left by a kill")
+    (out / "clientstate").mkdir()
+    (out / "clientstate" / "personal-0-1.pt").write_bytes(b"left by a kill")
+    assert run(["train", "--config", str(cfg), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == finished and "clientstate" not in finished
+    assert (out / "summary.json").read_bytes() == summary
+
+
 def test_paper_name_without_equals_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:  # argparse's refusal (cli.Parser: one line, exit 2)
         run(["analysis", "theta_beta", "--runs", str(tmp_path), "--out", str(tmp_path / "o"), "--paper-name", "X"])

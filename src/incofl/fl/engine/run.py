@@ -123,8 +123,14 @@ class Run:
             ) from None
         checkpoint.check_same(path, theirs, self.cfg.model_dump(), f"delete {self.out} or use another --out")
         if not self.cfg.keep_checkpoint:  # a kill after summary.json, before the checkpoint's removal
-            self.ckpt.unlink(missing_ok=True)
+            self.drop_checkpoint()
         return summary
+
+    def drop_checkpoint(self) -> None:
+        """ckpt.pt, then the client states it names (a kill between the two leaves only the folder,
+        which the next start's `finished` drops)."""
+        self.ckpt.unlink(missing_ok=True)
+        shutil.rmtree(self.clientstate, ignore_errors=True)
 
     def execute(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -208,8 +214,7 @@ class Run:
         if cfg.keep_checkpoint and diverged is None:
             self.save()
         else:
-            self.ckpt.unlink(missing_ok=True)
-            shutil.rmtree(self.clientstate, ignore_errors=True)
+            self.drop_checkpoint()
         if diverged is None:
             self.log.info(
                 "done: final %.2f%% best %.2f%% last10 %.2f%%",
