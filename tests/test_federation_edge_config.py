@@ -22,6 +22,8 @@ import pytest
 
 pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
+from federation_helpers import free_port  # noqa: E402
+
 from incofl.deploy.edge import (  # noqa: E402
     NODE_CONNECTIONS,
     PROTOBUF,
@@ -71,9 +73,7 @@ def edge(tmp_path_factory):
     folder.mkdir(mode=0o700)
     tls = certificates(root / "certificates", clients=[0, 1])
     keys = {f"CN=node{k}": node_key_header(node_key(root / "keys", k)[1]) for k in (0, 1)}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port(1)
     routes = {ROUTE: SMALL, "/v1/fleet/push-object": 1 << 20}
     user = "root" if os.geteuid() == 0 else ""
     spec = Edge(f"127.0.0.1:{port}", folder, folder / "fleet.sock", tls, keys, routes, {"127.0.0.1": 2}, 4096, user)
