@@ -598,7 +598,10 @@ def test_a_schedule_without_a_setting_the_client_side_computes_with_is_refused(t
     told = json.loads(schedule_of(cfg))
     assert Schedule.read(json.dumps(told)).settings.lr == 0.5
     del told["config"]["lr"]
-    with pytest.raises(ValueError, match="^schedule: config: no lr: every setting a client computes with$"):
+    with pytest.raises(ValueError, match="^schedule: config: lr: Field required$"):
+        Schedule.read(json.dumps(told))
+    told["config"] |= {"lr": 0.5, "ratio": 0.5}  # a server-only setting: not the client's to be told
+    with pytest.raises(ValueError, match="^schedule: config: ratio: unknown key$"):
         Schedule.read(json.dumps(told))
 
 

@@ -22,7 +22,8 @@ from incofl.fl.methods.inco.step import InCoLog, InCoStep
 from incofl.fl.methods.objectives.fedprox import FedProx
 from incofl.fl.methods.objectives.moon import Moon
 from incofl.fl.stages.aggregate import GroupWise, Shared
-from incofl.fl.stages.local import Objective, client_batches, make_optimizer
+from incofl.fl.stages.local import client_batches, make_optimizer
+from incofl.fl.stages.objective import Objective
 from incofl.fl.stages.sampling import client_seed
 from incofl.models.family import build_model, num_parameters
 from incofl.models.groups import HEAD, STEM, LayerGroup, counterpart, layer_groups

@@ -15,7 +15,8 @@ from incofl.fl.contracts import ClientContext, Round, Setup
 from incofl.fl.methods.width.exits import ExitClient, exit_loss
 from incofl.fl.methods.width.masked import MaskedClient, masked_logits
 from incofl.fl.methods.width.spec import ExitParams, MaskedParams
-from incofl.fl.stages.local import Session, train_step
+from incofl.fl.stages.local import train_step
+from incofl.fl.stages.objective import Session
 from incofl.sides import ClientSettings
 
 

@@ -25,7 +25,8 @@ from incofl.fl.methods.objectives.moon import Moon, MoonClient, moon_loss, unpac
 from incofl.fl.methods.objectives.scaffold import Scaffold, ScaffoldClient
 from incofl.fl.stages.aggregate import GroupWise, Shared, mean_over_holders
 from incofl.fl.stages.evaluation import score
-from incofl.fl.stages.local import Objective, client_batches, local_train, train_step
+from incofl.fl.stages.local import client_batches, local_train, train_step
+from incofl.fl.stages.objective import Objective
 from incofl.models.family import build_model, check_nested
 from incofl.registry import METHODS
 from incofl.sides import ClientSettings, ServerSettings

@@ -24,7 +24,7 @@ from incofl.fl.methods.width.levels import WidthPlanner
 from incofl.fl.methods.width.spec import ROLEX, SlicedParams
 from incofl.fl.stages.aggregate import Aggregator
 from incofl.fl.stages.layout import Layout
-from incofl.fl.stages.local import Objective
+from incofl.fl.stages.objective import Objective
 from incofl.fl.stages.observers import Observer
 from incofl.fl.stages.plan import FullPlanner
 from incofl.fl.stages.transforms import AverageTransform, UpdateTransform

@@ -20,7 +20,7 @@ from incofl.fl.contracts import Round
 from incofl.fl.engine.engine import Engine
 from incofl.fl.engine.simulator import simulator
 from incofl.fl.stages.component import Stateful, restore, snapshot
-from incofl.fl.stages.local import ClientObjective, Objective
+from incofl.fl.stages.objective import ClientObjective, Objective
 from incofl.registry import METHODS, Component, Method, register
 
 

@@ -54,7 +54,7 @@ class Component:
 
 
 # The generic stages' components, which every family's methods build on
-CE = Component("incofl.fl.stages.local:Objective")  # FedAvg's local cross-entropy
+CE = Component("incofl.fl.stages.objective:Objective")  # FedAvg's local cross-entropy
 GROUPWISE = Component("incofl.fl.stages.aggregate:GroupWise", AggregationParams)
 SHARED = Component("incofl.fl.stages.aggregate:Shared", AggregationParams)
 FULL = Component("incofl.fl.stages.plan:FullPlanner")

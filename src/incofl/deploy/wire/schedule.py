@@ -21,7 +21,7 @@ from incofl.config import RunConfig
 from incofl.data.facts import Facts
 from incofl.errors import key_and_message
 from incofl.fl.engine.checkpoint import semantic_config
-from incofl.sides import CLIENT_SETTINGS, ClientSettings, PartitionSettings
+from incofl.sides import ClientSettings, PartitionSettings
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
 RUN_FOLDER = re.compile(r"[0-9a-f]{16}")  # run_key's names
@@ -64,10 +64,6 @@ class Schedule:
         if not isinstance(data, dict) or set(data) != {"config", "partition", "pretrained", "run", "data"}:
             raise ValueError("schedule: not config, partition, pretrained, run and data")
         config, partition, run = data["config"], data["partition"], data["run"]
-        if not isinstance(config, dict) or not set(config) <= CLIENT_SETTINGS:
-            raise ValueError("schedule: config: settings no client computes with")
-        if untold := sorted(CLIENT_SETTINGS - set(config)):  # none left to a default here: the server's value
-            raise ValueError(f"schedule: config: no {', '.join(untold[:5])}: every setting a client computes with")
         if not isinstance(partition, str) or not DIGEST.fullmatch(partition):
             raise ValueError("schedule: partition: not the digest of the partition's settings")
         if type(data["pretrained"]) is not bool or not isinstance(run, str) or not RUN_FOLDER.fullmatch(run):
@@ -76,7 +72,9 @@ class Schedule:
             raise ValueError("schedule: data: not the data set's facts")
         facts = None if data["data"] is None else Facts.from_json(data["data"], 0)  # a ValueError names the entry
         try:
-            settings = ClientSettings.model_validate(config)  # the config's own checks of each setting
+            # every setting required (none left to a default here: the server's value), none other
+            # taken, each by the config's own checks
+            settings = ClientSettings.model_validate(config)
         except ValueError as err:  # pydantic's ValidationError, one line naming the setting
             raise ValueError(f"schedule: config: {key_and_message(err)}") from None
         return cls(settings, partition, data["pretrained"], run, facts)

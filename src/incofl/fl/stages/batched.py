@@ -31,7 +31,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
-from incofl.fl.stages.local import ClientObjective
+from incofl.fl.stages.objective import ClientObjective
 from incofl.fl.stages.trainer import Trainer
 
 if TYPE_CHECKING:

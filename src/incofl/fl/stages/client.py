@@ -23,7 +23,7 @@ from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.batched import BatchedTrainer
 from incofl.fl.stages.clientstore import ClientStore
 from incofl.fl.stages.graphs import GraphBatchedTrainer, GraphTrainer
-from incofl.fl.stages.local import ClientObjective
+from incofl.fl.stages.objective import ClientObjective
 from incofl.fl.stages.trainer import Parts, SerialTrainer
 
 if TYPE_CHECKING:

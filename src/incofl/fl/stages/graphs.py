@@ -30,7 +30,8 @@ from torch import nn
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientPlan, ClientUpdate, Round, State
 from incofl.fl.stages.batched import Batch, BatchedTrainer, Bucket, by_size
-from incofl.fl.stages.local import ClientObjective, make_optimizer
+from incofl.fl.stages.local import make_optimizer
+from incofl.fl.stages.objective import ClientObjective
 from incofl.fl.stages.trainer import Parts, SerialTrainer, last_gradients, set_trainable
 
 if TYPE_CHECKING:

@@ -19,7 +19,8 @@ from torch import nn
 
 from incofl.data.tensors import TensorSplit
 from incofl.fl.contracts import ClientContext, ClientPlan, ClientUpdate, Round, State
-from incofl.fl.stages.local import ClientObjective, client_batches, local_train, make_optimizer
+from incofl.fl.stages.local import client_batches, local_train, make_optimizer
+from incofl.fl.stages.objective import ClientObjective
 from incofl.fl.stages.sampling import client_seed
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import torch
 
 from incofl.fl.contracts import Average, ClientContext, ClientUpdate, RoundContext, Setup, State
 from incofl.fl.methods.feddyn.spec import DynParams
-from incofl.fl.stages.local import ClientObjective, Objective, Session
+from incofl.fl.stages.objective import ClientObjective, Objective, Session
 from incofl.fl.stages.plan import FullPlanner
 from incofl.fl.stages.transforms import AverageTransform
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from incofl.fl.contracts import ClientContext
-from incofl.fl.stages.local import ClientObjective, Objective, Session
+from incofl.fl.stages.objective import ClientObjective, Objective, Session
 
 
 class ProxSession(Session):

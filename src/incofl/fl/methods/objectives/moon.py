@@ -35,7 +35,7 @@ from torch import nn
 
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
 from incofl.fl.methods.objectives.spec import MoonParams
-from incofl.fl.stages.local import ClientObjective, Objective, Session
+from incofl.fl.stages.objective import ClientObjective, Objective, Session
 
 SPACE = "moon"  # the client store's space of the clients' previous models
 

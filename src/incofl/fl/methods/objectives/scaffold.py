@@ -36,7 +36,7 @@ import torch
 from incofl.fl.contracts import ClientContext, ClientUpdate, Setup, State
 from incofl.fl.methods.objectives.spec import ScaffoldParams
 from incofl.fl.stages.component import Sent
-from incofl.fl.stages.local import ClientObjective, Objective, Session
+from incofl.fl.stages.objective import ClientObjective, Objective, Session
 
 Variates = dict[str, torch.Tensor]
 SPACE = "scaffold"  # the client store's space of the clients' c_i

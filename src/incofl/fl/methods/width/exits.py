@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from incofl.fl.contracts import ClientContext
-from incofl.fl.stages.local import ClientObjective, Objective, Session
+from incofl.fl.stages.objective import ClientObjective, Objective, Session
 
 
 def exit_loss(

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from incofl.fl.contracts import ClientContext
-from incofl.fl.stages.local import ClientObjective, Objective, Session
+from incofl.fl.stages.objective import ClientObjective, Objective, Session
 
 
 def masked_logits(logits: torch.Tensor, classes: torch.Tensor | None) -> torch.Tensor:
