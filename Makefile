@@ -32,11 +32,6 @@ PYTHON ?= $(firstword $(foreach p,$(PYTHONS),$(if $(call supported,$(p)),$(p))))
 PYTHON_VERSION = $(call python_version,$(PYTHON))
 NEEDS := this project needs Python 3.11, 3.12 or 3.13
 
-# The venv: pip compiles the installed files one by one; compileall does it on every core (61 + 23 s
-# instead of 107 s here, 2 cores). The .pyc must be made here: where PYTHONDONTWRITEBYTECODE is
-# set, as on this project's CI machines, Python never writes them, and every process would
-# compile torch anew. Its exit code is 1 for the files only a later Python parses (torch's one
-# Python 3.12 test file), which pip's own compile skips as silently.
 $(BIN)/.installed: pyproject.toml
 	$(if $(PYTHON),,$(error none of $(PYTHONS) on PATH is Python 3.11 to 3.13; $(NEEDS) (Debian/Ubuntu: \
 		apt install python3; macOS: brew install python@3.13; conda: conda create -n incofl python=3.13), \
@@ -45,9 +40,7 @@ $(BIN)/.installed: pyproject.toml
 		not found); $(NEEDS): PYTHON=python3.13 make $(MAKECMDGOALS)))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet --no-compile -e '.[test,flower]'
-	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
-		> /dev/null || true
+	$(BIN)/pip install --quiet -e '.[test,flower]'
 	touch $@
 
 # The default experiment trained for real, in $(RUN_DIR) (results/ under it, not committed): the
