@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
@@ -264,15 +265,12 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     interrupt = signal.signal(signal.SIGINT, lambda *_: refused.append("a rogue's heartbeat got 401"))
     threads = [rogue.start() for rogue in deployment.rogues]
     try:
-        deadline = time.monotonic() + 60  # each connected before the run asks every node to identify
-        while not all(rogue.node or rogue.error for rogue in deployment.rogues) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # each connected before the run asks every node to identify
+        _until(lambda: all(rogue.node or rogue.error for rogue in deployment.rogues), 60)
         deployment.run = deployment.flwr_run(out, **{"round-timeout": 120})
         # client 1's node joins once every rogue has answered: their replies are read before the run's
         # clients have all joined (identify stops there), however slowly a loaded machine pushes them
-        deadline = time.monotonic() + 120
-        while not all(r.answered.is_set() or r.error for r in deployment.rogues) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _until(lambda: all(rogue.answered.is_set() or rogue.error for rogue in deployment.rogues), 120)
         deployment.start_elsewhere()
         deployment.wait_for(out / "summary.json", timeout=400)
     finally:
@@ -288,6 +286,13 @@ def test_a_deployment_secure_by_default_equals_the_simulator(deployment, tmp_pat
     deployment.simulated = simulated = train(load_run_config(deployment.config), tmp_path / "simulator")
     assert deployed["state_sha256"] == simulated["state_sha256"]
     assert deployed["final_acc"] == simulated["final_acc"]
+
+
+def _until(done: Callable[[], bool], seconds: float) -> None:
+    """Once `done()` holds, or `seconds` have passed (what was not done, the test then finds)."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 STALLED = 4  # nodes that announce a reply and never upload it: as many as the ServerApp pulled at once before

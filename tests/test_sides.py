@@ -97,8 +97,9 @@ SERVER_LOADS = """
 import sys, incofl.deploy.server.serverapp
 from incofl.registry import METHODS
 from incofl.spec import GROUPS, WIDTH_LAYOUT
-for m in METHODS.values():  # every class a server's build loads: the server halves, the layouts
-    [c.cls for c in (m.objective, m.aggregator, *m.pre, *m.post, *m.observers, m.planner, GROUPS, WIDTH_LAYOUT)]
+for m in METHODS.values():  # every class a server's build loads: the server halves, then the layouts
+    [c.cls for c in (m.objective, m.aggregator, *m.pre, *m.post, *m.observers, m.planner)]
+GROUPS.cls, WIDTH_LAYOUT.cls
 print(' '.join(m for m in sys.modules if m.startswith('incofl')))
 """
 
